@@ -1,0 +1,31 @@
+# Two commands: `make run` and `make test`. Each creates the venv and installs what it needs.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test venv bench lint clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip setuptools wheel
+	# torch is pinned: 2.13.0 is the CPU wheel on local disk; any other spec pulls CUDA builds.
+	$(BIN)/pip install -q 'torch==2.13.0'
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## make run: start a local 3-server cluster and drive a multi-turn KV-page workload through it.
+run: $(STAMP)
+	$(BIN)/gcache up --servers 3 --memory 512MiB --workload sessions
+
+## make test: every test, with real gcache processes.
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/gcache-bench --local 1 --op get --op put --size 64KiB --size 1MiB --size 4MiB --batch 64 --json bench/out/latest.json
+
+clean:
+	rm -rf $(VENV) build *.egg-info

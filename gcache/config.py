@@ -1,0 +1,387 @@
+"""The one typed configuration table for gcache servers, clients and the master.
+
+Every tunable lives in ``OPTIONS``; names carry their unit (``_bytes``, ``_ms``).
+``load_config`` resolves each option as default < TOML file < ``GCACHE_<NAME>``
+environment variable < command-line flag, parses it strictly by type and
+range-checks it. Any bad value raises :class:`~gcache.errors.ConfigError` naming
+the option, where the value came from, the value, and what to do about it.
+
+Only the stdlib is imported (``click`` lazily, by ``click_options``);
+``tomllib`` needs Python 3.11+.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import math
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, TypeVar
+
+from gcache.errors import ConfigError
+
+# ---------------------------------------------------------------- parsers
+
+_SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+               "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+_MS_UNITS = {"ms": 1, "s": 1000, "m": 60_000}
+_SIZE_RE, _MS_RE = (re.compile(r"([0-9]+(?:\.[0-9]+)?)(?: ?(" + "|".join(units) + "))?")
+                    for units in (_SIZE_UNITS, _MS_UNITS))
+_INT_RE = re.compile(r"-?[0-9]+")
+_FLOAT_RE = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+_BOOLS = {"true": True, "1": True, "yes": True, "on": True,
+          "false": False, "0": False, "no": False, "off": False}
+
+
+def _scaled(text: object, units: dict[str, int], pattern: re.Pattern[str],
+            what: str, floats: bool) -> int:
+    """Shared body of parse_size / parse_duration_ms: a whole count >= 0 of the base unit."""
+    base = next(iter(units))  # the unit worth 1
+    if isinstance(text, (int, float)) and not isinstance(text, bool) \
+            and (floats or isinstance(text, int)):
+        if not math.isfinite(text) or text < 0:
+            raise ConfigError(f"{what} {text!r} is negative or not finite")
+        amount = Fraction(text)
+    elif isinstance(text, str) and (match := pattern.fullmatch(text)):
+        amount = Fraction(match[1]) * units[match[2] or base]
+    else:
+        raise ConfigError(f"{text!r} is not a {what}")
+    if amount.denominator != 1:
+        raise ConfigError(f"{text!r} is not a whole number of {base}")
+    return int(amount)
+
+
+def parse_size(text: str | int) -> int:
+    """Parse a byte size: an int, or "4096", "512B", "64KiB", "1.5GiB", "1 GB".
+
+    KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB powers of 1024. Units are
+    case-sensitive, at most one space may precede the unit, and a decimal is
+    allowed only if it comes to a whole number of bytes.
+    """
+    return _scaled(text, _SIZE_UNITS, _SIZE_RE, "size", floats=False)
+
+
+def parse_duration_ms(text: str | int | float) -> int:
+    """Parse a duration into whole milliseconds: 250, "500ms", "2s", "1.5s", "1m"."""
+    return _scaled(text, _MS_UNITS, _MS_RE, "duration", floats=True)
+
+
+def format_size(n: int) -> str:
+    """Render bytes in the largest binary unit that is exact with <= 2 decimals.
+
+    1048576 -> "1MiB", 1536 -> "1.5KiB", 1000 -> "1000B"; ``parse_size`` inverts it.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ConfigError(f"cannot format {n!r} as a size: need an int >= 0")
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        mult = _SIZE_UNITS[unit]
+        if n >= mult and n * 100 % mult == 0:
+            whole, cents = divmod(n * 100 // mult, 100)
+            return (f"{whole}.{cents:02d}".rstrip("0") if cents else str(whole)) + unit
+    return f"{n}B"
+
+
+def parse_bool(text: str | bool) -> bool:
+    """Parse true/false, 1/0, yes/no, on/off (case-insensitive)."""
+    if isinstance(text, bool):
+        return text
+    if isinstance(text, str) and text.lower() in _BOOLS:
+        return _BOOLS[text.lower()]
+    raise ConfigError(f"{text!r} is not a boolean")
+
+
+def _parse_int(text: object) -> int:
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    if isinstance(text, str) and _INT_RE.fullmatch(text):
+        return int(text)
+    raise ConfigError(f"{text!r} is not an integer")
+
+
+def _parse_float(text: object) -> float:
+    if isinstance(text, (int, float, str)) and not isinstance(text, bool):
+        if not isinstance(text, str) or _FLOAT_RE.fullmatch(text):
+            if math.isfinite(value := float(text)):
+                return value
+    raise ConfigError(f"{text!r} is not a finite number")
+
+
+def _parse_str(text: object) -> str:
+    if not isinstance(text, str):
+        raise ConfigError(f"expected a string, not {type(text).__name__}")
+    return text
+
+
+def _parse_addr(text: object) -> str:
+    text = _parse_str(text)
+    host, _, port = text.rpartition(":")
+    bare_ipv6 = ":" in host and not (host.startswith("[") and host.endswith("]"))
+    if text and (not host or bare_ipv6 or not port.isascii() or not port.isdigit()
+                 or int(port) > 65535):
+        raise ConfigError(f"{text!r} is not HOST:PORT with a port in 0..65535")
+    return text  # "" passes here; _check decides per option whether empty is allowed
+
+
+# type -> (parser, what the operator should write instead)
+_TYPES: dict[str, tuple[Callable[[Any], Any], str]] = {
+    "size": (parse_size, "use a byte count or a size such as '64KiB', '16GiB' or '1GB'"),
+    "int": (_parse_int, "use a whole number such as 4"),
+    "float": (_parse_float, "use a number such as 0.9"),
+    "bool": (parse_bool, "use true/false, yes/no, on/off or 1/0"),
+    "str": (_parse_str, "use a string (quote it in TOML)"),
+    "duration_ms": (parse_duration_ms, "use milliseconds or a duration like '500ms' or '2s'"),
+    "addr": (_parse_addr, "use HOST:PORT such as '127.0.0.1:7070'"),
+}
+
+# ---------------------------------------------------------------- the table
+
+_SCOPES = ("server", "client", "master", "common")
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One configuration option: typed default, help text and scope."""
+
+    name: str
+    type: str  # "size" | "int" | "float" | "bool" | "str" | "duration_ms" | "addr"
+    default: object
+    help: str
+    scope: str  # "server" | "client" | "master" | "common"
+
+    @property
+    def env(self) -> str:
+        """The environment variable that sets this option."""
+        return "GCACHE_" + self.name.upper()
+
+
+_MIB, _GIB = 2**20, 2**30
+OPTIONS: dict[str, Option] = {o.name: o for o in [
+    Option("listen", "addr", "127.0.0.1:7070", "Address the server listens on.", "server"),
+    Option("name", "str", "gcache-0", "Server name used in logs and metrics.", "server"),
+    Option("memory_bytes", "size", _GIB, "Size of the shared-memory arena.", "server"),
+    Option("token", "str", "", "Shared auth token; empty disables auth.", "common"),
+    Option("shm_dir", "str", "/dev/shm", "Directory holding the arena file.", "server"),
+    Option("slab_bytes", "size", 16 * _MIB, "Size of one arena slab.", "server"),
+    Option("max_key_bytes", "int", 512, "Longest accepted key.", "server"),
+    Option("max_namespace_bytes", "int", 128, "Longest accepted namespace.", "server"),
+    Option("max_value_bytes", "size", 256 * _MIB, "Largest accepted value.", "server"),
+    Option("max_batch_items", "int", 4096, "Most items in one batch request.", "server"),
+    Option("max_frame_bytes", "size", 512 * _MIB, "Largest accepted wire frame.", "server"),
+    Option("max_header_bytes", "size", 4 * _MIB, "Largest accepted frame header.", "server"),
+    Option("high_watermark", "float", 0.95, "Arena fill ratio that starts eviction.", "server"),
+    Option("low_watermark", "float", 0.90, "Arena fill ratio eviction stops at.", "server"),
+    Option("metrics_listen", "addr", "", "Prometheus HOST:PORT; empty disables.", "server"),
+    Option("log_level", "str", "INFO", "Logging level name.", "server"),
+    Option("log_format", "str", "json", "Log format: json or text.", "server"),
+    Option("pending_put_timeout_ms", "duration_ms", 30000,
+           "How long a started put may stay uncommitted.", "server"),
+    Option("prefault", "bool", True, "Touch every arena page at startup.", "server"),
+    Option("remove_arena_on_exit", "bool", False, "Delete the arena file on exit.", "server"),
+    Option("max_connections", "int", 1024, "Most concurrent client connections.", "server"),
+    Option("timeout_ms", "duration_ms", 2000, "Deadline of one client operation.", "client"),
+    Option("slice_bytes", "size", _MIB, "Size of one slice of a large value.", "client"),
+    Option("conns_per_server", "int", 4, "Connections the client opens per server.", "client"),
+    Option("queue_depth", "int", 1024, "Most queued operations per client.", "client"),
+    Option("frame_target_bytes", "size", 8 * _MIB, "Batch size the client aims for.", "client"),
+    Option("probe_interval_ms", "duration_ms", 1000, "Health-probe interval.", "client"),
+    Option("connect_timeout_ms", "duration_ms", 500, "Deadline to connect.", "client"),
+]}
+_SECRETS = frozenset({"token"})
+
+
+def scope_options(scope: str) -> list[Option]:
+    """The options a ``scope`` process reads: its own plus "common"."""
+    if scope not in _SCOPES[:3]:
+        raise ConfigError(f"unknown config scope {scope!r}; use one of {', '.join(_SCOPES[:3])}")
+    return [o for o in OPTIONS.values() if o.scope in (scope, "common")]
+
+
+def _show(opt: Option, value: Any) -> str:
+    """Human form of a value: sizes in units, secrets masked."""
+    if opt.name in _SECRETS and value:
+        return "***"
+    if opt.type == "size":
+        return format_size(value)
+    if opt.type == "duration_ms":
+        return f"{value}ms"
+    if opt.type == "bool":
+        return str(value).lower()
+    return str(value) or "''"
+
+
+def _check(opt: Option, value: Any) -> str | None:
+    """Range-check one parsed value; return the problem, or None if it is fine."""
+    if opt.type in ("size", "int", "duration_ms") and value < 1:
+        return "must be at least 1"
+    if opt.name.endswith("_watermark") and not 0 < value <= 1:
+        return "must be in (0, 1]"
+    if opt.type == "addr" and value == "" and opt.name != "metrics_listen":
+        return "must not be empty"
+    if opt.name == "log_level" and not isinstance(logging.getLevelName(value), int):
+        return "must be a logging level such as DEBUG, INFO, WARNING or ERROR"
+    if opt.name == "log_format" and value not in ("json", "text"):
+        return "must be 'json' or 'text'"
+    return None
+
+
+def _coerce(opt: Option, raw: object, source: str) -> Any:
+    """Parse and range-check ``raw`` from ``source``; raise a ConfigError saying what to fix."""
+    parser, hint = _TYPES[opt.type]
+    try:
+        value = parser(raw)
+    except ConfigError as exc:
+        problem: str | None = f"{exc}; {hint}"
+    else:
+        value = value.upper() if opt.name == "log_level" else value
+        problem = _check(opt, value)
+    if problem is None:
+        return value
+    kind, _, detail = source.partition(":")
+    where = {"cli": "flag --" + opt.name.replace("_", "-"), "env": "env var " + detail,
+             "file": "file " + detail}[kind]
+    shown = "'***'" if opt.name in _SECRETS else repr(raw)
+    raise ConfigError(f"bad {opt.name} {shown} from {where}: {problem}")
+
+# ---------------------------------------------------------------- loading
+
+
+class Config:
+    """Resolved, immutable configuration of one scope; every option is an attribute."""
+
+    __slots__ = ("_scope", "_values", "_sources")
+
+    def __init__(self, scope: str, values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
+        object.__setattr__(self, "_scope", scope)
+        object.__setattr__(self, "_values", dict(values))
+        object.__setattr__(self, "_sources", dict(sources))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # slots not set yet (e.g. during copy)
+            raise AttributeError(name)
+        if name in self._values:
+            return self._values[name]
+        raise AttributeError(f"{name!r} is not a {self._scope} option")
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("Config is frozen")
+
+    def __reduce__(self) -> tuple[type[Config], tuple[str, dict[str, Any], dict[str, str]]]:
+        return Config, (self._scope, self._values, self._sources)  # copy/pickle despite frozen
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{n}={_show(OPTIONS[n], v)}" for n, v in self._values.items())
+        return f"Config({self._scope}: {body})"
+
+    @property
+    def scope(self) -> str:
+        """The scope this config was loaded for."""
+        return self._scope
+
+    @property
+    def sources(self) -> dict[str, str]:
+        """Where each value came from: "default", "file:<path>", "env:GCACHE_X" or "cli"."""
+        return dict(self._sources)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A copy of every option value."""
+        return dict(self._values)
+
+    def describe(self) -> str:
+        """One log line: every value not left at its default, with its source; secrets masked."""
+        parts = [f"{n}={_show(OPTIONS[n], self._values[n])} ({src})"
+                 for n, src in self._sources.items() if src != "default"]
+        return f"gcache {self._scope} config: " + (", ".join(parts) or "all defaults")
+
+
+def _unknown_key(key: str, allowed: list[str], where: str) -> ConfigError:
+    close = difflib.get_close_matches(key, allowed, n=1)
+    hint = (f"it is a {OPTIONS[key].scope}-scope option" if key in OPTIONS
+            else f"did you mean {close[0]!r}?" if close else "there is no such option")
+    return ConfigError(f"unknown option {key!r} in {where}: {hint}; remove or rename it")
+
+
+def _read_file(path: str | os.PathLike[str], scope: str) -> dict[str, object]:
+    """The ``scope`` values of a TOML file, whose keys must all be known options.
+
+    Keys may sit at top level or in a ``[server]``/``[client]``/``[master]``/
+    ``[common]`` table; other scopes' options are skipped so one file can serve all.
+    """
+    label = os.fspath(path)
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {label}: {exc.strerror}; "
+                          "fix the path") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {label} is not valid TOML ({exc}); fix it") from None
+    tables = {t: data.pop(t) for t in _SCOPES if isinstance(data.get(t), dict)}
+    items = [(k, v, None) for k, v in data.items()]
+    items += [(k, v, t) for t, table in tables.items() for k, v in table.items()]
+    found: dict[str, object] = {}
+    for key, value, table in items:
+        names = [o.name for o in OPTIONS.values() if o.scope in (table or o.scope, "common")]
+        if key not in names:
+            raise _unknown_key(key, names, f"{label} [{table}]" if table else label)
+        if key in found:
+            raise ConfigError(f"option {key!r} is set twice in {label}; keep only one")
+        found[key] = value
+    return {k: v for k, v in found.items() if OPTIONS[k].scope in (scope, "common")}
+
+
+def load_config(scope: str, file: str | os.PathLike[str] | None = None,
+                env: Mapping[str, str] | None = None,
+                cli: Mapping[str, object] | None = None) -> Config:
+    """Resolve every option of ``scope`` with precedence default < file < env < CLI.
+
+    ``env`` defaults to ``os.environ``; only ``GCACHE_<NAME>`` of in-scope options
+    is read. ``cli`` maps option names to values; ``None`` means "not given".
+    Raises ConfigError for any bad, unknown or inconsistent value.
+    """
+    opts = {o.name: o for o in scope_options(scope)}
+    values = {n: o.default for n, o in opts.items()}
+    sources = dict.fromkeys(opts, "default")
+    layered: list[tuple[str, object, str]] = []  # (name, raw value, source), lowest first
+    if file is not None:
+        layered += [(n, v, f"file:{os.fspath(file)}") for n, v in _read_file(file, scope).items()]
+    env = os.environ if env is None else env
+    layered += [(n, env[o.env], f"env:{o.env}") for n, o in opts.items() if o.env in env]
+    for name, raw in (cli or {}).items():
+        if name not in opts:
+            raise _unknown_key(name, list(opts), f"CLI options for {scope}")
+        if raw is not None:
+            layered.append((name, raw, "cli"))
+    for name, raw, source in layered:
+        values[name] = _coerce(opts[name], raw, source)
+        sources[name] = source
+    if "low_watermark" in values and values["low_watermark"] >= values["high_watermark"]:
+        raise ConfigError(
+            f"low_watermark {values['low_watermark']} ({sources['low_watermark']}) must be below "
+            f"high_watermark {values['high_watermark']} ({sources['high_watermark']}); "
+            "lower low_watermark or raise high_watermark")
+    return Config(scope, values, sources)
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def click_options(scope: str) -> Callable[[_F], _F]:
+    """Decorator adding ``--<name>`` (str, default None) for every option of ``scope``.
+
+    The command's kwargs can go straight to ``load_config(scope, cli=kwargs)``.
+    """
+    import click  # lazy: the core needs only the stdlib
+
+    def decorate(fn: _F) -> _F:
+        for opt in reversed(scope_options(scope)):
+            help_text = f"{opt.help} [env {opt.env}, default {_show(opt, opt.default)}]"
+            fn = click.option("--" + opt.name.replace("_", "-"), opt.name, type=str,
+                              default=None, help=help_text)(fn)
+        return fn
+
+    return decorate

@@ -1,0 +1,226 @@
+"""Wire protocol v1: framing, limits and socket helpers shared by server and SDK.
+
+Design. Every message is one frame:
+
+    prefix (36 bytes, little-endian, fixed struct)
+      magic u32 'GCF1' | version u8 | opcode u8 | flags u16 | request_id u64
+      status u16 | reserved u16 | header_len u32 | payload_len u64 | header_crc u32
+    header  (header_len bytes, msgpack: the op's structured arguments)
+    payload (payload_len bytes, raw: values, concatenated in item order)
+
+``header_crc`` is CRC32 over the first 32 prefix bytes followed by the header,
+so a corrupt length or opcode is caught before the payload is touched. Every
+length is checked against ``Limits`` *before* anything is allocated, and
+payloads are received straight into their destination (``recv_into`` an arena
+slot or a user buffer) — the payload is never staged in a temporary buffer.
+
+Responses reuse the request's opcode with ``FLAG_RESPONSE`` set and the same
+request id. A frame-level failure (bad magic, oversize, auth) is a response
+with a non-zero ``status`` and ``{"error": text}``; the sender then closes the
+connection, so a malformed stream can never desynchronise.
+
+docs/protocol.md is the normative description; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import msgpack
+
+from gcache.errors import ProtocolError
+from gcache.status import Status
+
+MAGIC = 0x31464347  # b"GCF1" read as little-endian u32
+VERSION = 1
+PREFIX = struct.Struct("<IBBHQHHIQI")
+PREFIX_SIZE = PREFIX.size  # 36
+_CRC_SPAN = PREFIX_SIZE - 4
+
+FLAG_RESPONSE = 0x0001
+
+
+class Op:
+    """Opcodes. Values are wire-stable."""
+
+    HELLO = 1  # server -> client, right after accept: nonce, name, limits
+    AUTH = 2  # client -> server: HMAC(token, nonce); required before data ops
+    PING = 3
+    PUT = 10
+    GET = 11
+    EXISTS = 12
+    DELETE = 13
+    TOUCH = 14
+    STATS = 20
+
+    NAMES = {1: "HELLO", 2: "AUTH", 3: "PING", 10: "PUT", 11: "GET", 12: "EXISTS",
+             13: "DELETE", 14: "TOUCH", 20: "STATS"}
+    DATA_OPS = frozenset({PUT, GET, EXISTS, DELETE, TOUCH})
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds checked before allocation. Server and SDK share the defaults."""
+
+    max_key_bytes: int = 512
+    max_namespace_bytes: int = 128
+    max_value_bytes: int = 256 << 20
+    max_batch_items: int = 4096
+    max_header_bytes: int = 4 << 20
+    max_frame_bytes: int = 512 << 20  # payload bound per frame
+
+
+@dataclass(frozen=True, slots=True)
+class FrameHeader:
+    opcode: int
+    flags: int
+    request_id: int
+    status: int
+    header_len: int
+    payload_len: int
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flags & FLAG_RESPONSE)
+
+
+def encode_frame(opcode: int, request_id: int, meta: Any, payload_len: int = 0, *,
+                 flags: int = 0, status: int = 0) -> bytes:
+    """Return prefix + msgpack header. The payload is sent separately."""
+    header = msgpack.packb(meta, use_bin_type=True)
+    fixed = PREFIX.pack(MAGIC, VERSION, opcode, flags, request_id, status, 0,
+                        len(header), payload_len, 0)[:_CRC_SPAN]
+    crc = zlib.crc32(header, zlib.crc32(fixed))
+    return fixed + crc.to_bytes(4, "little") + header
+
+
+def decode_prefix(buf: bytes | bytearray | memoryview, limits: Limits) -> FrameHeader:
+    """Parse and bound-check a 36-byte prefix. Raises ProtocolError."""
+    if len(buf) != PREFIX_SIZE:
+        raise ProtocolError(f"truncated frame prefix: {len(buf)} of {PREFIX_SIZE} bytes")
+    magic, version, opcode, flags, rid, status, _res, hlen, plen, _crc = PREFIX.unpack(buf)
+    if magic != MAGIC:
+        raise ProtocolError(f"bad magic 0x{magic:08x}: peer is not speaking gcache protocol v1")
+    if version != VERSION:
+        raise ProtocolError(f"unsupported protocol version {version}; this build speaks {VERSION}")
+    if hlen > limits.max_header_bytes:
+        raise ProtocolError(f"header length {hlen} exceeds max_header_bytes "
+                            f"{limits.max_header_bytes}", Status.TOO_LARGE)
+    if plen > limits.max_frame_bytes:
+        raise ProtocolError(f"payload length {plen} exceeds max_frame_bytes "
+                            f"{limits.max_frame_bytes}", Status.TOO_LARGE)
+    return FrameHeader(opcode, flags, rid, status, hlen, plen)
+
+
+def check_crc(prefix: bytes | bytearray | memoryview, header: bytes | bytearray) -> None:
+    expect = int.from_bytes(prefix[_CRC_SPAN:PREFIX_SIZE], "little")
+    got = zlib.crc32(header, zlib.crc32(prefix[:_CRC_SPAN]))
+    if got != expect:
+        raise ProtocolError(f"header CRC mismatch (got 0x{got:08x}, frame says 0x{expect:08x})")
+
+
+def decode_meta(header: bytes | bytearray) -> Any:
+    try:
+        return msgpack.unpackb(header, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"undecodable frame header: {exc}") from None
+
+
+# ---------------------------------------------------------------- socket helpers
+
+def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` completely from ``sock``; ConnectionError on EOF."""
+    got, n = 0, len(view)
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionError(f"peer closed the connection after {got} of {n} bytes")
+        got += k
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    recv_exact_into(sock, memoryview(buf))
+    return buf
+
+
+def discard(sock: socket.socket, n: int, scratch: memoryview) -> None:
+    """Read and drop ``n`` bytes through a bounded scratch buffer."""
+    while n > 0:
+        k = sock.recv_into(scratch, min(n, len(scratch)))
+        if k == 0:
+            raise ConnectionError("peer closed the connection while draining a payload")
+        n -= k
+
+
+_IOV_MAX = 512
+
+
+def sendmsg_all(sock: socket.socket, buffers: Sequence[bytes | bytearray | memoryview]) -> None:
+    """Scatter-gather send of every buffer, handling partial writes."""
+    bufs = [memoryview(b).cast("B") for b in buffers if len(b)]
+    i = 0
+    while i < len(bufs):
+        chunk = bufs[i:i + _IOV_MAX]
+        sent = sock.sendmsg(chunk)
+        while chunk and sent >= len(chunk[0]):
+            sent -= len(chunk[0])
+            chunk.pop(0)
+            i += 1
+        if sent:
+            bufs[i] = bufs[i][sent:]
+
+
+def read_frame(sock: socket.socket, limits: Limits, prefix_buf: bytearray | None = None
+               ) -> tuple[FrameHeader, Any]:
+    """Read prefix + header (not the payload) and validate both."""
+    prefix = prefix_buf if prefix_buf is not None else bytearray(PREFIX_SIZE)
+    recv_exact_into(sock, memoryview(prefix))
+    fh = decode_prefix(prefix, limits)
+    header = recv_exact(sock, fh.header_len) if fh.header_len else b""
+    check_crc(prefix, header)
+    return fh, decode_meta(header)
+
+
+# ---------------------------------------------------------------- argument checks
+
+def check_key(key: Any, limits: Limits) -> bytes:
+    if not isinstance(key, (bytes, bytearray)) or not key:
+        raise ProtocolError("key must be non-empty bytes", Status.BAD_REQUEST)
+    if len(key) > limits.max_key_bytes:
+        raise ProtocolError(f"key of {len(key)} bytes exceeds max_key_bytes "
+                            f"{limits.max_key_bytes}", Status.TOO_LARGE)
+    return bytes(key)
+
+
+def check_namespace(ns: Any, limits: Limits) -> bytes:
+    if not isinstance(ns, (bytes, bytearray)):
+        raise ProtocolError("namespace must be bytes", Status.BAD_REQUEST)
+    if len(ns) > limits.max_namespace_bytes:
+        raise ProtocolError(f"namespace of {len(ns)} bytes exceeds max_namespace_bytes "
+                            f"{limits.max_namespace_bytes}", Status.TOO_LARGE)
+    return bytes(ns)
+
+
+def check_items(meta: Any, limits: Limits) -> list:
+    if not isinstance(meta, dict):
+        raise ProtocolError("frame header must be a map", Status.BAD_REQUEST)
+    items = meta.get("items")
+    if not isinstance(items, list):
+        raise ProtocolError("frame header lacks an 'items' list", Status.BAD_REQUEST)
+    if len(items) > limits.max_batch_items:
+        raise ProtocolError(f"batch of {len(items)} items exceeds max_batch_items "
+                            f"{limits.max_batch_items}", Status.TOO_LARGE)
+    return items
+
+
+def auth_mac(token: str, nonce: bytes) -> bytes:
+    """HMAC-SHA256 of the server nonce under the shared token."""
+    import hmac
+    import hashlib
+
+    return hmac.new(token.encode(), b"gcache-auth-v1:" + nonce, hashlib.sha256).digest()

@@ -1,0 +1,554 @@
+"""gcache SDK client: put/get/exists/delete/touch, batch, zero-copy and async forms.
+
+Design. The user thread validates arguments, routes each key to its owner on
+the consistent-hash ring, slices values larger than ``slice_bytes`` into
+pieces, packs pieces into frames (about ``frame_target_bytes`` each, spread
+over the owner's connections) and enqueues them on the owner's ``Lane``. It
+never does IO. Dispatch threads run the frames; their completions are folded
+per key (all slices) and per batch, and each key callback and each batch
+callback/future fires exactly once — on success, miss, timeout, peer death or
+close alike.
+
+Failure semantics: every op has a deadline (``timeout_ms``). Past it the key's
+result is ``Status.TIMEOUT`` (``None`` for byte-returning gets): a miss, never
+an exception and never a hang. Faults are values; only bad arguments raise.
+
+Sliced reads use the object version the server returns: all slices of one key
+must come from the same version, otherwise the key is a ``CONFLICT`` miss, so
+a reader never sees a mix of an old and a new object.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from gcache.config import load_config
+from gcache.errors import ConfigError
+from gcache.hashing import placement_hash
+from gcache.protocol import Limits, Op
+from gcache.status import Status
+from gcache.view import View
+from gcache.sdk.dispatcher import Lane, Reaper
+from gcache.sdk.transport import ItemResult, TcpTransport, Work
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    Buffer = memoryview | bytearray | np.ndarray | torch.Tensor
+
+log = logging.getLogger("gcache.sdk")
+
+Key = str | bytes
+KeyCallback = Callable[[int, bytes, Any], None]
+BatchCallback = Callable[[list], None]
+
+
+def as_view(buf: Any, writable: bool) -> memoryview:
+    """A flat byte view of memoryview / bytes / numpy / torch CPU tensor, no copy."""
+    mod = type(buf).__module__
+    if mod.startswith("torch"):
+        if buf.device.type != "cpu":
+            raise ValueError("CUDA tensors need the nixl transport; pass a CPU tensor")
+        if not buf.is_contiguous():
+            raise ValueError("tensor must be contiguous")
+        import torch
+
+        flat = buf.reshape(-1).view(torch.uint8) if buf.numel() else buf.reshape(-1)
+        mv = memoryview(flat.numpy())
+    else:
+        mv = memoryview(buf)
+    if not mv.contiguous:
+        raise ValueError("buffer must be C-contiguous")
+    if writable and mv.readonly:
+        raise ValueError("destination buffer is read-only")
+    return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+
+
+class _Batch:
+    """Folds slice results into per-key results, then the batch result."""
+
+    __slots__ = ("keys", "results", "left", "parts", "versions", "totals", "lock",
+                 "future", "callback", "on_key", "finalize", "remaining", "bufs")
+
+    def __init__(self, keys: list[bytes], default: Any, finalize: Callable[[int, Status], Any],
+                 callback: BatchCallback | None, on_key: KeyCallback | None) -> None:
+        n = len(keys)
+        self.keys = keys
+        self.results: list[Any] = [default] * n
+        self.parts = [0] * n  # outstanding slices per key
+        self.left: list[Status] = [Status.OK] * n  # first non-OK status per key
+        self.versions = [0] * n
+        self.totals = [-1] * n
+        self.bufs: list[Any] = [None] * n
+        self.remaining = n
+        self.lock = threading.Lock()
+        self.future: Future = Future()
+        self.callback, self.on_key, self.finalize = callback, on_key, finalize
+        if n == 0:
+            self.future.set_result([])
+
+    def slice_done(self, i: int, st: Status, version: int = 0, total: int = -1) -> None:
+        with self.lock:
+            if self.parts[i] <= 0:
+                return
+            if st != Status.OK and self.left[i] == Status.OK:
+                self.left[i] = st
+            if version:
+                if self.versions[i] and self.versions[i] != version and self.left[i] == Status.OK:
+                    self.left[i] = Status.CONFLICT
+                self.versions[i] = version
+            if total >= 0:
+                self.totals[i] = total
+            self.parts[i] -= 1
+            if self.parts[i]:
+                return
+            self.remaining -= 1
+            last = self.remaining == 0
+        res = self.finalize(i, self.left[i])
+        self.results[i] = res
+        if self.on_key is not None:
+            try:
+                self.on_key(i, self.keys[i], res)
+            except Exception:
+                log.exception("per-key callback raised")
+        if last:
+            if self.callback is not None:
+                try:
+                    self.callback(self.results)
+                except Exception:
+                    log.exception("batch callback raised")
+            self.future.set_result(self.results)
+
+
+class Client:
+    """A gcache client. Thread-safe; share one per process.
+
+    Args:
+        servers: ``["host:port", ...]`` (or a comma-separated string).
+        namespace: tenant / model / layout fingerprint; part of every key.
+        timeout_ms: default deadline of every op.
+        token: shared secret for the HMAC handshake ('' = none).
+        masters: Raft master addresses (served by a later release; use servers=).
+        slice_bytes, conns_per_server, queue_depth, frame_target_bytes,
+        probe_interval_ms, connect_timeout_ms: dispatch tuning (see docs).
+        config_file: TOML file with ``[client]`` keys; env ``GCACHE_*`` overrides it,
+            and explicit arguments override both.
+
+    Raises:
+        ConfigError: on bad arguments (setup faults raise; runtime faults are values).
+    """
+
+    def __init__(self, servers: Sequence[str] | str | None = None, *, namespace: str = "default",
+                 timeout_ms: int | None = None, token: str | None = None,
+                 masters: Sequence[str] | None = None, slice_bytes: int | None = None,
+                 conns_per_server: int | None = None, queue_depth: int | None = None,
+                 frame_target_bytes: int | None = None, probe_interval_ms: int | None = None,
+                 connect_timeout_ms: int | None = None, config_file: str | None = None,
+                 limits: Limits | None = None) -> None:
+        if masters:
+            raise ConfigError("Client(masters=...) needs the Raft master, which this build does "
+                              "not ship yet; pass servers=[host:port, ...] instead")
+        if isinstance(servers, str):
+            servers = servers.split(",")
+        if not servers:
+            raise ConfigError("Client needs servers=[host:port, ...]")
+        cfg = load_config("client", config_file, cli={
+            "timeout_ms": timeout_ms, "token": token, "slice_bytes": slice_bytes,
+            "conns_per_server": conns_per_server, "queue_depth": queue_depth,
+            "frame_target_bytes": frame_target_bytes, "probe_interval_ms": probe_interval_ms,
+            "connect_timeout_ms": connect_timeout_ms})
+        self.config = cfg
+        self.namespace = namespace.encode() if isinstance(namespace, str) else bytes(namespace)
+        self.limits = limits or Limits()
+        if len(self.namespace) > self.limits.max_namespace_bytes:
+            raise ConfigError(f"namespace longer than {self.limits.max_namespace_bytes} bytes")
+        self.timeout = cfg.timeout_ms / 1000.0
+        self.slice = int(cfg.slice_bytes)
+        self.frame_target = int(cfg.frame_target_bytes)
+        self.conns = int(cfg.conns_per_server)
+        self._token = getattr(cfg, "token", "") or ""
+        self._state_lock = threading.Lock()
+        self._lanes: dict[str, Lane] = {}
+        self._lanes_lock = threading.Lock()
+        self._closed = False
+        self._reaper = Reaper(self._state_lock, self._probe, cfg.probe_interval_ms / 1000.0)
+        self._view = View.static(list(servers))
+        self._ring = self._view.ring
+        for m in self._view.members:
+            self._lane(m.address)
+
+    # ------------------------------------------------------------------ plumbing
+    def _lane(self, address: str) -> Lane:
+        lane = self._lanes.get(address)
+        if lane is None:
+            with self._lanes_lock:
+                lane = self._lanes.get(address)
+                if lane is None:
+                    cfg = self.config
+                    lane = Lane(address, lambda: TcpTransport(
+                        address, self._token, self.limits, cfg.connect_timeout_ms / 1000.0),
+                        threads=self.conns, queue_depth=cfg.queue_depth,
+                        probe_interval=cfg.probe_interval_ms / 1000.0,
+                        state_lock=self._state_lock)
+                    self._lanes[address] = lane
+        return lane
+
+    def update_view(self, view: View) -> None:
+        """Route by a new membership view (fed by the master in a later release)."""
+        self._view, self._ring = view, view.ring
+        for m in view.members:
+            self._lane(m.address)
+
+    @property
+    def view(self) -> View:
+        return self._view
+
+    def _probe(self) -> None:
+        for lane in list(self._lanes.values()):
+            if lane.suspect_until and not self._closed:
+                t = TcpTransport(lane.address, self._token, self.limits,
+                                 self.config.connect_timeout_ms / 1000.0)
+                try:
+                    t.connect(time.monotonic() + self.config.connect_timeout_ms / 1000.0)
+                    lane.clear_suspect()
+                except Exception:
+                    lane.suspect_until = max(lane.suspect_until,
+                                             time.monotonic() + lane.probe_interval)
+                finally:
+                    t.close()
+
+    def _key(self, key: Key) -> bytes:
+        k = key.encode() if isinstance(key, str) else bytes(key)
+        if not k:
+            raise ValueError("keys must be non-empty")
+        if len(k) > self.limits.max_key_bytes:
+            raise ValueError(f"key of {len(k)} bytes exceeds max_key_bytes "
+                             f"{self.limits.max_key_bytes}")
+        return k
+
+    def _owners(self, keys: list[bytes], group: Any) -> list[str]:
+        ns = self.namespace
+        if group is None:
+            hs = [placement_hash(ns, k) for k in keys]
+        elif isinstance(group, (str, bytes)):
+            g = group.encode() if isinstance(group, str) else group
+            hs = [placement_hash(ns, b"", g)] * len(keys)
+        else:
+            gs = list(group)
+            if len(gs) != len(keys):
+                raise ValueError("group= sequence must have one entry per key")
+            hs = [placement_hash(ns, k, None if g is None else
+                                 (g.encode() if isinstance(g, str) else bytes(g)))
+                  for k, g in zip(keys, gs)]
+        return [m.address for m in self._ring.owners(hs)]
+
+    def _dispatch(self, op: int, batch: _Batch, routed: dict[str, list], deadline: float,
+                  nbytes: Callable[[tuple], int]) -> None:
+        """routed: address -> [(key_index, item_tuple)]. Packs frames and enqueues them."""
+        for addr, entries in routed.items():
+            lane = self._lane(addr)
+            total = sum(nbytes(it) for _, it in entries)
+            target = max(self.slice, min(self.frame_target, -(-total // self.conns)))
+            cur_i: list[int] = []
+            cur: list = []
+            size = 0
+            for i, it in entries:
+                n = nbytes(it)
+                if cur and (size + n > target or len(cur) >= self.limits.max_batch_items):
+                    self._send(op, batch, lane, cur_i, cur, deadline)
+                    cur_i, cur, size = [], [], 0
+                cur_i.append(i)
+                cur.append(it)
+                size += n
+            if cur:
+                self._send(op, batch, lane, cur_i, cur, deadline)
+
+    def _send(self, op: int, batch: _Batch, lane: Lane, idx: list[int], items: list,
+              deadline: float) -> None:
+        def on_done(results: list[ItemResult]) -> None:
+            if op == Op.GET:
+                for i, it, r in zip(idx, items, results):
+                    self._get_part(batch, i, it, r, lane, deadline)
+            else:
+                for i, r in zip(idx, results):
+                    batch.slice_done(i, r.status)
+
+        work = Work(op, self.namespace, items, deadline, on_done)
+        if lane.submit(work):
+            self._reaper.watch(work)
+
+    def _get_part(self, batch: _Batch, i: int, it: tuple, r: ItemResult, lane: Lane,
+                  deadline: float) -> None:
+        st = r.status
+        if st == Status.OK and batch.bufs[i] is None and it[4] is None:
+            # byte-returning get, first slice: learn the size, fetch the rest in parallel
+            if r.total_len <= r.nbytes:
+                batch.bufs[i] = r.data
+            else:
+                full = bytearray(r.total_len)
+                full[:r.nbytes] = r.data
+                batch.bufs[i] = full
+                view = memoryview(full)
+                rest = [(i, (batch.keys[i], off, min(self.slice, r.total_len - off), r.version,
+                             view[off:off + min(self.slice, r.total_len - off)]))
+                        for off in range(r.nbytes, r.total_len, self.slice)]
+                with batch.lock:
+                    batch.parts[i] += len(rest)
+                self._dispatch(Op.GET, batch, {lane.address: rest}, deadline, lambda t: t[2])
+        elif st == Status.OK and it[4] is not None and r.nbytes != min(it[2], max(0, r.total_len - it[1])):
+            st = Status.SIZE_MISMATCH
+        batch.slice_done(i, st, r.version, r.total_len)
+
+    def _deadline(self, timeout_ms: int | None) -> float:
+        return time.monotonic() + (self.timeout if timeout_ms is None else timeout_ms / 1000.0)
+
+    def _closed_batch(self, batch: _Batch) -> _Batch:
+        for i in range(len(batch.keys)):
+            batch.parts[i] = 1
+            batch.slice_done(i, Status.CLOSED)
+        return batch
+
+    # ------------------------------------------------------------------ puts
+    def put_batch_from_async(self, keys: Sequence[Key], buffers: Sequence[Any], *,
+                             group: Any = None, timeout_ms: int | None = None,
+                             callback: BatchCallback | None = None,
+                             on_key: KeyCallback | None = None) -> Future:
+        """Store ``buffers[i]`` under ``keys[i]``, reading the buffers in place.
+
+        Returns a Future of ``list[Status]``. The buffers must stay unchanged until
+        the future completes. Failure: per-key statuses (TOO_LARGE, NO_SPACE,
+        TIMEOUT, UNAVAILABLE, ...); never raises for runtime faults.
+        """
+        if len(keys) != len(buffers):
+            raise ValueError("keys and buffers differ in length")
+        ks = [self._key(k) for k in keys]
+        views = [as_view(b, writable=False) for b in buffers]
+        batch = _Batch(ks, Status.ERROR, lambda i, st: st, callback, on_key)
+        if self._closed:
+            return self._closed_batch(batch).future
+        if not ks:
+            return batch.future
+        routed: dict[str, list] = {}
+        deadline = self._deadline(timeout_ms)
+        too_large = []
+        for i, (k, v, addr) in enumerate(zip(ks, views, self._owners(ks, group))):
+            n = len(v)
+            if n > self.limits.max_value_bytes:
+                too_large.append(i)
+                continue
+            if n <= self.slice:
+                batch.parts[i] = 1
+                routed.setdefault(addr, []).append((i, (k, n, 0, n, 0, v)))
+                continue
+            pid = int.from_bytes(os.urandom(8), "little") >> 1 or 1
+            offs = range(0, n, self.slice)
+            batch.parts[i] = len(offs)
+            dest = routed.setdefault(addr, [])
+            for off in offs:
+                ln = min(self.slice, n - off)
+                dest.append((i, (k, n, off, ln, pid, v[off:off + ln])))
+        for i in too_large:
+            batch.parts[i] = 1
+            batch.slice_done(i, Status.TOO_LARGE)
+        self._dispatch(Op.PUT, batch, routed, deadline, lambda t: t[3])
+        return batch.future
+
+    def put_batch_from(self, keys: Sequence[Key], buffers: Sequence[Any], **kw: Any
+                       ) -> list[Status]:
+        """Synchronous ``put_batch_from_async``: returns ``list[Status]``."""
+        return self._wait(self.put_batch_from_async(keys, buffers, **kw), len(keys), Status.TIMEOUT)
+
+    def put_batch(self, keys: Sequence[Key], values: Sequence[bytes], **kw: Any) -> list[Status]:
+        """Store byte values. Returns one Status per key."""
+        return self.put_batch_from(keys, values, **kw)
+
+    def put_batch_async(self, keys: Sequence[Key], values: Sequence[bytes], **kw: Any) -> Future:
+        return self.put_batch_from_async(keys, values, **kw)
+
+    def put(self, key: Key, value: Any, **kw: Any) -> Status:
+        """Store one value (bytes or any buffer). Returns its Status."""
+        return self.put_batch_from([key], [value], **kw)[0]
+
+    def put_async(self, key: Key, value: Any, **kw: Any) -> Future:
+        return _first(self.put_batch_from_async([key], [value], **kw))
+
+    # ------------------------------------------------------------------ gets
+    def get_batch_into_async(self, keys: Sequence[Key], buffers: Sequence[Any], *,
+                             group: Any = None, timeout_ms: int | None = None,
+                             callback: BatchCallback | None = None,
+                             on_key: KeyCallback | None = None) -> Future:
+        """Read each object straight into ``buffers[i]`` (exact size expected).
+
+        Returns a Future of ``list[Status]``: OK, MISS, SIZE_MISMATCH (the object
+        is not ``len(buffer)`` bytes), TIMEOUT, UNAVAILABLE, CONFLICT... A buffer
+        whose key is not OK may hold partial bytes.
+        """
+        if len(keys) != len(buffers):
+            raise ValueError("keys and buffers differ in length")
+        ks = [self._key(k) for k in keys]
+        views = [as_view(b, writable=True) for b in buffers]
+
+        def finalize(i: int, st: Status) -> Status:
+            if st == Status.OK and batch.totals[i] != len(views[i]):
+                return Status.SIZE_MISMATCH
+            return st
+
+        batch = _Batch(ks, Status.ERROR, finalize, callback, on_key)
+        if self._closed:
+            return self._closed_batch(batch).future
+        routed: dict[str, list] = {}
+        for i, (k, v, addr) in enumerate(zip(ks, views, self._owners(ks, group))):
+            n = len(v)
+            offs = range(0, max(n, 1), self.slice)
+            batch.parts[i] = len(offs)
+            dest = routed.setdefault(addr, [])
+            for off in offs:
+                ln = min(self.slice, n - off)
+                dest.append((i, (k, off, ln, 0, v[off:off + ln])))
+        self._dispatch(Op.GET, batch, routed, self._deadline(timeout_ms), lambda t: t[2])
+        return batch.future
+
+    def get_batch_into(self, keys: Sequence[Key], buffers: Sequence[Any], **kw: Any
+                       ) -> list[Status]:
+        """Synchronous ``get_batch_into_async``."""
+        return self._wait(self.get_batch_into_async(keys, buffers, **kw), len(keys), Status.TIMEOUT)
+
+    def get_batch_async(self, keys: Sequence[Key], *, group: Any = None,
+                        timeout_ms: int | None = None, callback: BatchCallback | None = None,
+                        on_key: KeyCallback | None = None) -> Future:
+        """Future of ``list[bytes | None]``; ``None`` is a miss (absent, timeout, dead server)."""
+        ks = [self._key(k) for k in keys]
+
+        def finalize(i: int, st: Status) -> bytes | None:
+            buf = batch.bufs[i]
+            if st != Status.OK or buf is None or len(buf) != batch.totals[i]:
+                return None
+            return bytes(buf)
+
+        batch = _Batch(ks, None, finalize, callback, on_key)
+        if self._closed:
+            return self._closed_batch(batch).future
+        routed: dict[str, list] = {}
+        for i, (k, addr) in enumerate(zip(ks, self._owners(ks, group))):
+            batch.parts[i] = 1
+            routed.setdefault(addr, []).append((i, (k, 0, self.slice, 0, None)))
+        self._dispatch(Op.GET, batch, routed, self._deadline(timeout_ms), lambda t: t[2])
+        return batch.future
+
+    def get_batch(self, keys: Sequence[Key], **kw: Any) -> list[bytes | None]:
+        """Read values as bytes; ``None`` for every kind of miss."""
+        return self._wait(self.get_batch_async(keys, **kw), len(keys), None)
+
+    def get(self, key: Key, **kw: Any) -> bytes | None:
+        """Read one value; ``None`` on a miss, a timeout or a dead server."""
+        return self.get_batch([key], **kw)[0]
+
+    def get_async(self, key: Key, **kw: Any) -> Future:
+        return _first(self.get_batch_async([key], **kw))
+
+    # ------------------------------------------------------------------ keyed ops
+    def _keyed_async(self, op: int, keys: Sequence[Key], group: Any, timeout_ms: int | None,
+                     finalize: Callable[[int, Status], Any], default: Any,
+                     callback: BatchCallback | None, on_key: KeyCallback | None) -> Future:
+        ks = [self._key(k) for k in keys]
+        batch = _Batch(ks, default, finalize, callback, on_key)
+        if self._closed:
+            return self._closed_batch(batch).future
+        routed: dict[str, list] = {}
+        for i, (k, addr) in enumerate(zip(ks, self._owners(ks, group))):
+            batch.parts[i] = 1
+            routed.setdefault(addr, []).append((i, k))
+        self._dispatch(op, batch, routed, self._deadline(timeout_ms), lambda t: 64)
+        return batch.future
+
+    def exists_batch_async(self, keys: Sequence[Key], *, group: Any = None,
+                           timeout_ms: int | None = None, callback: BatchCallback | None = None,
+                           on_key: KeyCallback | None = None) -> Future:
+        return self._keyed_async(Op.EXISTS, keys, group, timeout_ms,
+                                 lambda i, st: st == Status.OK, False, callback, on_key)
+
+    def exists_batch(self, keys: Sequence[Key], **kw: Any) -> list[bool]:
+        """True per key that is stored now; False for absent, timeout or dead server."""
+        return self._wait(self.exists_batch_async(keys, **kw), len(keys), False)
+
+    def exists(self, key: Key, **kw: Any) -> bool:
+        return self.exists_batch([key], **kw)[0]
+
+    def delete_batch_async(self, keys: Sequence[Key], *, group: Any = None,
+                           timeout_ms: int | None = None, callback: BatchCallback | None = None,
+                           on_key: KeyCallback | None = None) -> Future:
+        return self._keyed_async(Op.DELETE, keys, group, timeout_ms, lambda i, st: st,
+                                 Status.ERROR, callback, on_key)
+
+    def delete_batch(self, keys: Sequence[Key], **kw: Any) -> list[Status]:
+        """OK if the key was deleted, MISS if it was absent."""
+        return self._wait(self.delete_batch_async(keys, **kw), len(keys), Status.TIMEOUT)
+
+    def delete(self, key: Key, **kw: Any) -> Status:
+        return self.delete_batch([key], **kw)[0]
+
+    def touch_batch_async(self, keys: Sequence[Key], *, group: Any = None,
+                          timeout_ms: int | None = None, callback: BatchCallback | None = None,
+                          on_key: KeyCallback | None = None) -> Future:
+        return self._keyed_async(Op.TOUCH, keys, group, timeout_ms, lambda i, st: st,
+                                 Status.ERROR, callback, on_key)
+
+    def touch_batch(self, keys: Sequence[Key], **kw: Any) -> list[Status]:
+        """Refresh recency (protect from eviction) without moving data."""
+        return self._wait(self.touch_batch_async(keys, **kw), len(keys), Status.TIMEOUT)
+
+    def touch(self, key: Key, **kw: Any) -> Status:
+        return self.touch_batch([key], **kw)[0]
+
+    def stats(self, timeout_ms: int = 2000) -> dict[str, dict]:
+        """Per-server STATS, fetched directly (not through the dispatch queues)."""
+        out = {}
+        for addr in list(self._lanes):
+            t = TcpTransport(addr, self._token, self.limits, self.config.connect_timeout_ms / 1000)
+            try:
+                t.connect(time.monotonic() + timeout_ms / 1000)
+                res = t.call_stats(time.monotonic() + timeout_ms / 1000)
+                out[addr] = res
+            except Exception as exc:
+                out[addr] = {"error": str(exc) or type(exc).__name__}
+            finally:
+                t.close()
+        return out
+
+    # ------------------------------------------------------------------ lifecycle
+    def _wait(self, fut: Future, n: int, fallback: Any) -> list:
+        try:
+            return fut.result(timeout=self.timeout * 4 + 5.0)
+        except TimeoutError:  # defensive: the reaper should have completed it
+            log.error("batch outlived its deadline by seconds; reporting TIMEOUT")
+            return [fallback] * n
+
+    def close(self) -> None:
+        """Fail queued work with CLOSED, stop dispatch threads. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        lanes = list(self._lanes.values())
+        for lane in lanes:
+            lane.close()
+        for lane in lanes:
+            lane.join(self.timeout + 2)
+        self._reaper.stop()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _first(fut: Future) -> Future:
+    out: Future = Future()
+    fut.add_done_callback(lambda f: out.set_result(f.result()[0]))
+    return out

@@ -1,0 +1,118 @@
+"""``gcache-server``: one memory-tier cache daemon per host.
+
+Prints ``GCACHE_LISTEN=host:port`` on stdout once it serves (so ``--listen
+127.0.0.1:0`` can pick a free port), logs structured lines on stderr, and stops
+cleanly on SIGTERM/SIGINT: connections are closed, the arena is marked clean,
+and a restart under the same ``--name`` finds every acknowledged object.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+
+import click
+
+from gcache.config import click_options, load_config
+from gcache.errors import ConfigError
+from gcache.logs import setup_logging
+from gcache.protocol import Limits
+from gcache.server.arena import Arena, ArenaError, arena_path, header_len
+from gcache.server.memory_tier import MemoryTier
+from gcache.server.metrics import ServerMetrics, serve_http
+from gcache.server.service import Service
+
+log = logging.getLogger("gcache.server")
+
+
+def build_limits(cfg) -> Limits:
+    biggest = cfg.slab_bytes - header_len(cfg.max_namespace_bytes, cfg.max_key_bytes)
+    return Limits(max_key_bytes=cfg.max_key_bytes, max_namespace_bytes=cfg.max_namespace_bytes,
+                  max_value_bytes=min(cfg.max_value_bytes, biggest),
+                  max_batch_items=cfg.max_batch_items, max_header_bytes=cfg.max_header_bytes,
+                  max_frame_bytes=cfg.max_frame_bytes)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              help="TOML config file ([server] table). Precedence: file < env < flags.")
+@click.option("--memory", "memory", default=None, help="Alias of --memory-bytes, e.g. 4GiB.")
+@click_options("server")
+def main(config_file: str | None, memory: str | None, **flags: object) -> None:
+    """Run a gcache-server: a shared-memory cache tier serving wire protocol v1."""
+    if memory is not None:
+        flags["memory_bytes"] = memory
+    try:
+        cfg = load_config("server", config_file, cli=flags)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    setup_logging(cfg.log_level, cfg.log_format)
+    log.info("starting gcache-server", extra={"fields": {"config": cfg.describe(),
+                                                         "pid": os.getpid()}})
+    path = arena_path(cfg.shm_dir, cfg.name)
+    try:
+        arena = Arena(path, cfg.memory_bytes, cfg.slab_bytes, prefault=cfg.prefault)
+    except ArenaError as exc:
+        log.error("cannot open arena: %s", exc)
+        raise SystemExit(f"gcache-server: {exc}") from None
+    if arena.reused:
+        log.info("reusing arena %s (%s; previous stop was %s)", path, arena.reuse_reason,
+                 "clean" if arena.was_clean else "a crash: verifying every object")
+    else:
+        log.info("clean start of arena %s: %s", path, arena.reuse_reason)
+    metrics_holder: dict = {}
+    tier = MemoryTier(arena, high_watermark=cfg.high_watermark, low_watermark=cfg.low_watermark,
+                      pending_put_timeout_ms=cfg.pending_put_timeout_ms)
+    log.info("arena ready", extra={"fields": {k: v for k, v in tier.recovery.items()}})
+    limits = build_limits(cfg)
+
+    def stats() -> dict:
+        s = tier.stats()
+        svc = metrics_holder.get("svc")
+        s["connections"] = svc.connections if svc else 0
+        return s
+
+    metrics = ServerMetrics(stats)
+    try:
+        svc = Service(tier, listen=cfg.listen, name=cfg.name, token=cfg.token, limits=limits,
+                      metrics=metrics, max_connections=cfg.max_connections)
+    except (ValueError, OSError) as exc:
+        tier.close(clean=True)
+        log.error("cannot listen on %s: %s", cfg.listen, exc)
+        raise SystemExit(f"gcache-server: cannot listen on {cfg.listen}: {exc}") from None
+    metrics_holder["svc"] = svc
+    http = None
+    if cfg.metrics_listen:
+        http = serve_http(cfg.metrics_listen, metrics,
+                          lambda: {"status": "ok", "name": cfg.name, **stats()})
+        log.info("metrics on http://%s:%d/metrics", *http.server_address[:2])
+    tier.start()
+    svc.start()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("serving", extra={"fields": {"listen": svc.address, "name": cfg.name}})
+    print(f"GCACHE_LISTEN={svc.address}", flush=True)
+    if http is not None:
+        print(f"GCACHE_METRICS={http.server_address[0]}:{http.server_address[1]}", flush=True)
+    while not stop.wait(0.5):
+        pass
+    log.info("stopping: closing connections and marking the arena clean")
+    svc.stop()
+    if http is not None:
+        http.shutdown()
+    tier.close(clean=True)
+    if cfg.remove_arena_on_exit:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    log.info("stopped")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,388 @@
+"""Memory tier: slab allocator, index, LRU eviction and read leases over an Arena.
+
+Design. KV pages are mostly one size per model, so memory is carved into slab
+pages (``slab_bytes``), each holding equal chunks of one size class
+(``arena.size_class``: 4 KiB granules, <= ~6% waste). An object is one chunk:
+header + data, so objects are limited to one slab page.
+
+* Index: an OrderedDict ``(ns, key) -> _Obj`` that doubles as the LRU list
+  (``move_to_end`` on get/touch). ``touch`` refreshes recency without moving
+  data.
+* Eviction: a background thread keeps live bytes between the low and high
+  watermarks; an allocation that still finds no room evicts from the LRU head
+  synchronously (bounded). The policy sits behind ``EvictionPolicy`` so
+  prefix- or window-aware policies can replace plain LRU later.
+* Leases: ``pin_read`` bumps a pin count; delete, replace and eviction of a
+  pinned object only mark it doomed and the last ``unpin`` frees it, so a
+  transfer never reads freed bytes.
+* Puts: ``begin_put`` allocates an uncommitted chunk; sliced puts (several
+  frames, maybe several connections) share one pending chunk keyed by
+  ``(ns, key, put_id)`` and commit when the last byte has arrived. Pending
+  puts that stall past ``pending_put_timeout_ms`` are reclaimed.
+
+``do_`` methods require the caller to hold ``self._lock``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable
+
+from gcache.hashing import checksum
+from gcache.status import Status
+from gcache.server.arena import Arena, HDR_FIXED, header_len, size_class
+from gcache.server.tier import Pinned, PutSlot, Tier
+
+log = logging.getLogger("gcache.server.memory")
+
+_EVICT_SYNC_LIMIT = 100_000
+
+
+@dataclass(slots=True, eq=False)
+class _Obj:
+    ns: bytes
+    key: bytes
+    offset: int
+    chunk: int
+    data_off: int
+    length: int
+    version: int
+    pins: int = 0
+    doomed: bool = False
+    committed: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class _Pending:
+    obj: _Obj
+    received: int = 0
+    deadline: float = 0.0
+    failed: bool = False
+    parts: set = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class _Class:
+    size: int
+    partial: dict = field(default_factory=dict)  # page -> list[chunk offset] (free chunks)
+
+
+class MemoryTier(Tier):
+    def __init__(self, arena: Arena, *, high_watermark: float = 0.95,
+                 low_watermark: float = 0.90, pending_put_timeout_ms: int = 30_000,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_evict: Callable[[int, int], None] | None = None) -> None:
+        self.arena = arena
+        self.high, self.low = high_watermark, low_watermark
+        self.pending_timeout = pending_put_timeout_ms / 1000.0
+        self.clock = clock
+        self.on_evict = on_evict
+        self.capacity = arena.npages * arena.slab_bytes
+        self.max_object = arena.slab_bytes
+        self._lock = threading.Lock()
+        self._index: OrderedDict[tuple[bytes, bytes], _Obj] = OrderedDict()
+        self._pending: dict[tuple[bytes, bytes, int], _Pending] = {}
+        self._classes: dict[int, _Class] = {}
+        self._free_pages: list[int] = []
+        self._page_live = [0] * arena.npages
+        self._next_version = max(1, arena.next_version)
+        self.live_bytes = 0  # chunk bytes of committed + pending objects
+        self.counters = {"evictions": 0, "evicted_bytes": 0, "corrupt_dropped": 0,
+                         "torn_dropped": 0, "recovered": 0, "pending_expired": 0,
+                         "no_space": 0}
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._evictor: threading.Thread | None = None
+        self._recover()
+
+    # ------------------------------------------------------------------ startup
+    def _recover(self) -> None:
+        t0 = time.monotonic()
+        pt = self.arena.page_table
+        if self.arena.reused:
+            objs, counts = self.arena.scan()
+        else:
+            objs, counts = [], {"torn": 0, "corrupt": 0, "superseded": 0}
+        objs.sort(key=lambda r: r.created_ns)  # oldest first = LRU head
+        used: dict[int, set[int]] = {}
+        for r in objs:
+            page = self.arena.page_of(r.offset)
+            used.setdefault(page, set()).add(r.offset)
+            o = _Obj(r.ns, r.key, r.offset, r.chunk, r.data_off, r.length, r.version,
+                     committed=True)
+            self._index[(r.ns, r.key)] = o
+            self._page_live[page] += 1
+            self.live_bytes += r.chunk
+            self._next_version = max(self._next_version, r.version + 1)
+        for page in range(self.arena.npages):
+            csize = int(pt[page])
+            if csize == 0 or page not in used:
+                pt[page] = 0
+                self._free_pages.append(page)
+                continue
+            cls = self._cls(csize)
+            base = self.arena.page_offset(page)
+            free = [base + i * csize for i in range(self.arena.slab_bytes // csize)
+                    if base + i * csize not in used[page]]
+            if free:
+                cls.partial[page] = free
+        self._free_pages.reverse()  # pop() hands out low pages first
+        self.counters["recovered"] = len(objs)
+        self.counters["corrupt_dropped"] = counts["corrupt"]
+        self.counters["torn_dropped"] = counts["torn"]
+        self.recovery = {
+            "reused": self.arena.reused, "was_clean": self.arena.was_clean,
+            "reason": self.arena.reuse_reason, "objects": len(objs),
+            "torn": counts["torn"], "corrupt": counts["corrupt"],
+            "superseded": counts["superseded"], "seconds": time.monotonic() - t0,
+        }
+
+    def start(self) -> None:
+        self._evictor = threading.Thread(target=self._evict_loop, name="gcache-evictor",
+                                         daemon=True)
+        self._evictor.start()
+
+    # ------------------------------------------------------------------ allocator
+    def _cls(self, csize: int) -> _Class:
+        cls = self._classes.get(csize)
+        if cls is None:
+            cls = self._classes[csize] = _Class(csize)
+        return cls
+
+    def do_alloc(self, need: int) -> int | None:
+        csize = size_class(need)
+        if csize > self.arena.slab_bytes:
+            return None
+        cls = self._cls(csize)
+        evicted = 0
+        while True:
+            if cls.partial:
+                page, free = next(iter(cls.partial.items()))
+                off = free.pop()
+                if not free:
+                    del cls.partial[page]
+                self._page_live[page] += 1
+                self.live_bytes += csize
+                return off
+            if self._free_pages:
+                page = self._free_pages.pop()
+                self.arena.page_table[page] = csize  # before any chunk is used
+                base = self.arena.page_offset(page)
+                n = self.arena.slab_bytes // csize
+                cls.partial[page] = [base + i * csize for i in range(n - 1, -1, -1)]
+                continue
+            if evicted >= _EVICT_SYNC_LIMIT or not self.do_evict_one():
+                return None
+            evicted += 1
+
+    def do_free(self, o: _Obj) -> None:
+        self.arena.clear(o.offset)
+        page = self.arena.page_of(o.offset)
+        self._page_live[page] -= 1
+        self.live_bytes -= o.chunk
+        cls = self._cls(o.chunk)
+        if self._page_live[page] == 0:
+            cls.partial.pop(page, None)
+            self.arena.page_table[page] = 0
+            self._free_pages.append(page)
+        else:
+            cls.partial.setdefault(page, []).append(o.offset)
+
+    def do_evict_one(self) -> bool:
+        """Evict the least recently used unpinned object. False if none."""
+        for k, o in self._index.items():
+            if o.pins == 0:
+                del self._index[k]
+                self.do_free(o)
+                self.counters["evictions"] += 1
+                self.counters["evicted_bytes"] += o.length
+                if self.on_evict:
+                    self.on_evict(1, o.length)
+                return True
+            # pinned: skip it (it stays at the head; the scan is short in practice)
+        return False
+
+    def do_unlink(self, o: _Obj) -> None:
+        if o.pins:
+            o.doomed = True
+        else:
+            self.do_free(o)
+
+    # ------------------------------------------------------------------ reads
+    def pin_read(self, ns: bytes, key: bytes, offset: int, max_len: int,
+                 expect_version: int) -> Pinned:
+        with self._lock:
+            o = self._index.get((ns, key))
+            if o is None:
+                return Pinned(Status.MISS)
+            if expect_version and o.version != expect_version:
+                return Pinned(Status.CONFLICT, o.length, o.version)
+            self._index.move_to_end((ns, key))
+            o.pins += 1
+        start = min(offset, o.length)
+        end = min(o.length, start + max_len)
+        view = self.arena.buf[o.data_off + start:o.data_off + end]
+        return Pinned(Status.OK, o.length, o.version, view, o)
+
+    def unpin(self, pinned: Pinned) -> None:
+        o = pinned.token
+        if pinned.view is not None:
+            pinned.view.release()
+            pinned.view = None
+        if o is None:
+            return
+        with self._lock:
+            o.pins -= 1
+            if o.pins == 0 and o.doomed:
+                self.do_free(o)
+
+    def exists(self, ns: bytes, key: bytes) -> bool:
+        return (ns, key) in self._index
+
+    def touch(self, ns: bytes, key: bytes) -> bool:
+        with self._lock:
+            if (ns, key) not in self._index:
+                return False
+            self._index.move_to_end((ns, key))
+            return True
+
+    def delete(self, ns: bytes, key: bytes) -> bool:
+        with self._lock:
+            o = self._index.pop((ns, key), None)
+            if o is None:
+                return False
+            self.do_unlink(o)
+            return True
+
+    # ------------------------------------------------------------------ writes
+    def begin_put(self, ns: bytes, key: bytes, total_len: int, offset: int, length: int,
+                  put_id: int) -> PutSlot:
+        need = header_len(len(ns), len(key)) + total_len
+        if size_class(need) > self.arena.slab_bytes:
+            return PutSlot(Status.TOO_LARGE)
+        sliced = not (offset == 0 and length == total_len)
+        with self._lock:
+            pend = self._pending.get((ns, key, put_id)) if sliced else None
+            if pend is None:
+                off = self.do_alloc(need)
+                if off is None:
+                    self.counters["no_space"] += 1
+                    return PutSlot(Status.NO_SPACE)
+                version = self._next_version
+                self._next_version += 1
+                data_off = self.arena.write_header(off, ns, key, version, total_len,
+                                                   time.time_ns())
+                o = _Obj(ns, key, off, size_class(need), data_off, total_len, version)
+                pend = _Pending(o, deadline=self.clock() + self.pending_timeout)
+                if sliced:
+                    self._pending[(ns, key, put_id)] = pend
+            elif pend.obj.length != total_len or pend.failed:
+                return PutSlot(Status.BAD_REQUEST)
+            if offset in pend.parts:
+                return PutSlot(Status.BAD_REQUEST)
+            pend.parts.add(offset)
+            pend.obj.pins += 1  # the writer's hold; keeps expiry from freeing it
+        o = pend.obj
+        view = self.arena.buf[o.data_off + offset:o.data_off + offset + length]
+        return PutSlot(Status.OK, view, pend, {"key": (ns, key, put_id), "len": length})
+
+    def finish_put(self, slot: PutSlot) -> Status:
+        pend: _Pending = slot.token
+        slot.view.release()
+        o = pend.obj
+        with self._lock:
+            o.pins -= 1
+            pend.received += slot.extra["len"]
+            if pend.failed:
+                if o.pins == 0:
+                    self.do_free(o)
+                return Status.ERROR
+            if pend.received < o.length:
+                return Status.OK  # other slices still to come
+            self._pending.pop(slot.extra["key"], None)
+        # every byte is here: checksum outside the lock, then commit + publish
+        csum = checksum(self.arena.buf[o.data_off:o.data_off + o.length])
+        self.arena.commit(o.offset, csum)
+        with self._lock:
+            o.committed = True
+            k = (o.ns, o.key)
+            old = self._index.pop(k, None)
+            self._index[k] = o
+            if old is not None:
+                self.do_unlink(old)
+            over = self.live_bytes > self.high * self.capacity
+        if over:
+            self._wake.set()
+        return Status.OK
+
+    def abort_put(self, slot: PutSlot) -> None:
+        pend: _Pending = slot.token
+        if slot.view is not None:
+            slot.view.release()
+        with self._lock:
+            pend.obj.pins -= 1
+            pend.failed = True
+            self._pending.pop(slot.extra["key"], None)
+            if pend.obj.pins == 0:
+                self.do_free(pend.obj)
+
+    # ------------------------------------------------------------------ background
+    def _evict_loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(0.2)
+            self._wake.clear()
+            self.step()
+
+    def step(self) -> None:
+        """One evictor pass: watermarks and stalled sliced puts. Steppable in tests."""
+        now = self.clock()
+        with self._lock:
+            for k, p in list(self._pending.items()):
+                if p.deadline < now:
+                    del self._pending[k]
+                    p.failed = True
+                    self.counters["pending_expired"] += 1
+                    if p.obj.pins == 0:
+                        self.do_free(p.obj)
+            if self.live_bytes <= self.high * self.capacity:
+                return
+        while True:
+            with self._lock:  # evict in small locked batches so IO threads interleave
+                for _ in range(64):
+                    if self.live_bytes <= self.low * self.capacity or not self.do_evict_one():
+                        return
+
+    # ------------------------------------------------------------------ info
+    def stats(self) -> dict[str, int | float]:
+        with self._lock:
+            return {
+                "capacity_bytes": self.capacity,
+                "used_bytes": self.live_bytes,
+                "objects": len(self._index),
+                "pending_puts": len(self._pending),
+                "free_pages": len(self._free_pages),
+                "pages": self.arena.npages,
+                **self.counters,
+            }
+
+    def keys(self) -> list[tuple[bytes, bytes]]:
+        with self._lock:
+            return list(self._index)
+
+    def close(self, clean: bool = True) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._evictor is not None:
+            self._evictor.join(timeout=2)
+        with self._lock:
+            for p in self._pending.values():
+                self.arena.clear(p.obj.offset)  # never-committed slices must not survive
+            self._pending.clear()
+            self.arena.close(clean, self._next_version)
+
+
+__all__ = ["MemoryTier", "HDR_FIXED"]

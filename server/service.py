@@ -1,0 +1,339 @@
+"""The gcache-server network service: accept, authenticate, serve frames.
+
+Design. One thread per connection with blocking sockets; the SDK keeps a few
+long-lived connections per server, and the GIL is released during every
+``recv_into``/``sendmsg``, so payload bytes move between the socket and the
+arena without Python touching them. Puts are received straight into the
+reserved arena chunk; gets are sent with one scatter-gather ``sendmsg`` from
+pinned arena views.
+
+Connection life: the server sends HELLO (nonce, name, limits); the client must
+answer AUTH (HMAC of the nonce under the token; empty when no token is set)
+before any data op. A malformed frame gets an error reply (when the request id
+is known) and the connection is closed; per-item faults (miss, no space, too
+large) are statuses inside a normal reply and the stream stays in sync: the
+bytes of a refused item are drained through a bounded scratch buffer.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+from gcache.errors import ProtocolError
+from gcache.protocol import (FLAG_RESPONSE, PREFIX_SIZE, Limits, Op, auth_mac, check_items,
+                             check_key, check_namespace, discard, encode_frame, read_frame,
+                             recv_exact_into, sendmsg_all)
+from gcache.status import Status
+from gcache.server.metrics import ServerMetrics
+from gcache.server.tier import Tier
+
+log = logging.getLogger("gcache.server")
+
+_SCRATCH = 1 << 20
+
+
+class Service:
+    def __init__(self, tier: Tier, *, listen: str, name: str, token: str, limits: Limits,
+                 metrics: ServerMetrics, max_connections: int = 1024) -> None:
+        self.tier, self.name, self.token, self.limits = tier, name, token, limits
+        self.metrics = metrics
+        self.max_connections = max_connections
+        host, port = listen.rsplit(":", 1)
+        host = host.strip("[]")
+        if not token and not _is_loopback(host):
+            raise ValueError(f"refusing to bind non-loopback address {host} without a token: "
+                             "set --token (or GCACHE_TOKEN) on every server and client")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, int(port)))
+        self.sock.listen(512)
+        self.address = f"{host}:{self.sock.getsockname()[1]}"
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.started = time.time()
+
+    @property
+    def connections(self) -> int:
+        return len(self._conns)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._accept_loop, name="gcache-accept",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._closing.set()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._thread:
+            self._thread.join(timeout=2)
+        deadline = time.monotonic() + 3
+        while self._conns and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    # ------------------------------------------------------------------ accept
+    def _accept_loop(self) -> None:
+        while not self._closing.is_set():
+            try:
+                conn, peer = self.sock.accept()
+            except OSError:
+                if self._closing.is_set():
+                    return
+                time.sleep(0.01)
+                continue
+            with self._lock:
+                if len(self._conns) >= self.max_connections:
+                    log.warning("connection refused: max_connections reached",
+                                extra={"fields": {"peer": str(peer)}})
+                    conn.close()
+                    continue
+                self._conns.add(conn)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._serve, args=(conn, peer), daemon=True,
+                             name=f"gcache-conn-{peer[1] if len(peer) > 1 else peer}").start()
+
+    def _serve(self, conn: socket.socket, peer: Any) -> None:
+        handler = _Connection(self, conn, peer)
+        try:
+            handler.run()
+        except (ConnectionError, OSError):
+            pass
+        except Exception:  # never let one connection take the server down
+            log.exception("connection handler failed", extra={"fields": {"peer": str(peer)}})
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+
+class _Connection:
+    def __init__(self, svc: Service, sock: socket.socket, peer: Any) -> None:
+        self.svc, self.sock, self.peer = svc, sock, peer
+        self.limits = svc.limits
+        self.prefix = bytearray(PREFIX_SIZE)
+        self.scratch = memoryview(bytearray(_SCRATCH))
+        self.authed = False
+        self.nonce = os.urandom(16)
+
+    def reply(self, opcode: int, rid: int, meta: Any, payload: list | None = None,
+              status: int = 0) -> None:
+        plen = sum(len(p) for p in payload) if payload else 0
+        frame = encode_frame(opcode, rid, meta, plen, flags=FLAG_RESPONSE, status=status)
+        if payload:
+            sendmsg_all(self.sock, [frame, *payload])
+        else:
+            self.sock.sendall(frame)
+
+    def fail(self, opcode: int, rid: int, status: int, message: str, reason: str) -> None:
+        """Frame-level error: tell the peer why, then the caller closes."""
+        self.svc.metrics.protocol_errors.labels(reason).inc()
+        log.warning("closing connection: %s", message,
+                    extra={"fields": {"peer": str(self.peer), "reason": reason}})
+        try:
+            self.sock.settimeout(1.0)
+            self.reply(opcode, rid, {"error": message}, status=status)
+        except OSError:
+            pass
+
+    def run(self) -> None:
+        svc = self.svc
+        self.reply(Op.HELLO, 0, {"v": 1, "name": svc.name, "nonce": self.nonce,
+                                 "auth": bool(svc.token),
+                                 "limits": {"max_key_bytes": self.limits.max_key_bytes,
+                                            "max_value_bytes": self.limits.max_value_bytes,
+                                            "max_batch_items": self.limits.max_batch_items,
+                                            "max_frame_bytes": self.limits.max_frame_bytes}})
+        while True:
+            try:
+                fh, meta = read_frame(self.sock, self.limits, self.prefix)
+            except ProtocolError as exc:
+                self.fail(0, 0, exc.status, str(exc), "malformed")
+                return
+            if fh.is_response:
+                self.fail(fh.opcode, fh.request_id, Status.BAD_REQUEST,
+                          "unexpected response frame from a client", "malformed")
+                return
+            t0 = time.perf_counter()
+            try:
+                if not self.handle(fh.opcode, fh.request_id, meta, fh.payload_len):
+                    return
+            except ProtocolError as exc:
+                self.fail(fh.opcode, fh.request_id, exc.status, str(exc), "malformed")
+                return
+            name = Op.NAMES.get(fh.opcode, "UNKNOWN")
+            svc.metrics.frames.labels(name).inc()
+            svc.metrics.latency.labels(name).observe(time.perf_counter() - t0)
+
+    def handle(self, op: int, rid: int, meta: Any, plen: int) -> bool:
+        if op == Op.AUTH:
+            return self.auth(rid, meta, plen)
+        if op == Op.PING:
+            self.no_payload(plen)
+            self.reply(op, rid, {"name": self.svc.name})
+            return True
+        if not self.authed:
+            self.fail(op, rid, Status.AUTH, "authenticate (AUTH frame) before any other op",
+                      "unauthenticated")
+            return False
+        if op == Op.PUT:
+            self.put(rid, meta, plen)
+        elif op == Op.GET:
+            self.no_payload(plen)
+            self.get(rid, meta)
+        elif op in (Op.EXISTS, Op.DELETE, Op.TOUCH):
+            self.no_payload(plen)
+            self.keyed(op, rid, meta)
+        elif op == Op.STATS:
+            self.no_payload(plen)
+            self.reply(op, rid, {"stats": self.svc_stats()})
+        else:
+            self.fail(op, rid, Status.BAD_REQUEST, f"unknown opcode {op}", "malformed")
+            return False
+        return True
+
+    def no_payload(self, plen: int) -> None:
+        if plen:
+            raise ProtocolError(f"this op carries no payload, frame says {plen} bytes",
+                                Status.BAD_REQUEST)
+
+    def svc_stats(self) -> dict:
+        s = dict(self.svc.tier.stats())
+        s.update(name=self.svc.name, address=self.svc.address,
+                 connections=self.svc.connections, uptime_s=time.time() - self.svc.started)
+        return s
+
+    # ------------------------------------------------------------------ ops
+    def auth(self, rid: int, meta: Any, plen: int) -> bool:
+        self.no_payload(plen)
+        mac = meta.get("mac", b"") if isinstance(meta, dict) else b""
+        token = self.svc.token
+        if token and not (isinstance(mac, bytes)
+                          and hmac.compare_digest(mac, auth_mac(token, self.nonce))):
+            self.fail(Op.AUTH, rid, Status.AUTH,
+                      "authentication failed: wrong or missing token; give the client the "
+                      "same token as the server", "auth")
+            return False
+        self.authed = True
+        self.reply(Op.AUTH, rid, {"ok": True})
+        return True
+
+    def put(self, rid: int, meta: Any, plen: int) -> None:
+        lim = self.limits
+        ns = check_namespace(meta.get("ns", b""), lim)
+        items = check_items(meta, lim)
+        parsed = []
+        total = 0
+        for it in items:  # validate everything before reading a single payload byte
+            if not (isinstance(it, list) and len(it) == 5 and all(isinstance(x, int) for x in it[1:])):
+                raise ProtocolError("PUT item must be [key, total_len, offset, length, put_id]",
+                                    Status.BAD_REQUEST)
+            key = check_key(it[0], lim)
+            tl, off, ln, pid = it[1], it[2], it[3], it[4]
+            if tl < 0 or off < 0 or ln < 0 or off + ln > tl or pid < 0:
+                raise ProtocolError(f"PUT item has inconsistent lengths (total {tl}, offset "
+                                    f"{off}, length {ln})", Status.BAD_REQUEST)
+            parsed.append((key, tl, off, ln, pid))
+            total += ln
+        if total != plen:
+            raise ProtocolError(f"PUT items describe {total} payload bytes but the frame "
+                                f"carries {plen}", Status.BAD_REQUEST)
+        statuses = []
+        tier = self.svc.tier
+        for key, tl, off, ln, pid in parsed:
+            if tl > lim.max_value_bytes:
+                discard(self.sock, ln, self.scratch)
+                statuses.append(Status.TOO_LARGE)
+                continue
+            slot = tier.begin_put(ns, key, tl, off, ln, pid)
+            if slot.status != Status.OK:
+                discard(self.sock, ln, self.scratch)
+                statuses.append(slot.status)
+                continue
+            try:
+                recv_exact_into(self.sock, slot.view)
+            except BaseException:
+                tier.abort_put(slot)
+                raise
+            statuses.append(tier.finish_put(slot))
+        m = self.svc.metrics
+        m.bytes.labels("in").inc(plen)
+        for st in set(statuses):
+            m.items.labels("put", st.name).inc(statuses.count(st))
+        self.reply(Op.PUT, rid, {"st": [int(s) for s in statuses]})
+
+    def get(self, rid: int, meta: Any) -> None:
+        lim = self.limits
+        ns = check_namespace(meta.get("ns", b""), lim)
+        items = check_items(meta, lim)
+        parsed = []
+        for it in items:
+            if not (isinstance(it, list) and len(it) == 4 and all(isinstance(x, int) for x in it[1:])):
+                raise ProtocolError("GET item must be [key, offset, max_len, expect_version]",
+                                    Status.BAD_REQUEST)
+            if it[1] < 0 or it[2] < 0 or it[3] < 0:
+                raise ProtocolError("GET item has a negative field", Status.BAD_REQUEST)
+            parsed.append((check_key(it[0], lim), it[1], it[2], it[3]))
+        tier = self.svc.tier
+        pins = []
+        out_meta, payload, budget = [], [], lim.max_frame_bytes
+        try:
+            for key, off, mx, ev in parsed:
+                p = tier.pin_read(ns, key, off, min(mx, budget), ev)
+                pins.append(p)
+                if p.status == Status.OK:
+                    budget -= len(p.view)
+                    payload.append(p.view)
+                out_meta.append([int(p.status), p.total_len, p.version,
+                                 len(p.view) if p.view is not None else 0])
+            self.reply(Op.GET, rid, {"items": out_meta}, payload)
+        finally:
+            for p in pins:
+                tier.unpin(p)
+        m = self.svc.metrics
+        m.bytes.labels("out").inc(sum(x[3] for x in out_meta))
+        hits = sum(1 for x in out_meta if x[0] == Status.OK)
+        m.items.labels("get", "OK").inc(hits)
+        if len(out_meta) - hits:
+            m.items.labels("get", "MISS").inc(len(out_meta) - hits)
+
+    def keyed(self, op: int, rid: int, meta: Any) -> None:
+        lim = self.limits
+        ns = check_namespace(meta.get("ns", b""), lim)
+        keys = [check_key(k, lim) for k in check_items(meta, lim)]
+        tier = self.svc.tier
+        fn = {Op.EXISTS: tier.exists, Op.DELETE: tier.delete, Op.TOUCH: tier.touch}[op]
+        st = [Status.OK if fn(ns, k) else Status.MISS for k in keys]
+        self.svc.metrics.items.labels(Op.NAMES[op].lower(), "all").inc(len(st))
+        self.reply(op, rid, {"st": [int(s) for s in st]})
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    if host in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

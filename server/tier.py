@@ -1,0 +1,80 @@
+"""The Tier contract: what the server's IO threads need from a storage tier.
+
+The memory tier (``memory_tier.MemoryTier``) implements it now; the NVMe tier
+(a later issue) implements the same methods so the service code does not change.
+
+Threads: every method is called from the server's connection threads, many at
+once, and from the background evictor thread. Methods take the tier's own lock
+for bookkeeping only; data is copied *outside* the lock, protected by pins:
+
+* ``pin_read`` returns a ``Pinned`` read lease; eviction, delete and replace
+  never free those bytes until ``unpin``. It does not block on IO.
+* ``begin_put`` reserves space (evicting if needed) and returns a ``PutSlot``
+  whose ``view`` the caller fills (``recv_into``); ``finish_put`` checksums and
+  commits, ``abort_put`` releases. A slot never becomes visible before commit,
+  so a reader sees the old object or the new one, never a mix.
+* ``exists``/``delete``/``touch`` never block on IO.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+from gcache.status import Status
+
+
+@dataclass(slots=True)
+class Pinned:
+    """A read lease on ``view`` (object bytes ``[offset, offset+len(view))``)."""
+
+    status: Status
+    total_len: int = 0
+    version: int = 0
+    view: memoryview | None = None
+    token: Any = None  # tier-private handle passed back to unpin
+
+
+@dataclass(slots=True)
+class PutSlot:
+    """A reserved, uncommitted destination for (part of) one object."""
+
+    status: Status
+    view: memoryview | None = None
+    token: Any = None
+    extra: dict = field(default_factory=dict)
+
+
+class Tier(abc.ABC):
+    @abc.abstractmethod
+    def pin_read(self, ns: bytes, key: bytes, offset: int, max_len: int,
+                 expect_version: int) -> Pinned: ...
+
+    @abc.abstractmethod
+    def unpin(self, pinned: Pinned) -> None: ...
+
+    @abc.abstractmethod
+    def begin_put(self, ns: bytes, key: bytes, total_len: int, offset: int, length: int,
+                  put_id: int) -> PutSlot: ...
+
+    @abc.abstractmethod
+    def finish_put(self, slot: PutSlot) -> Status: ...
+
+    @abc.abstractmethod
+    def abort_put(self, slot: PutSlot) -> None: ...
+
+    @abc.abstractmethod
+    def exists(self, ns: bytes, key: bytes) -> bool: ...
+
+    @abc.abstractmethod
+    def delete(self, ns: bytes, key: bytes) -> bool: ...
+
+    @abc.abstractmethod
+    def touch(self, ns: bytes, key: bytes) -> bool: ...
+
+    @abc.abstractmethod
+    def stats(self) -> dict[str, int | float]: ...
+
+    @abc.abstractmethod
+    def close(self, clean: bool = True) -> None: ...
