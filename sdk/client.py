@@ -289,7 +289,7 @@ class Client:
         if st == Status.OK and batch.bufs[i] is None and it[4] is None:
             # byte-returning get, first slice: learn the size, fetch the rest in parallel
             if r.total_len <= r.nbytes:
-                batch.bufs[i] = r.data
+                batch.bufs[i] = r.data if r.data is not None else bytearray()
             else:
                 full = bytearray(r.total_len)
                 full[:r.nbytes] = r.data

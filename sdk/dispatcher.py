@@ -51,6 +51,7 @@ class Lane:
         self.suspect_until = 0.0
         self.suspect_reason = ""
         self.consecutive_timeouts = 0
+        self.generation = 0
         self._state_lock = state_lock
         self._closed = False
         self.threads = [threading.Thread(target=self._run, name=f"gcache-dispatch-{address}-{i}",
@@ -67,6 +68,7 @@ class Lane:
             log.warning("server %s marked suspect: %s", self.address, reason)
         self.suspect_reason = reason
         self.suspect_until = time.monotonic() + self.probe_interval
+        self.generation += 1  # every pooled connection to this server is now stale
 
     def clear_suspect(self) -> None:
         if self.suspect_until:
@@ -96,6 +98,7 @@ class Lane:
 
     def _run(self) -> None:
         transport = self.make_transport()
+        gen = self.generation
         try:
             while True:
                 work = self.q.get()
@@ -112,6 +115,9 @@ class Lane:
                 if time.monotonic() >= work.deadline:
                     self._finish(work, None, Status.TIMEOUT)
                     continue
+                if gen != self.generation:
+                    transport.close()  # reconnect: the server failed since we connected
+                    gen = self.generation
                 try:
                     results = transport.execute(work)
                 except TransportTimeout:

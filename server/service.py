@@ -73,6 +73,10 @@ class Service:
     def stop(self) -> None:
         self._closing.set()
         try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() on Linux
+        except OSError:
+            pass
+        try:
             self.sock.close()
         except OSError:
             pass

@@ -50,6 +50,10 @@ class ServerProc:
         return a + self.extra
 
     def start(self, timeout: float = 30.0) -> str:
+        self.spawn()
+        return self.wait_ready(timeout)
+
+    def spawn(self) -> None:
         stderr = subprocess.DEVNULL
         if self.log_dir:
             stderr = open(Path(self.log_dir) / f"{self.name}.log", "ab")
@@ -57,6 +61,8 @@ class ServerProc:
                                      text=True, bufsize=1)
         self._lines = queue.Queue()
         threading.Thread(target=self._pump, args=(self.proc, self._lines), daemon=True).start()
+
+    def wait_ready(self, timeout: float = 30.0) -> str:
         end = time.monotonic() + timeout
         while True:
             left = end - time.monotonic()
@@ -133,8 +139,10 @@ class Cluster:
 
     def start(self) -> "Cluster":
         try:
+            for s in self.servers:  # spawn all, then wait: they boot in parallel
+                s.spawn()
             for s in self.servers:
-                s.start()
+                s.wait_ready()
         except BaseException:
             self.close()
             raise
@@ -145,6 +153,10 @@ class Cluster:
         return [s.address for s in self.servers]
 
     def close(self) -> None:
+        for s in self.servers:  # signal all first: they shut down in parallel
+            if s.alive:
+                s.resume()
+                s.proc.send_signal(signal.SIGTERM)
         for s in self.servers:
             s.terminate()
         leftovers = [s.name for s in self.servers if s.alive]
