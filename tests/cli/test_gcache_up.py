@@ -1,0 +1,80 @@
+"""`gcache up` end to end: serve-until-signal, the sessions workload, and trace replay."""
+
+from __future__ import annotations
+
+import glob
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from gcache.sdk import Client, Status
+
+pytestmark = pytest.mark.integration
+
+UP = [sys.executable, "-m", "gcache.cli", "up"]
+
+
+def _arenas() -> set[str]:
+    return set(glob.glob("/dev/shm/gcache-up*.arena"))
+
+
+def test_up_serves_until_sigint_and_cleans_up():
+    before = _arenas()
+    p = subprocess.Popen(UP + ["--servers", "2", "--memory", "32MiB", "--slab-bytes", "1MiB"],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = ""
+        while not line.startswith("GCACHE_SERVERS="):
+            line = p.stdout.readline()
+            assert line, "gcache up exited before printing GCACHE_SERVERS"
+        servers = line.strip().split("=", 1)[1].split(",")
+        assert len(servers) == 2
+        with Client(servers) as c:
+            assert c.put("k", b"v") == Status.OK
+            assert c.get("k") == b"v"
+        p.send_signal(signal.SIGINT)
+        assert p.wait(30) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert _arenas() - before == set(), "gcache up left arena files behind"
+
+
+def test_up_sessions_workload_prints_table_and_json(tmp_path):
+    out = tmp_path / "report.json"
+    r = subprocess.run(UP + ["--servers", "2", "--memory", "128MiB", "--slab-bytes", "1MiB",
+                             "--workload", "sessions", "--sessions", "8", "--turns", "3",
+                             "--page-bytes", "64KiB", "--json", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "token hit rate" in r.stdout and "wrong values" in r.stdout
+    rep = json.loads(out.read_text())
+    assert rep["steps"] == 24 and rep["wrong_values"] == 0
+    assert 0 < rep["token_hit_rate"] < 1  # shared system prompts and earlier turns hit
+    assert rep["pages_put"] + rep["pages_hit"] == rep["pages"]
+
+
+def test_up_replays_a_mooncake_trace(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    rows = [{"timestamp": i * 10, "input_length": 1024, "output_length": 8,
+             "hash_ids": [0, 1, 2 + i]} for i in range(10)]
+    trace.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "report.json"
+    r = subprocess.run(UP + ["--servers", "1", "--memory", "32MiB", "--slab-bytes", "1MiB",
+                             "--trace", str(trace), "--page-bytes", "16KiB",
+                             "--concurrency", "1", "--json", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(out.read_text())
+    # blocks 0 and 1 are shared: request 0 misses 3 pages, every later one hits 2 of 3
+    assert rep["pages"] == 30 and rep["pages_hit"] == 18 and rep["wrong_values"] == 0
+
+
+def test_up_rejects_bad_size():
+    r = subprocess.run(UP + ["--memory", "12 potatoes"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode != 0 and "memory" in r.stderr.lower()
