@@ -18,8 +18,9 @@ where it left it. The layout:
   (xxh3_64 of the data) and the header CRC. Freeing clears it first.
 
 Recovery scans every carved page with a strided numpy view of the fixed
-headers (vectorised magic/commit filter), then verifies header CRC and data
-checksum per candidate. A torn or corrupt chunk is dropped and counted; when
+headers (vectorised magic/commit filter), then verifies the header CRC per
+candidate; the data checksum is verified on the object's first read. A
+torn or corrupt chunk is dropped and counted; when
 two committed chunks hold the same key (a crash during replace), the higher
 version wins. A layout mismatch (version, sizes) means a clean start, logged.
 """
@@ -38,7 +39,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gcache.hashing import checksum
 
 log = logging.getLogger("gcache.server.arena")
 
@@ -253,6 +253,9 @@ class Arena:
         return list(found.values()), counts
 
     def _verify(self, off: int, csize: int) -> Recovered | None:
+        """Check a committed header (lengths, header CRC). The data checksum is
+        checked by the memory tier on the object's first read, which keeps
+        restart time proportional to the number of objects, not their bytes."""
         (_m, _f, hl, ns_len, key_len, _p, version, length, csum, created, crc,
          _p2) = HDR.unpack_from(self.mm, off)
         if hl != header_len(ns_len, key_len) or hl + length > csize:
@@ -260,8 +263,6 @@ class Arena:
         if self._header_crc(off) != crc:
             return None
         data_off = off + hl
-        if checksum(self.buf[data_off:data_off + length]) != csum:
-            return None
         p = off + HDR_FIXED
         ns = bytes(self.buf[p:p + ns_len])
         key = bytes(self.buf[p + ns_len:p + ns_len + key_len])

@@ -51,9 +51,11 @@ class _Obj:
     data_off: int
     length: int
     version: int
+    checksum: int = 0
     pins: int = 0
     doomed: bool = False
     committed: bool = False
+    verified: bool = True  # recovered objects are verified on first read
 
 
 @dataclass(slots=True, eq=False)
@@ -113,7 +115,7 @@ class MemoryTier(Tier):
             page = self.arena.page_of(r.offset)
             used.setdefault(page, set()).add(r.offset)
             o = _Obj(r.ns, r.key, r.offset, r.chunk, r.data_off, r.length, r.version,
-                     committed=True)
+                     r.checksum, committed=True, verified=False)
             self._index[(r.ns, r.key)] = o
             self._page_live[page] += 1
             self.live_bytes += r.chunk
@@ -223,10 +225,33 @@ class MemoryTier(Tier):
                 return Pinned(Status.CONFLICT, o.length, o.version)
             self._index.move_to_end((ns, key))
             o.pins += 1
+        if not o.verified and not self._verify(o):
+            return Pinned(Status.CORRUPT)
         start = min(offset, o.length)
         end = min(o.length, start + max_len)
         view = self.arena.buf[o.data_off + start:o.data_off + end]
         return Pinned(Status.OK, o.length, o.version, view, o)
+
+    def _verify(self, o: _Obj) -> bool:
+        """First read after a restart: check the data checksum (pinned, outside the lock).
+
+        A mismatch drops the object and counts it; its bytes are never served.
+        """
+        ok = checksum(self.arena.buf[o.data_off:o.data_off + o.length]) == o.checksum
+        with self._lock:
+            if ok:
+                o.verified = True
+                return True
+            self.counters["corrupt_dropped"] += 1
+            if self._index.get((o.ns, o.key)) is o:
+                del self._index[(o.ns, o.key)]
+                o.doomed = True
+            o.pins -= 1
+            if o.pins == 0 and o.doomed:
+                self.do_free(o)
+        log.error("dropped corrupt object (checksum mismatch)",
+                  extra={"fields": {"ns": o.ns, "key": o.key, "bytes": o.length}})
+        return False
 
     def unpin(self, pinned: Pinned) -> None:
         o = pinned.token
@@ -309,6 +334,7 @@ class MemoryTier(Tier):
         self.arena.commit(o.offset, csum)
         with self._lock:
             o.committed = True
+            o.checksum = csum
             k = (o.ns, o.key)
             old = self._index.pop(k, None)
             self._index[k] = o

@@ -1,0 +1,528 @@
+"""Raw-socket baseline: what plain loopback TCP does on this machine, right now.
+
+gcache-bench prints these numbers next to its own in the same run, so a
+reader can tell "gcache is slow" apart from "this box is slow".
+
+Design: a child process (``python -m gcache.bench.raw_socket --serve``)
+listens on 127.0.0.1:0, prints ``PORT <n>`` on stdout and serves exactly
+one connection. Over that connection the parent sends fixed 24-byte command
+headers ``<u32 op, u32 reserved, u64 a, u64 b>`` (8 bytes cannot hold a
+64-bit total, hence 24), so one child serves many measurements:
+
+=========  =====================  ===============================================
+op         a, b                   what happens
+=========  =====================  ===============================================
+PREPARE    total, chunk           child sizes + prefills its buffer, acks u64 size
+GET        total, chunk           child ``sendall``s ``total`` bytes in chunks
+PUT        total, chunk           parent sends ``total`` bytes; child acks u64 count
+PING       size, rounds           ``rounds`` x (parent sends size, child echoes)
+QUIT       -                      child exits (EOF does the same)
+=========  =====================  ===============================================
+
+Buffers on both sides are allocated and prefilled *before* the clock starts
+(PREPARE exists so the child's allocation is not timed) and are at most
+``BUFFER_CAP`` bytes; longer transfers cycle through them, like a server
+streaming from a memory pool into a client's destination buffer. Stream
+timing runs from sending the request header to the last byte received (GET)
+or to the child's ack of the last byte (PUT). GB/s is bytes / 1e9 / s.
+
+This module imports only the standard library so the child starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import select
+import socket
+import struct
+import subprocess
+import sys
+import time
+from typing import Any, TextIO
+
+__all__ = [
+    "BUFFER_CAP",
+    "RawSocketPeer",
+    "measure_rtt",
+    "measure_stream",
+    "serve",
+]
+
+BUFFER_CAP = 64 << 20
+"""Largest buffer either side allocates; longer transfers reuse it cyclically."""
+
+OP_QUIT = 0
+OP_PREPARE = 1
+OP_GET = 2
+OP_PUT = 3
+OP_PING = 4
+
+_HDR = struct.Struct("<IIQQ")
+_U64 = struct.Struct("<Q")
+_FILL = 0xA5
+_DIRECTIONS = {"get": OP_GET, "put": OP_PUT}
+_RTT_WARMUP = 50
+
+
+def _buffer_size(total: int, chunk: int) -> int:
+    return min(total, max(chunk, BUFFER_CAP))
+
+
+def _prefilled(size: int) -> bytearray:
+    """A buffer whose pages are all touched (no page faults while timing)."""
+    return bytearray([_FILL]) * size
+
+
+def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+    while view:
+        n = sock.recv_into(view)
+        if n == 0:
+            raise ConnectionError("peer closed the connection mid-transfer")
+        view = view[n:]
+
+
+def _require_positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+# --------------------------------------------------------------------------- child
+
+
+class _Server:
+    """Serves commands on one accepted connection."""
+
+    __slots__ = ("_buf", "_sock")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buf = bytearray()
+
+    def _ensure(self, size: int) -> memoryview:
+        if len(self._buf) < size:
+            self._buf = bytearray()  # free the old one first
+            self._buf = _prefilled(size)
+        return memoryview(self._buf)
+
+    def run(self) -> None:
+        sock = self._sock
+        header = bytearray(_HDR.size)
+        hview = memoryview(header)
+        while True:
+            first = sock.recv_into(hview)
+            if first == 0:
+                return  # parent closed: normal exit
+            _recv_exact(sock, hview[first:])
+            op, _reserved, a, b = _HDR.unpack(header)
+            if op == OP_QUIT:
+                return
+            if op == OP_PREPARE:
+                size = _buffer_size(a, b)
+                self._ensure(size)
+                sock.sendall(_U64.pack(size))
+            elif op == OP_GET:
+                self._send(a, b)
+            elif op == OP_PUT:
+                sock.sendall(_U64.pack(self._recv(a, b)))
+            elif op == OP_PING:
+                self._ping(a, b)
+            else:
+                raise ValueError(f"unknown op {op}")
+
+    def _send(self, total: int, chunk: int) -> None:
+        view = self._ensure(_buffer_size(total, chunk))
+        size, sendall = len(view), self._sock.sendall
+        off, remaining = 0, total
+        while remaining:
+            n = min(chunk, remaining)
+            if off + n > size:
+                off = 0
+            sendall(view[off : off + n])
+            off += n
+            remaining -= n
+
+    def _recv(self, total: int, chunk: int) -> int:
+        view = self._ensure(_buffer_size(total, chunk))
+        size, recv_into = len(view), self._sock.recv_into
+        off, remaining = 0, total
+        while remaining:
+            n = min(chunk, remaining)
+            if off + n > size:
+                off = 0
+            got = recv_into(view[off : off + n])
+            if got == 0:
+                raise ConnectionError("parent closed the connection mid-transfer")
+            off += got
+            remaining -= got
+        return total
+
+    def _ping(self, size: int, rounds: int) -> None:
+        view = self._ensure(size)[:size]
+        sock = self._sock
+        for _ in range(rounds):
+            _recv_exact(sock, view)
+            sock.sendall(view)
+
+
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 0,
+    accept_timeout: float = 30.0,
+    out: TextIO | None = None,
+) -> int:
+    """Child entry point: listen, announce ``PORT <n>``, serve one connection.
+
+    Returns a process exit code (1 if nobody connected in time).
+    """
+    out = sys.stdout if out is None else out
+    with socket.create_server((host, port)) as lsock:
+        lsock.settimeout(accept_timeout)
+        print(f"PORT {lsock.getsockname()[1]}", file=out, flush=True)
+        try:
+            conn, _ = lsock.accept()
+        except TimeoutError:
+            return 1
+    with conn:
+        conn.settimeout(None)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            _Server(conn).run()
+        except (ConnectionError, BrokenPipeError):
+            return 0  # parent went away; nothing to report
+    return 0
+
+
+# --------------------------------------------------------------------------- parent
+
+
+class RawSocketPeer:
+    """A running baseline child plus the connection to it.
+
+    Use as a context manager; ``close()`` always reaps the child (QUIT, then
+    terminate, then kill, each with a timeout). Any failure during a
+    measurement closes the peer, since the stream is then out of sync.
+    """
+
+    def __init__(self, *, timeout: float = 30.0, startup_timeout: float = 15.0) -> None:
+        self.timeout = timeout
+        self.startup_timeout = startup_timeout
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self._buf = bytearray()
+        self._child_buf = 0
+
+    # -- lifecycle -------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        return self._proc
+
+    @property
+    def closed(self) -> bool:
+        return self._sock is None
+
+    def __enter__(self) -> RawSocketPeer:
+        if self.closed:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Spawn the child and connect to it."""
+        if self._proc is not None:
+            raise RuntimeError("peer already started")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        cmd = [
+            sys.executable,
+            "-m",
+            "gcache.bench.raw_socket",
+            "--serve",
+            "--accept-timeout",
+            str(self.startup_timeout),
+        ]
+        self._proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        try:
+            port = self._read_port()
+            sock = socket.create_connection(("127.0.0.1", port), timeout=self.timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock = sock
+        except BaseException:
+            self.close()
+            raise
+
+    def _read_port(self) -> int:
+        proc = self._proc
+        if proc is None or proc.stdout is None:
+            raise RuntimeError("peer not started")
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"raw-socket child did not start in {self.startup_timeout}s")
+            ready, _, _ = select.select([proc.stdout], [], [], min(left, 0.5))
+            if ready:
+                line = proc.stdout.readline().decode(errors="replace").strip()
+                if line.startswith("PORT "):
+                    return int(line.split()[1])
+                if not line and proc.poll() is not None:
+                    raise RuntimeError(f"raw-socket child exited early: {self._stderr_tail()}")
+            elif proc.poll() is not None:
+                raise RuntimeError(f"raw-socket child exited early: {self._stderr_tail()}")
+
+    def _stderr_tail(self) -> str:
+        proc = self._proc
+        if proc is None or proc.stderr is None:
+            return ""
+        try:
+            ready, _, _ = select.select([proc.stderr], [], [], 0)
+            data = proc.stderr.read1(65536) if ready else b""  # type: ignore[attr-defined]
+        except (OSError, ValueError):
+            data = b""
+        return data.decode(errors="replace").strip()[-2000:] or f"exit code {proc.returncode}"
+
+    def close(self) -> None:
+        """Stop the child: QUIT, close, then terminate/kill if it lingers."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.settimeout(1.0)
+                sock.sendall(_HDR.pack(OP_QUIT, 0, 0, 0))
+            except OSError:
+                pass
+            sock.close()
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            proc.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5.0)
+        finally:
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+
+    # -- measurements ------------------------------------------------------------
+
+    def _conn(self) -> socket.socket:
+        if self._sock is None:
+            raise RuntimeError("peer is not running (closed or never started)")
+        return self._sock
+
+    def _local_buffer(self, size: int) -> memoryview:
+        if len(self._buf) < size:
+            self._buf = bytearray()
+            self._buf = _prefilled(size)
+        return memoryview(self._buf)[:size]
+
+    def stream(self, total_bytes: int, chunk_bytes: int, direction: str = "get") -> dict[str, Any]:
+        """Time one bulk transfer of ``total_bytes`` in ``chunk_bytes`` pieces."""
+        total = _require_positive("total_bytes", total_bytes)
+        chunk = _require_positive("chunk_bytes", chunk_bytes)
+        op = _DIRECTIONS.get(direction)
+        if op is None:
+            raise ValueError(f"direction must be 'get' or 'put', got {direction!r}")
+        sock = self._conn()
+        try:
+            view = self._local_buffer(_buffer_size(total, chunk))
+            self._prepare(sock, total, chunk)
+            if op == OP_GET:
+                moved, ns = self._timed_get(sock, view, total, chunk)
+            else:
+                moved, ns = self._timed_put(sock, view, total, chunk)
+        except BaseException:
+            self.close()
+            raise
+        if moved != total:
+            self.close()
+            raise ConnectionError(f"transferred {moved} bytes, expected {total}")
+        seconds = max(ns, 1) / 1e9
+        return {
+            "direction": direction,
+            "chunk_bytes": chunk,
+            "total_bytes": moved,
+            "seconds": seconds,
+            "gbps": moved / 1e9 / seconds,
+        }
+
+    def _prepare(self, sock: socket.socket, total: int, chunk: int) -> None:
+        size = _buffer_size(total, chunk)
+        if size <= self._child_buf:
+            return
+        sock.sendall(_HDR.pack(OP_PREPARE, 0, total, chunk))
+        ack = bytearray(_U64.size)
+        _recv_exact(sock, memoryview(ack))
+        self._child_buf = _U64.unpack(ack)[0]
+
+    @staticmethod
+    def _timed_get(
+        sock: socket.socket, view: memoryview, total: int, chunk: int
+    ) -> tuple[int, int]:
+        size, recv_into = len(view), sock.recv_into
+        off, remaining = 0, total
+        t0 = time.perf_counter_ns()
+        sock.sendall(_HDR.pack(OP_GET, 0, total, chunk))
+        while remaining:
+            n = min(chunk, remaining)
+            if off + n > size:
+                off = 0
+            got = recv_into(view[off : off + n])
+            if got == 0:
+                raise ConnectionError("raw-socket child closed the connection mid-transfer")
+            off += got
+            remaining -= got
+        return total - remaining, time.perf_counter_ns() - t0
+
+    @staticmethod
+    def _timed_put(
+        sock: socket.socket, view: memoryview, total: int, chunk: int
+    ) -> tuple[int, int]:
+        size, sendall = len(view), sock.sendall
+        ack = bytearray(_U64.size)
+        off, remaining = 0, total
+        t0 = time.perf_counter_ns()
+        sock.sendall(_HDR.pack(OP_PUT, 0, total, chunk))
+        while remaining:
+            n = min(chunk, remaining)
+            if off + n > size:
+                off = 0
+            sendall(view[off : off + n])
+            off += n
+            remaining -= n
+        _recv_exact(sock, memoryview(ack))
+        ns = time.perf_counter_ns() - t0
+        return _U64.unpack(ack)[0], ns
+
+    def rtt(self, size: int = 64, iterations: int = 2000) -> dict[str, Any]:
+        """Ping-pong ``size`` bytes ``iterations`` times (after a short warmup)."""
+        size = _require_positive("size", size)
+        iterations = _require_positive("iterations", iterations)
+        sock = self._conn()
+        try:
+            self._prepare(sock, size, size)
+            payload = self._local_buffer(2 * size)
+            out, back = payload[:size], payload[size:]
+            samples: list[int] = []
+            clock = time.perf_counter_ns
+            sock.sendall(_HDR.pack(OP_PING, 0, size, iterations + _RTT_WARMUP))
+            for i in range(iterations + _RTT_WARMUP):
+                t0 = clock()
+                sock.sendall(out)
+                _recv_exact(sock, back)
+                if i >= _RTT_WARMUP:
+                    samples.append(clock() - t0)
+        except BaseException:
+            self.close()
+            raise
+        samples.sort()
+        return {
+            "size": size,
+            "iterations": iterations,
+            "p50_us": _percentile(samples, 50) / 1e3,
+            "p99_us": _percentile(samples, 99) / 1e3,
+            "mean_us": sum(samples) / len(samples) / 1e3,
+            "min_us": samples[0] / 1e3,
+            "max_us": samples[-1] / 1e3,
+        }
+
+
+def _percentile(sorted_samples: list[int], p: float) -> float:
+    """Nearest-rank percentile of an ascending list."""
+    rank = max(1, math.ceil(p / 100 * len(sorted_samples)))
+    return float(sorted_samples[rank - 1])
+
+
+def measure_stream(
+    total_bytes: int,
+    chunk_bytes: int,
+    direction: str = "get",
+    *,
+    peer: RawSocketPeer | None = None,
+    timeout: float = 30.0,
+) -> dict[str, Any]:
+    """Loopback TCP throughput of one transfer.
+
+    Returns ``{"direction", "chunk_bytes", "total_bytes", "seconds", "gbps"}``.
+    Starts (and always reaps) a child unless ``peer`` is given.
+    """
+    if peer is not None:
+        return peer.stream(total_bytes, chunk_bytes, direction)
+    _require_positive("total_bytes", total_bytes)
+    _require_positive("chunk_bytes", chunk_bytes)
+    if direction not in _DIRECTIONS:
+        raise ValueError(f"direction must be 'get' or 'put', got {direction!r}")
+    with RawSocketPeer(timeout=timeout) as own:
+        return own.stream(total_bytes, chunk_bytes, direction)
+
+
+def measure_rtt(
+    size: int = 64,
+    iterations: int = 2000,
+    *,
+    peer: RawSocketPeer | None = None,
+    timeout: float = 30.0,
+) -> dict[str, Any]:
+    """Loopback TCP ping-pong latency: ``{"size", "iterations", "p50_us", "p99_us",
+    "mean_us", "min_us", "max_us"}``. Starts (and reaps) a child unless ``peer``."""
+    if peer is not None:
+        return peer.rtt(size, iterations)
+    _require_positive("size", size)
+    _require_positive("iterations", iterations)
+    with RawSocketPeer(timeout=timeout) as own:
+        return own.rtt(size, iterations)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m gcache.bench.raw_socket",
+        description="Loopback TCP baseline (throughput and ping-pong latency).",
+    )
+    parser.add_argument("--serve", action="store_true", help="run as the child server")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--accept-timeout", type=float, default=30.0)
+    parser.add_argument("--total-bytes", type=int, default=256 << 20)
+    parser.add_argument("--chunk-bytes", type=int, action="append")
+    parser.add_argument("--rtt-size", type=int, default=64)
+    parser.add_argument("--iterations", type=int, default=2000)
+    args = parser.parse_args(argv)
+    if args.serve:
+        return serve(args.host, args.port, args.accept_timeout)
+    results: list[dict[str, Any]] = []
+    with RawSocketPeer() as peer:
+        for chunk in args.chunk_bytes or [64 << 10, 1 << 20, 4 << 20]:
+            for direction in ("get", "put"):
+                results.append(peer.stream(args.total_bytes, chunk, direction))
+        results.append(peer.rtt(args.rtt_size, args.iterations))
+    json.dump(results, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
