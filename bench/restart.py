@@ -32,7 +32,8 @@ from gcache.testing.oracle import check_value, fill_value
 def main(memory: str, size: str, fill: float, kill9: bool, json_out: str | None) -> None:
     nbytes = parse_size(size)
     logs = tempfile.mkdtemp(prefix="gcache-restart-")
-    with Cluster(1, memory, slab="16MiB", log_dir=logs, prefix="restartbench") as cl:
+    with Cluster(1, memory, slab="16MiB", log_dir=logs, prefix="restartbench",
+                 ready_timeout=600) as cl:
         srv = cl.servers[0]
         n = int(parse_size(memory) * fill) // (nbytes + 4096)
         keys = [b"r%09d" % i for i in range(n)]

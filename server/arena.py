@@ -27,7 +27,6 @@ version wins. A layout mismatch (version, sizes) means a clean start, logged.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import logging
 import mmap
@@ -132,14 +131,15 @@ class Arena:
             self.reuse_reason = "no arena file yet"
         if not self.reused:
             os.ftruncate(self.fd, 0)  # drop old pages: a clean start
-            try:
-                os.posix_fallocate(self.fd, 0, size)
-            except OSError as exc:
+            vfs = os.statvfs(os.path.dirname(path) or ".")
+            if vfs.f_bavail * vfs.f_frsize < size:
                 os.close(self.fd)
-                if exc.errno == errno.ENOSPC:
-                    raise ArenaError(f"not enough space in {os.path.dirname(path)} for a "
-                                     f"{size}-byte arena; lower --memory or grow the tmpfs") from None
-                raise
+                raise ArenaError(f"not enough space in {os.path.dirname(path)} for a "
+                                 f"{size}-byte arena ({vfs.f_bavail * vfs.f_frsize} free); "
+                                 "lower --memory or grow the tmpfs")
+            os.ftruncate(self.fd, size)
+            if not prefault:  # reserve the pages now so a full tmpfs can't SIGBUS us later
+                os.posix_fallocate(self.fd, 0, size)
         self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.buf = memoryview(self.mm)
         if prefault:
@@ -176,9 +176,20 @@ class Arena:
                         created_ns)
 
     def _prefault(self) -> None:
+        """Map every page now, so no request pays first-touch faults (~2 GB/s).
+
+        MADV_POPULATE_WRITE (Linux 5.14+) through ctypes, which drops the GIL, in
+        one thread per core: page-table population scales with cores. Falls back to
+        a single-threaded madvise, then to touching one byte per page.
+        """
         try:
-            self.mm.madvise(23)  # MADV_POPULATE_WRITE (Linux 5.14+): map every page now
-        except OSError:
+            _populate_parallel(self.mm, self.size)
+            return
+        except (OSError, AttributeError, ValueError):
+            pass
+        try:
+            self.mm.madvise(_MADV_POPULATE_WRITE)
+        except (OSError, ValueError):
             arr = np.frombuffer(self.mm, dtype=np.uint8)
             int(arr[::4096].sum())  # read-touch fallback
 
@@ -278,6 +289,36 @@ class Arena:
         self.buf.release()
         self.mm.close()
         os.close(self.fd)  # releases the flock
+
+
+_MADV_POPULATE_WRITE = 23
+
+
+def _populate_parallel(mm: mmap.mmap, size: int) -> None:
+    import ctypes
+    import threading
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    anchor = ctypes.c_char.from_buffer(mm)
+    base = ctypes.addressof(anchor)
+    n = max(1, min(8, os.cpu_count() or 1))
+    step = _align(-(-size // n), 1 << 21)
+    errors: list[int] = []
+
+    def work(start: int) -> None:
+        length = min(step, size - start)
+        if length > 0 and libc.madvise(base + start, length, _MADV_POPULATE_WRITE) != 0:
+            errors.append(ctypes.get_errno())
+
+    threads = [threading.Thread(target=work, args=(i * step,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    del anchor  # release the buffer export so the mmap can be closed later
+    if errors:
+        raise OSError(errors[0], os.strerror(errors[0]))
 
 
 def _align(n: int, a: int) -> int:

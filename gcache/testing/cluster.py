@@ -130,9 +130,10 @@ class Cluster:
     def __init__(self, n: int = 1, memory: str = "64MiB", *, slab: str | None = "1MiB",
                  token: str = "", shm_dir: str = "/dev/shm", extra: list[str] | None = None,
                  log_dir: str | None = None, prefix: str | None = None,
-                 keep_arenas: bool = False) -> None:
+                 keep_arenas: bool = False, ready_timeout: float = 60.0) -> None:
         tag = prefix or f"t{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.keep_arenas = keep_arenas
+        self.ready_timeout = ready_timeout
         self.servers = [ServerProc(f"{tag}-{i}", memory, slab=slab, token=token,
                                    shm_dir=shm_dir, extra=extra, log_dir=log_dir)
                         for i in range(n)]
@@ -142,7 +143,7 @@ class Cluster:
             for s in self.servers:  # spawn all, then wait: they boot in parallel
                 s.spawn()
             for s in self.servers:
-                s.wait_ready()
+                s.wait_ready(self.ready_timeout)
         except BaseException:
             self.close()
             raise
