@@ -175,13 +175,31 @@ def sendmsg_all(sock: socket.socket, buffers: Sequence[bytes | bytearray | memor
             bufs[i] = bufs[i][sent:]
 
 
+_HEADER_STEP = 64 << 10
+
+
+def recv_header(sock: socket.socket, n: int) -> bytearray:
+    """Receive an ``n``-byte header, growing the buffer as bytes arrive, so a prefix
+    that merely claims a large header costs no memory until the bytes come."""
+    if n <= _HEADER_STEP:
+        return recv_exact(sock, n)
+    buf, step = bytearray(), memoryview(bytearray(_HEADER_STEP))
+    while len(buf) < n:
+        k = sock.recv_into(step, min(_HEADER_STEP, n - len(buf)))
+        if k == 0:
+            raise ConnectionError(f"peer closed the connection after {len(buf)} of {n} "
+                                  "header bytes")
+        buf += step[:k]
+    return buf
+
+
 def read_frame(sock: socket.socket, limits: Limits, prefix_buf: bytearray | None = None
                ) -> tuple[FrameHeader, Any]:
     """Read prefix + header (not the payload) and validate both."""
     prefix = prefix_buf if prefix_buf is not None else bytearray(PREFIX_SIZE)
     recv_exact_into(sock, memoryview(prefix))
     fh = decode_prefix(prefix, limits)
-    header = recv_exact(sock, fh.header_len) if fh.header_len else b""
+    header = recv_header(sock, fh.header_len) if fh.header_len else b""
     check_crc(prefix, header)
     return fh, decode_meta(header)
 

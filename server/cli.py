@@ -23,7 +23,7 @@ from gcache.protocol import Limits
 from gcache.server.arena import Arena, ArenaError, arena_path, header_len
 from gcache.server.memory_tier import MemoryTier
 from gcache.server.metrics import ServerMetrics, serve_http
-from gcache.server.service import Service
+from gcache.server.service import Service, check_bind
 
 log = logging.getLogger("gcache.server")
 
@@ -52,6 +52,11 @@ def main(config_file: str | None, memory: str | None, **flags: object) -> None:
     setup_logging(cfg.log_level, cfg.log_format)
     log.info("starting gcache-server", extra={"fields": {"config": cfg.describe(),
                                                          "pid": os.getpid()}})
+    try:
+        check_bind(cfg.listen, cfg.token)  # before the arena exists: a refusal leaves nothing
+    except ValueError as exc:
+        log.error("%s", exc)
+        raise SystemExit(f"gcache-server: {exc}") from None
     path = arena_path(cfg.shm_dir, cfg.name)
     try:
         arena = Arena(path, cfg.memory_bytes, cfg.slab_bytes, prefault=cfg.prefault)

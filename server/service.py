@@ -36,6 +36,11 @@ from gcache.server.tier import Tier
 log = logging.getLogger("gcache.server")
 
 _SCRATCH = 1 << 20
+# Sink for drained bytes, shared by every connection: what lands here is never read, so
+# concurrent writes are harmless, and an idle connection costs no 1 MiB buffer of its own.
+_DISCARD = memoryview(bytearray(_SCRATCH))
+_LINGER_S = 1.0  # how long a failed connection drains the peer's input before closing
+_AUTH_TIMEOUT_S = 10.0  # HELLO -> AUTH must complete within this
 
 
 class Service:
@@ -44,11 +49,9 @@ class Service:
         self.tier, self.name, self.token, self.limits = tier, name, token, limits
         self.metrics = metrics
         self.max_connections = max_connections
+        check_bind(listen, token)
         host, port = listen.rsplit(":", 1)
         host = host.strip("[]")
-        if not token and not _is_loopback(host):
-            raise ValueError(f"refusing to bind non-loopback address {host} without a token: "
-                             "set --token (or GCACHE_TOKEN) on every server and client")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -136,7 +139,7 @@ class _Connection:
         self.svc, self.sock, self.peer = svc, sock, peer
         self.limits = svc.limits
         self.prefix = bytearray(PREFIX_SIZE)
-        self.scratch = memoryview(bytearray(_SCRATCH))
+        self.scratch = _DISCARD
         self.authed = False
         self.nonce = os.urandom(16)
 
@@ -157,11 +160,21 @@ class _Connection:
         try:
             self.sock.settimeout(1.0)
             self.reply(opcode, rid, {"error": message}, status=status)
+            # Lingering close: closing with unread input makes the kernel send RST, which
+            # destroys the reply before the peer reads it (or fails a peer still sending
+            # its payload). Send FIN, then drain what the peer still sends, bounded in time.
+            self.sock.shutdown(socket.SHUT_WR)
+            end = time.monotonic() + _LINGER_S
+            while (left := end - time.monotonic()) > 0:
+                self.sock.settimeout(left)
+                if not self.sock.recv_into(_DISCARD):
+                    break
         except OSError:
             pass
 
     def run(self) -> None:
         svc = self.svc
+        self.sock.settimeout(_AUTH_TIMEOUT_S)  # a peer that never authenticates is dropped
         self.reply(Op.HELLO, 0, {"v": 1, "name": svc.name, "nonce": self.nonce,
                                  "auth": bool(svc.token),
                                  "limits": {"max_key_bytes": self.limits.max_key_bytes,
@@ -200,6 +213,8 @@ class _Connection:
             self.fail(op, rid, Status.AUTH, "authenticate (AUTH frame) before any other op",
                       "unauthenticated")
             return False
+        if op in Op.DATA_OPS and not isinstance(meta, dict):
+            raise ProtocolError("frame header must be a map", Status.BAD_REQUEST)
         if op == Op.PUT:
             self.put(rid, meta, plen)
         elif op == Op.GET:
@@ -239,6 +254,7 @@ class _Connection:
                       "same token as the server", "auth")
             return False
         self.authed = True
+        self.sock.settimeout(None)  # authenticated clients may keep idle pooled connections
         self.reply(Op.AUTH, rid, {"ok": True})
         return True
 
@@ -330,6 +346,14 @@ class _Connection:
         st = [Status.OK if fn(ns, k) else Status.MISS for k in keys]
         self.svc.metrics.items.labels(Op.NAMES[op].lower(), "all").inc(len(st))
         self.reply(op, rid, {"st": [int(s) for s in st]})
+
+
+def check_bind(listen: str, token: str) -> None:
+    """Refuse a non-loopback listen address without a token (ValueError)."""
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    if not token and not _is_loopback(host):
+        raise ValueError(f"refusing to bind non-loopback address {host} without a token: "
+                         "set --token (or GCACHE_TOKEN) on every server and client")
 
 
 def _is_loopback(host: str) -> bool:
