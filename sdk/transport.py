@@ -29,7 +29,7 @@ from typing import Any
 
 from gcache.errors import ProtocolError
 from gcache.protocol import (PREFIX_SIZE, Limits, Op, auth_mac, encode_frame, read_frame,
-                             sendmsg_all)
+                             recv_into_many, sendmsg_all)
 from gcache.status import Status, status_of
 
 
@@ -196,29 +196,20 @@ class TcpTransport(Transport):
         if sum(x[3] for x in items) != plen:
             raise ProtocolError("GET reply lengths do not add up to its payload")
         out = []
-        sock, deadline = self.sock, work.deadline
+        views = []
         for it, (st, total, ver, n) in zip(work.items, items):
-            dest = it[4]
             res = ItemResult(status_of(st), total, ver, n)
             if n:
                 if n > it[2]:
                     raise ProtocolError(f"server sent {n} bytes for a {it[2]}-byte request")
-                if dest is None:
+                if it[4] is None:
                     res.data = bytearray(n)
-                    view = memoryview(res.data)
+                    views.append(memoryview(res.data))
                 else:
-                    view = dest[:n]
-                got = 0
-                while got < n:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise socket.timeout()
-                    sock.settimeout(left)
-                    k = sock.recv_into(view[got:], n - got)
-                    if k == 0:
-                        raise ConnectionError(f"{self.address} closed mid-reply")
-                    got += k
+                    views.append(it[4][:n])
             out.append(res)
+        # one scatter read fills many destinations; the deadline is re-armed per syscall
+        recv_into_many(self.sock, views, lambda: self._settimeout(work.deadline))
         return out
 
 

@@ -27,8 +27,8 @@ from typing import Any
 
 from gcache.errors import ProtocolError
 from gcache.protocol import (FLAG_RESPONSE, PREFIX_SIZE, Limits, Op, auth_mac, check_items,
-                             check_key, check_namespace, discard, encode_frame, read_frame,
-                             recv_exact_into, sendmsg_all)
+                             check_key, check_namespace, discard_views, encode_frame,
+                             read_frame, recv_into_many, sendmsg_all)
 from gcache.status import Status
 from gcache.server.metrics import ServerMetrics
 from gcache.server.tier import Tier
@@ -278,24 +278,30 @@ class _Connection:
         if total != plen:
             raise ProtocolError(f"PUT items describe {total} payload bytes but the frame "
                                 f"carries {plen}", Status.BAD_REQUEST)
-        statuses = []
+        # reserve every destination first, then receive the whole payload with scatter
+        # reads straight into the arena (refused items drain into a shared scratch)
         tier = self.svc.tier
-        for key, tl, off, ln, pid in parsed:
-            if tl > lim.max_value_bytes:
-                discard(self.sock, ln, self.scratch)
-                statuses.append(Status.TOO_LARGE)
-                continue
-            slot = tier.begin_put(ns, key, tl, off, ln, pid)
-            if slot.status != Status.OK:
-                discard(self.sock, ln, self.scratch)
-                statuses.append(slot.status)
-                continue
-            try:
-                recv_exact_into(self.sock, slot.view)
-            except BaseException:
+        statuses: list[Status] = []
+        slots = []
+        views: list[memoryview] = []
+        try:
+            for key, tl, off, ln, pid in parsed:
+                slot = (tier.begin_put(ns, key, tl, off, ln, pid) if tl <= lim.max_value_bytes
+                        else None)
+                if slot is None or slot.status != Status.OK:
+                    statuses.append(Status.TOO_LARGE if slot is None else slot.status)
+                    views.extend(discard_views(ln, self.scratch))
+                    continue
+                statuses.append(Status.OK)
+                slots.append((len(statuses) - 1, slot))
+                views.append(slot.view)
+            recv_into_many(self.sock, views)
+        except BaseException:
+            for _, slot in slots:
                 tier.abort_put(slot)
-                raise
-            statuses.append(tier.finish_put(slot))
+            raise
+        for i, slot in slots:
+            statuses[i] = tier.finish_put(slot)
         m = self.svc.metrics
         m.bytes.labels("in").inc(plen)
         for st in set(statuses):
