@@ -168,15 +168,18 @@ def run_case(client: Client, op: str, size: int, batch: int, concurrency: int, *
     }
 
 
-def measure_baseline(sizes: list[int], *, repeats: int = 3, rtt_iters: int = 2000
+BASELINE_BYTES = 1 << 30  # long enough (~0.3 s) that one scheduler hiccup can't dominate
+
+
+def measure_baseline(sizes: list[int], *, repeats: int = 5, rtt_iters: int = 2000
                      ) -> dict[str, Any]:
     """Loopback TCP: stream GB/s per direction and chunk size (median of ``repeats``
-    transfers of max(256 MiB, 4 chunks)) over ONE connection, plus 64-byte ping-pong
+    transfers of max(1 GiB, 4 chunks)) over ONE connection, plus 64-byte ping-pong
     RTT. The SDK stripes over ``conns_per_server`` connections, so it can beat this."""
     stream: dict[str, dict[str, dict[str, Any]]] = {"get": {}, "put": {}}
     with RawSocketPeer() as peer:
         for size in sizes:
-            total = max(TARGET_BYTES, 4 * size)
+            total = max(BASELINE_BYTES, 4 * size)
             for direction in ("get", "put"):
                 runs = [peer.stream(total, size, direction) for _ in range(repeats)]
                 best = dict(runs[0], gbps=statistics.median(r["gbps"] for r in runs))
