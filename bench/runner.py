@@ -21,7 +21,7 @@ import statistics
 import threading
 import time
 from collections import Counter
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -105,10 +105,12 @@ def run_case(client: Client, op: str, size: int, batch: int, concurrency: int, *
                 dst = np.empty((batch, size), dtype=np.uint8)
                 dst.fill(0)  # touch the pages before timing
                 bufs = list(dst)
-                call: Callable[[int], list[Status]] = (
-                    lambda g: client.get_batch_into(gkeys[g], bufs))
+
+                def call(g: int) -> list[Status]:
+                    return client.get_batch_into(gkeys[g], bufs)
             else:
-                call = lambda g: client.put_batch_from(gkeys[g], gsrc[g])  # noqa: E731
+                def call(g: int) -> list[Status]:
+                    return client.put_batch_from(gkeys[g], gsrc[g])
             g = t * groups // concurrency
             for _ in range(WARMUP_BATCHES):
                 call(g)
