@@ -43,6 +43,8 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
 @main.command()
 @click.option("--servers", "n", type=click.IntRange(1, 64), default=3, show_default=True,
               help="Number of gcache-server processes.")
+@click.option("--masters", "n_masters", type=click.IntRange(0, 7), default=3, show_default=True,
+              help="Number of gcache-master processes (0 = static server list, no master).")
 @click.option("--memory", default="512MiB", show_default=True, callback=_size,
               help="Arena size of each server.")
 @click.option("--slab-bytes", default="16MiB", show_default=True, callback=_size,
@@ -62,9 +64,9 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
               help="Also write the workload report as JSON.")
 @click.option("--keep-arenas", is_flag=True, help="Leave the arena files in /dev/shm on exit.")
-def up(n: int, memory: int, slab_bytes: int, token: str, workload: str, trace: str | None,
-       page_bytes: int, sessions: int, turns: int, limit: int | None, concurrency: int,
-       json_out: str | None, keep_arenas: bool) -> None:
+def up(n: int, n_masters: int, memory: int, slab_bytes: int, token: str, workload: str,
+       trace: str | None, page_bytes: int, sessions: int, turns: int, limit: int | None,
+       concurrency: int, json_out: str | None, keep_arenas: bool) -> None:
     """Start a local cluster of N servers on 127.0.0.1 (foreground)."""
     from rich.console import Console
 
@@ -74,9 +76,13 @@ def up(n: int, memory: int, slab_bytes: int, token: str, workload: str, trace: s
     logs = tempfile.mkdtemp(prefix="gcache-up-")
     cluster = Cluster(n, format_size(memory), slab=format_size(slab_bytes), token=token,
                       log_dir=logs, prefix=f"up{int(time.time()) % 100000}",
-                      keep_arenas=keep_arenas)
-    console.print(f"starting {n} gcache-server(s), {format_size(memory)} each; logs in {logs}")
+                      keep_arenas=keep_arenas, masters=n_masters, heartbeat_timeout_ms=3000)
+    console.print(f"starting {n_masters} gcache-master(s) and {n} gcache-server(s), "
+                  f"{format_size(memory)} each; logs in {logs}")
     cluster.start()
+    if n_masters:
+        _wait_registered(cluster, token, n)
+        print(f"GCACHE_MASTERS={','.join(cluster.master_addresses)}", flush=True)
     print(f"GCACHE_SERVERS={','.join(cluster.addresses)}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -84,7 +90,7 @@ def up(n: int, memory: int, slab_bytes: int, token: str, workload: str, trace: s
     code = 0
     try:
         if workload != "none" or trace:
-            code = _run_workload(console, cluster.addresses, token, workload, trace, page_bytes,
+            code = _run_workload(console, cluster, token, workload, trace, page_bytes,
                                  sessions, turns, limit, concurrency, json_out, stop)
         else:
             _serve_status(console, cluster, token, stop)
@@ -105,9 +111,7 @@ def _human(n: float) -> str:
 def _serve_status(console, cluster, token: str, stop: threading.Event) -> None:
     from rich.live import Live
 
-    from gcache.sdk import Client
-
-    with Client(cluster.addresses, token=token, namespace="status") as c, \
+    with _client_for(cluster, token, namespace="status") as c, \
             Live(console=console, refresh_per_second=2, transient=True) as live:
         while not stop.wait(1.0):
             stats = c.stats(timeout_ms=500)
@@ -120,7 +124,32 @@ def _serve_status(console, cluster, token: str, stop: threading.Event) -> None:
                         "Ctrl-C to stop")
 
 
-def _run_workload(console, servers: list[str], token: str, workload: str, trace: str | None,
+def _wait_registered(cluster, token: str, n: int, timeout: float = 30.0) -> None:
+    """Block until all n servers are up in the masters' view."""
+    from gcache.discovery import MasterClient, MasterUnavailable
+
+    mc = MasterClient(cluster.master_addresses, token)
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            doc = mc.view()
+            if sum(m["state"] == "up" for m in doc["members"]) >= n:
+                return
+        except (MasterUnavailable, OSError, ValueError):
+            pass
+        time.sleep(0.1)
+    raise click.ClickException(f"servers did not all register with the masters in {timeout}s")
+
+
+def _client_for(cluster, token: str, **kw):
+    from gcache.sdk import Client
+
+    if cluster.masters:
+        return Client(masters=cluster.master_addresses, token=token, **kw)
+    return Client(cluster.addresses, token=token, **kw)
+
+
+def _run_workload(console, cluster, token: str, workload: str, trace: str | None,
                   page_bytes: int, sessions: int, turns: int, limit: int | None,
                   concurrency: int, json_out: str | None, stop: threading.Event) -> int:
     from rich.console import Console
@@ -129,7 +158,6 @@ def _run_workload(console, servers: list[str], token: str, workload: str, trace:
 
     from gcache.bench.replay import replay
     from gcache.bench.workload import mooncake_trace, session_workload
-    from gcache.sdk import Client
 
     if trace:
         source = mooncake_trace(trace, limit)
@@ -138,7 +166,8 @@ def _run_workload(console, servers: list[str], token: str, workload: str, trace:
         source = session_workload(sessions=sessions, turns=turns)
         total = min(limit or sessions * turns, sessions * turns)
     name = "mooncake trace" if trace else "sessions"
-    with Client(servers, token=token, namespace=f"up-{name.split()[0]}", timeout_ms=5000) as c, \
+    servers = cluster.addresses
+    with _client_for(cluster, token, namespace=f"up-{name.split()[0]}", timeout_ms=5000) as c, \
             Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                      TextColumn("hit {task.fields[hit]:.1%}"), console=console,
                      transient=True) as prog:
@@ -173,6 +202,99 @@ def _run_workload(console, servers: list[str], token: str, workload: str, trace:
         with open(json_out, "w") as f:
             json.dump(s, f, indent=2)
     return 1 if s["wrong_values"] else 0
+
+
+def _masters_client(masters: str, token: str):
+    from gcache.discovery import MasterClient
+
+    try:
+        return MasterClient(masters, token, timeout_s=3.0)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--masters") from None
+
+
+@main.command()
+@click.option("--masters", required=True, envvar="GCACHE_MASTERS",
+              help="Master API addresses HOST:PORT,... [env GCACHE_MASTERS]")
+@click.option("--token", default="", envvar="GCACHE_TOKEN", help="[env GCACHE_TOKEN]")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def status(masters: str, token: str, as_json: bool) -> None:
+    """Show the leader, the epoch and every member with its state and usage."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from gcache.discovery import MasterError, MasterUnavailable
+
+    try:
+        doc = _masters_client(masters, token).status()
+    except (MasterUnavailable, MasterError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    t = Table(title=f"gcache: epoch {doc['epoch']}, leader {doc.get('leader')}")
+    for col in ("id", "address", "state", "inc", "capacity", "used", "objects", "heartbeat"):
+        t.add_column(col, justify="right" if col in ("inc", "capacity", "used", "objects")
+                     else "left")
+    colors = {"up": "green", "draining": "yellow", "down": "red", "joining": "cyan"}
+    for m in doc["members"]:
+        st = m.get("stats") or {}
+        hb = m.get("last_heartbeat_s")
+        t.add_row(m["id"], m["address"], f"[{colors.get(m['state'], 'white')}]{m['state']}[/]",
+                  str(m["incarnation"]), _human(m.get("capacity_bytes", 0)),
+                  _human(st.get("used_bytes", 0)) if st else "-",
+                  f"{st.get('objects', 0):,}" if st else "-",
+                  "-" if hb is None else f"{hb:.1f}s ago")
+    Console().print(t)
+
+
+@main.group()
+def admin() -> None:
+    """Operator actions on members (replicated through the masters)."""
+
+
+def _admin(op: str, member_id: str, masters: str, token: str) -> None:
+    from gcache.discovery import MasterError, MasterUnavailable
+
+    try:
+        res = _masters_client(masters, token).admin(op, member_id)
+    except (MasterUnavailable, MasterError) as exc:
+        raise click.ClickException(str(exc)) from None
+    state = (res.get("member") or {}).get("state", "removed")
+    click.echo(f"{member_id}: {state} (epoch {res.get('epoch')}, "
+               f"{'changed' if res.get('changed') else 'no change'})")
+
+
+_masters_opt = click.option("--masters", required=True, envvar="GCACHE_MASTERS",
+                            help="Master API addresses. [env GCACHE_MASTERS]")
+_token_opt = click.option("--token", default="", envvar="GCACHE_TOKEN", help="[env GCACHE_TOKEN]")
+
+
+@admin.command()
+@click.argument("member_id")
+@_masters_opt
+@_token_opt
+def drain(member_id: str, masters: str, token: str) -> None:
+    """Stop placing new keys on MEMBER_ID (it keeps serving what it holds)."""
+    _admin("drain", member_id, masters, token)
+
+
+@admin.command()
+@click.argument("member_id")
+@_masters_opt
+@_token_opt
+def add(member_id: str, masters: str, token: str) -> None:
+    """Bring a drained or down MEMBER_ID back into placement."""
+    _admin("undrain", member_id, masters, token)
+
+
+@admin.command()
+@click.argument("member_id")
+@_masters_opt
+@_token_opt
+def remove(member_id: str, masters: str, token: str) -> None:
+    """Forget MEMBER_ID (it re-registers if it is still running)."""
+    _admin("remove", member_id, masters, token)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from gcache.config import load_config
+from gcache.discovery import MasterClient, MasterError, MasterUnavailable, view_from_wire
 from gcache.errors import ConfigError
 from gcache.hashing import placement_hash
 from gcache.protocol import Limits, Op
@@ -74,7 +75,7 @@ class _Batch:
     """Folds slice results into per-key results, then the batch result."""
 
     __slots__ = ("keys", "results", "left", "parts", "versions", "totals", "lock",
-                 "future", "callback", "on_key", "finalize", "remaining", "bufs")
+                 "future", "callback", "on_key", "finalize", "remaining", "bufs", "hashes")
 
     def __init__(self, keys: list[bytes], default: Any, finalize: Callable[[int, Status], Any],
                  callback: BatchCallback | None, on_key: KeyCallback | None) -> None:
@@ -86,6 +87,7 @@ class _Batch:
         self.versions = [0] * n
         self.totals = [-1] * n
         self.bufs: list[Any] = [None] * n
+        self.hashes: list[int] = []  # placement hash per key (for NOT_OWNER re-routing)
         self.remaining = n
         self.lock = threading.Lock()
         self.future: Future = Future()
@@ -134,7 +136,9 @@ class Client:
         namespace: tenant / model / layout fingerprint; part of every key.
         timeout_ms: default deadline of every op.
         token: shared secret for the HMAC handshake ('' = none).
-        masters: Raft master addresses (served by a later release; use servers=).
+        masters: gcache-master API addresses; the client routes by their view, follows its
+            epoch in the background and keeps routing on the last view if all are down.
+            ``servers`` given as well only bootstrap routing until a master answers.
         slice_bytes, conns_per_server, queue_depth, frame_target_bytes,
         probe_interval_ms, connect_timeout_ms: dispatch tuning (see docs).
         config_file: TOML file with ``[client]`` keys; env ``GCACHE_*`` overrides it,
@@ -151,13 +155,12 @@ class Client:
                  frame_target_bytes: int | None = None, probe_interval_ms: int | None = None,
                  connect_timeout_ms: int | None = None, config_file: str | None = None,
                  limits: Limits | None = None) -> None:
-        if masters:
-            raise ConfigError("Client(masters=...) needs the Raft master, which this build does "
-                              "not ship yet; pass servers=[host:port, ...] instead")
         if isinstance(servers, str):
             servers = servers.split(",")
-        if not servers:
-            raise ConfigError("Client needs servers=[host:port, ...]")
+        if isinstance(masters, str):
+            masters = masters.split(",")
+        if not servers and not masters:
+            raise ConfigError("Client needs masters=[host:port, ...] or servers=[host:port, ...]")
         cfg = load_config("client", config_file, cli={
             "timeout_ms": timeout_ms, "token": token, "slice_bytes": slice_bytes,
             "conns_per_server": conns_per_server, "queue_depth": queue_depth,
@@ -178,8 +181,19 @@ class Client:
         self._lanes_lock = threading.Lock()
         self._closed = False
         self._reaper = Reaper(self._state_lock, self._probe, cfg.probe_interval_ms / 1000.0)
-        self._view = View.static(list(servers))
+        self._master: MasterClient | None = None
+        self._view_lock = threading.Lock()
+        self._view = View.static(list(servers or []))
         self._ring = self._view.ring
+        if masters:
+            self._master = MasterClient(masters, self._token,
+                                        timeout_s=max(0.5, cfg.connect_timeout_ms / 1000.0))
+            self._view = View(-1, ())
+            if not self._refresh_view(wait_ms=0) and servers:
+                self._view = View.static(list(servers))  # bootstrap until a master answers
+                self._ring = self._view.ring
+            threading.Thread(target=self._watch_view, name="gcache-view-watch",
+                             daemon=True).start()
         for m in self._view.members:
             self._lane(m.address)
 
@@ -200,10 +214,30 @@ class Client:
         return lane
 
     def update_view(self, view: View) -> None:
-        """Route by a new membership view (fed by the master in a later release)."""
-        self._view, self._ring = view, view.ring
-        for m in view.members:
-            self._lane(m.address)
+        """Route by a new membership view (normally fed by the masters)."""
+        with self._view_lock:
+            if self._master is not None and view.epoch <= self._view.epoch:
+                return
+            for m in view.members:
+                self._lane(m.address)
+            self._view, self._ring = view, view.ring
+        log.info("routing by view epoch %d (%d servers)", view.epoch, len(view.members))
+
+    def _refresh_view(self, wait_ms: int) -> bool:
+        """Fetch the masters' view (long-poll past our epoch when wait_ms > 0)."""
+        try:
+            doc = self._master.view(since=self._view.epoch, wait_ms=wait_ms)
+        except (MasterUnavailable, MasterError, OSError, ValueError) as exc:
+            log.debug("view refresh failed: %s", exc)
+            return False
+        self.update_view(view_from_wire(doc))
+        return True
+
+    def _watch_view(self) -> None:
+        """Follow the epoch; with every master down, keep routing on the last view."""
+        while not self._closed:
+            if not self._refresh_view(wait_ms=5000):
+                time.sleep(0.5)
 
     @property
     def view(self) -> View:
@@ -232,7 +266,13 @@ class Client:
                              f"{self.limits.max_key_bytes}")
         return k
 
-    def _owners(self, keys: list[bytes], group: Any) -> list[str]:
+    def owners(self, keys: Sequence[Key], group: Any = None) -> list[str]:
+        """The server address each key routes to in the current view ('' = none)."""
+        ks = [self._key(k) for k in keys]
+        return self._owners(ks, group, _Batch(ks, None, lambda i, st: st, None, None))
+
+    def _owners(self, keys: list[bytes], group: Any, batch: _Batch) -> list[str]:
+        """Owner address per key ('' when the view is empty); records the hashes."""
         ns = self.namespace
         if group is None:
             hs = [placement_hash(ns, k) for k in keys]
@@ -246,12 +286,20 @@ class Client:
             hs = [placement_hash(ns, k, None if g is None else
                                  (g.encode() if isinstance(g, str) else bytes(g)))
                   for k, g in zip(keys, gs)]
-        return [m.address for m in self._ring.owners(hs)]
+        batch.hashes = hs
+        ring = self._ring
+        if len(ring) == 0:
+            return [""] * len(keys)
+        return [m.address for m in ring.owners(hs)]
 
     def _dispatch(self, op: int, batch: _Batch, routed: dict[str, list], deadline: float,
-                  nbytes: Callable[[tuple], int]) -> None:
+                  nbytes: Callable[[tuple], int], retried: bool = False) -> None:
         """routed: address -> [(key_index, item_tuple)]. Packs frames and enqueues them."""
         for addr, entries in routed.items():
+            if not addr:  # empty view: no server to ask
+                for i, _ in entries:
+                    batch.slice_done(i, Status.UNAVAILABLE)
+                continue
             lane = self._lane(addr)
             total = sum(nbytes(it) for _, it in entries)
             target = max(self.slice, min(self.frame_target, -(-total // self.conns)))
@@ -261,27 +309,57 @@ class Client:
             for i, it in entries:
                 n = nbytes(it)
                 if cur and (size + n > target or len(cur) >= self.limits.max_batch_items):
-                    self._send(op, batch, lane, cur_i, cur, deadline)
+                    self._send(op, batch, lane, cur_i, cur, deadline, retried)
                     cur_i, cur, size = [], [], 0
                 cur_i.append(i)
                 cur.append(it)
                 size += n
             if cur:
-                self._send(op, batch, lane, cur_i, cur, deadline)
+                self._send(op, batch, lane, cur_i, cur, deadline, retried)
 
     def _send(self, op: int, batch: _Batch, lane: Lane, idx: list[int], items: list,
-              deadline: float) -> None:
+              deadline: float, retried: bool = False) -> None:
         def on_done(results: list[ItemResult]) -> None:
+            moved = [(i, it) for i, it, r in zip(idx, items, results)
+                     if r.status == Status.NOT_OWNER]
+            if moved:
+                if retried or self._master is None:
+                    for i, _ in moved:
+                        batch.slice_done(i, Status.NOT_OWNER)
+                else:  # our view is stale: refresh it, then re-route these items once
+                    threading.Thread(target=self._reroute, args=(op, batch, moved, deadline),
+                                     daemon=True).start()
+                keep = [k for k, r in enumerate(results) if r.status != Status.NOT_OWNER]
+                done_idx = [idx[k] for k in keep]
+                done_items = [items[k] for k in keep]
+                results = [results[k] for k in keep]
+            else:
+                done_idx, done_items = idx, items
             if op == Op.GET:
-                for i, it, r in zip(idx, items, results):
+                for i, it, r in zip(done_idx, done_items, results):
                     self._get_part(batch, i, it, r, lane, deadline)
             else:
-                for i, r in zip(idx, results):
+                for i, r in zip(done_idx, results):
                     batch.slice_done(i, r.status)
 
-        work = Work(op, self.namespace, items, deadline, on_done)
+        extra = None
+        if self._master is not None:
+            extra = {"ep": self._view.epoch, "ph": [batch.hashes[i] for i in idx]}
+        work = Work(op, self.namespace, items, deadline, on_done, extra=extra,
+                    retried=retried)
         if lane.submit(work):
             self._reaper.watch(work)
+
+    def _reroute(self, op: int, batch: _Batch, moved: list, deadline: float) -> None:
+        """NOT_OWNER: refresh the view from the masters, then send the items once more."""
+        self._refresh_view(wait_ms=0)
+        ring = self._ring
+        routed: dict[str, list] = {}
+        for i, it in moved:
+            addr = ring.owners([batch.hashes[i]])[0].address if len(ring) else ""
+            routed.setdefault(addr, []).append((i, it))
+        nbytes = {Op.PUT: lambda t: t[3], Op.GET: lambda t: t[2]}.get(op, lambda t: 64)
+        self._dispatch(op, batch, routed, deadline, nbytes, retried=True)
 
     def _get_part(self, batch: _Batch, i: int, it: tuple, r: ItemResult, lane: Lane,
                   deadline: float) -> None:
@@ -337,7 +415,7 @@ class Client:
         routed: dict[str, list] = {}
         deadline = self._deadline(timeout_ms)
         too_large = []
-        for i, (k, v, addr) in enumerate(zip(ks, views, self._owners(ks, group))):
+        for i, (k, v, addr) in enumerate(zip(ks, views, self._owners(ks, group, batch))):
             n = len(v)
             if n > self.limits.max_value_bytes:
                 too_large.append(i)
@@ -403,7 +481,7 @@ class Client:
         if self._closed:
             return self._closed_batch(batch).future
         routed: dict[str, list] = {}
-        for i, (k, v, addr) in enumerate(zip(ks, views, self._owners(ks, group))):
+        for i, (k, v, addr) in enumerate(zip(ks, views, self._owners(ks, group, batch))):
             n = len(v)
             offs = range(0, max(n, 1), self.slice)
             batch.parts[i] = len(offs)
@@ -435,7 +513,7 @@ class Client:
         if self._closed:
             return self._closed_batch(batch).future
         routed: dict[str, list] = {}
-        for i, (k, addr) in enumerate(zip(ks, self._owners(ks, group))):
+        for i, (k, addr) in enumerate(zip(ks, self._owners(ks, group, batch))):
             batch.parts[i] = 1
             routed.setdefault(addr, []).append((i, (k, 0, self.slice, 0, None)))
         self._dispatch(Op.GET, batch, routed, self._deadline(timeout_ms), lambda t: t[2])
@@ -461,7 +539,7 @@ class Client:
         if self._closed:
             return self._closed_batch(batch).future
         routed: dict[str, list] = {}
-        for i, (k, addr) in enumerate(zip(ks, self._owners(ks, group))):
+        for i, (k, addr) in enumerate(zip(ks, self._owners(ks, group, batch))):
             batch.parts[i] = 1
             routed.setdefault(addr, []).append((i, k))
         self._dispatch(op, batch, routed, self._deadline(timeout_ms), lambda t: 64)

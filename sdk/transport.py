@@ -65,8 +65,9 @@ class Work:
     items: list
     deadline: float
     on_done: Any  # callable(list[ItemResult]) -> None, called exactly once
+    extra: dict | None = None  # merged into the request header (view epoch, placement hashes)
+    retried: bool = False
     state: int = 0  # 0 queued, 1 running, 2 done
-    seq: int = 0
 
 
 _rids = itertools.count(1)
@@ -158,18 +159,20 @@ class TcpTransport(Transport):
         op, rid, sock = work.op, next(_rids), self.sock
         if op == Op.PUT:
             meta = {"ns": work.ns, "items": [[it[0], it[1], it[2], it[3], it[4]]
-                                             for it in work.items]}
+                                             for it in work.items], **(work.extra or {})}
             plen = sum(it[3] for it in work.items)
             self._settimeout(work.deadline)
             sendmsg_all(sock, [encode_frame(op, rid, meta, plen),
                                *(it[5] for it in work.items)])
         elif op == Op.GET:
-            meta = {"ns": work.ns, "items": [[it[0], it[1], it[2], it[3]] for it in work.items]}
+            meta = {"ns": work.ns, "items": [[it[0], it[1], it[2], it[3]] for it in work.items],
+                    **(work.extra or {})}
             self._settimeout(work.deadline)
             sock.sendall(encode_frame(op, rid, meta))
         else:
             self._settimeout(work.deadline)
-            sock.sendall(encode_frame(op, rid, {"ns": work.ns, "items": work.items}))
+            sock.sendall(encode_frame(op, rid, {"ns": work.ns, "items": work.items,
+                                                **(work.extra or {})}))
         self._settimeout(work.deadline)
         fh, rmeta = read_frame(sock, self.limits, self.prefix)
         if fh.request_id != rid or fh.opcode != op:

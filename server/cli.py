@@ -23,7 +23,8 @@ from gcache.protocol import Limits
 from gcache.server.arena import Arena, ArenaError, arena_path, header_len
 from gcache.server.memory_tier import MemoryTier
 from gcache.server.metrics import ServerMetrics, serve_http
-from gcache.server.service import Service, check_bind
+from gcache.network import check_bind
+from gcache.server.service import Service
 
 log = logging.getLogger("gcache.server")
 
@@ -89,6 +90,19 @@ def main(config_file: str | None, memory: str | None, **flags: object) -> None:
         log.error("cannot listen on %s: %s", cfg.listen, exc)
         raise SystemExit(f"gcache-server: cannot listen on {cfg.listen}: {exc}") from None
     metrics_holder["svc"] = svc
+    agent = None
+    if cfg.masters:
+        from gcache.server.agent import MembershipAgent
+
+        advertise = cfg.advertise or svc.address
+        if advertise.rsplit(":", 1)[0].strip("[]") in ("0.0.0.0", "::"):
+            import socket
+
+            advertise = f"{socket.getfqdn()}:{advertise.rsplit(':', 1)[1]}"
+        agent = MembershipAgent(cfg.masters, cfg.token, cfg.name, advertise, tier.capacity,
+                                stats, cfg.heartbeat_interval_ms)
+        svc.ownership = agent
+        agent.start()  # in the background: serving never waits for the masters
     http = None
     if cfg.metrics_listen:
         http = serve_http(cfg.metrics_listen, metrics,
@@ -106,6 +120,8 @@ def main(config_file: str | None, memory: str | None, **flags: object) -> None:
     while not stop.wait(0.5):
         pass
     log.info("stopping: closing connections and marking the arena clean")
+    if agent is not None:
+        agent.stop()
     svc.stop()
     if http is not None:
         http.shutdown()

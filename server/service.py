@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from gcache.errors import ProtocolError
+from gcache.network import check_bind
 from gcache.protocol import (FLAG_RESPONSE, PREFIX_SIZE, Limits, Op, auth_mac, check_items,
                              check_key, check_namespace, discard_views, encode_frame,
                              read_frame, recv_into_many, sendmsg_all)
@@ -49,6 +50,7 @@ class Service:
         self.tier, self.name, self.token, self.limits = tier, name, token, limits
         self.metrics = metrics
         self.max_connections = max_connections
+        self.ownership = None  # MembershipAgent when --masters is set: NOT_OWNER checks
         check_bind(listen, token)
         host, port = listen.rsplit(":", 1)
         host = host.strip("[]")
@@ -242,6 +244,23 @@ class _Connection:
                  connections=self.svc.connections, uptime_s=time.time() - self.svc.started)
         return s
 
+    def misplaced(self, meta: dict, n: int) -> list[bool]:
+        """Items this server does not own in a newer epoch than the client's view.
+
+        Clients routed by a master view send ``ep`` (their epoch) and ``ph`` (one placement
+        hash per item); clients with a static server list send neither and are not checked.
+        """
+        agent, ph = self.svc.ownership, meta.get("ph")
+        if agent is None or ph is None:
+            return [False] * n
+        if not (isinstance(ph, list) and len(ph) == n
+                and all(isinstance(h, int) and 0 <= h < 1 << 64 for h in ph)):
+            raise ProtocolError("'ph' must hold one u64 placement hash per item",
+                                Status.BAD_REQUEST)
+        ep = meta.get("ep", -1)
+        out = agent.not_owned(ep if isinstance(ep, int) else -1, ph)
+        return out if out is not None else [False] * n
+
     # ------------------------------------------------------------------ ops
     def auth(self, rid: int, meta: Any, plen: int) -> bool:
         self.no_payload(plen)
@@ -281,11 +300,16 @@ class _Connection:
         # reserve every destination first, then receive the whole payload with scatter
         # reads straight into the arena (refused items drain into a shared scratch)
         tier = self.svc.tier
+        wrong_owner = self.misplaced(meta, len(parsed))
         statuses: list[Status] = []
         slots = []
         views: list[memoryview] = []
         try:
-            for key, tl, off, ln, pid in parsed:
+            for (key, tl, off, ln, pid), wrong in zip(parsed, wrong_owner):
+                if wrong:
+                    statuses.append(Status.NOT_OWNER)
+                    views.extend(discard_views(ln, self.scratch))
+                    continue
                 slot = (tier.begin_put(ns, key, tl, off, ln, pid) if tl <= lim.max_value_bytes
                         else None)
                 if slot is None or slot.status != Status.OK:
@@ -321,10 +345,14 @@ class _Connection:
                 raise ProtocolError("GET item has a negative field", Status.BAD_REQUEST)
             parsed.append((check_key(it[0], lim), it[1], it[2], it[3]))
         tier = self.svc.tier
+        wrong_owner = self.misplaced(meta, len(parsed))
         pins = []
         out_meta, payload, budget = [], [], lim.max_frame_bytes
         try:
-            for key, off, mx, ev in parsed:
+            for (key, off, mx, ev), wrong in zip(parsed, wrong_owner):
+                if wrong:
+                    out_meta.append([int(Status.NOT_OWNER), 0, 0, 0])
+                    continue
                 p = tier.pin_read(ns, key, off, min(mx, budget), ev)
                 pins.append(p)
                 if p.status == Status.OK:
@@ -349,25 +377,7 @@ class _Connection:
         keys = [check_key(k, lim) for k in check_items(meta, lim)]
         tier = self.svc.tier
         fn = {Op.EXISTS: tier.exists, Op.DELETE: tier.delete, Op.TOUCH: tier.touch}[op]
-        st = [Status.OK if fn(ns, k) else Status.MISS for k in keys]
+        st = [Status.NOT_OWNER if wrong else Status.OK if fn(ns, k) else Status.MISS
+              for k, wrong in zip(keys, self.misplaced(meta, len(keys)))]
         self.svc.metrics.items.labels(Op.NAMES[op].lower(), "all").inc(len(st))
         self.reply(op, rid, {"st": [int(s) for s in st]})
-
-
-def check_bind(listen: str, token: str) -> None:
-    """Refuse a non-loopback listen address without a token (ValueError)."""
-    host = listen.rsplit(":", 1)[0].strip("[]")
-    if not token and not _is_loopback(host):
-        raise ValueError(f"refusing to bind non-loopback address {host} without a token: "
-                         "set --token (or GCACHE_TOKEN) on every server and client")
-
-
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host in ("localhost",):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -124,14 +124,114 @@ class ServerProc:
             pass
 
 
+def free_port_pair() -> int:
+    """A port p with p and p+1 both free on 127.0.0.1 (a master's API and Raft ports)."""
+    import socket
+
+    for _ in range(200):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            p = a.getsockname()[1]
+            if p >= 65535:
+                continue
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", p + 1))
+                except OSError:
+                    continue
+        return p
+    raise RuntimeError("no free port pair found")
+
+
+class MasterProc:
+    """One gcache-master process; ``address`` is its API, the Raft port is API + 1."""
+
+    def __init__(self, name: str, port: int, peers: list[str], data_dir: str, *,
+                 token: str = "", log_dir: str | None = None,
+                 heartbeat_timeout_ms: int = 1500) -> None:
+        self.name, self.port, self.peers, self.data_dir = name, port, peers, data_dir
+        self.token, self.log_dir = token, log_dir
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        self.address = f"127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+        self._lines: queue.Queue[str] = queue.Queue()
+
+    def argv(self) -> list[str]:
+        a = [sys.executable, "-m", "gcache.master.cli", "--listen", self.address,
+             "--peers", ",".join(self.peers), "--data-dir", self.data_dir, "--log-format", "text",
+             "--heartbeat-timeout-ms", str(self.heartbeat_timeout_ms)]
+        return a + (["--token", self.token] if self.token else [])
+
+    def spawn(self) -> None:
+        stderr = subprocess.DEVNULL
+        if self.log_dir:
+            stderr = open(Path(self.log_dir) / f"{self.name}.log", "ab")
+        self.proc = subprocess.Popen(self.argv(), stdout=subprocess.PIPE, stderr=stderr,
+                                     text=True, bufsize=1)
+        self._lines = queue.Queue()
+        threading.Thread(target=ServerProc._pump, args=(self.proc, self._lines),
+                         daemon=True).start()
+
+    def wait_ready(self, timeout: float = 30.0) -> str:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                break
+            try:
+                line = self._lines.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if line.startswith("GCACHE_MASTER="):
+                return self.address
+        code = self.proc.poll()
+        self.kill9()
+        raise RuntimeError(f"gcache-master {self.name} did not come up (exit {code})")
+
+    def start(self, timeout: float = 30.0) -> str:
+        self.spawn()
+        return self.wait_ready(timeout)
+
+    alive = ServerProc.alive
+    kill9 = ServerProc.kill9
+    pause = ServerProc.pause
+    resume = ServerProc.resume
+    terminate = ServerProc.terminate
+
+
 class Cluster:
-    """N real gcache-server processes on 127.0.0.1. Use as a context manager."""
+    """N real gcache-server processes (and optionally M masters) on 127.0.0.1.
+
+    With ``masters=M`` the servers register with the masters (``--masters``); use
+    ``master_addresses`` for ``Client(masters=...)``. Use as a context manager."""
 
     def __init__(self, n: int = 1, memory: str = "64MiB", *, slab: str | None = "1MiB",
                  token: str = "", shm_dir: str = "/dev/shm", extra: list[str] | None = None,
                  log_dir: str | None = None, prefix: str | None = None,
-                 keep_arenas: bool = False, ready_timeout: float = 60.0) -> None:
+                 keep_arenas: bool = False, ready_timeout: float = 60.0, masters: int = 0,
+                 data_dir: str | None = None, heartbeat_timeout_ms: int = 1500,
+                 server_extra: list[str] | None = None) -> None:
         tag = prefix or f"t{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.masters: list[MasterProc] = []
+        self._tmp = None
+        if masters:
+            import tempfile
+
+            if data_dir is None:
+                self._tmp = tempfile.mkdtemp(prefix="gcache-masters-")
+                data_dir = self._tmp
+            ports = []
+            while len(ports) < masters:
+                p = free_port_pair()
+                if all(abs(p - q) > 1 for q in ports):
+                    ports.append(p)
+            addrs = [f"127.0.0.1:{p}" for p in ports]
+            self.masters = [MasterProc(f"{tag}-m{i}", p, [a for a in addrs if a != addrs[i]],
+                                       os.path.join(data_dir, f"m{i}"), token=token,
+                                       log_dir=log_dir, heartbeat_timeout_ms=heartbeat_timeout_ms)
+                            for i, p in enumerate(ports)]
+            extra = list(extra or []) + ["--masters", ",".join(addrs),
+                                         "--heartbeat-interval-ms", "200"]
+        extra = list(extra or []) + list(server_extra or [])
         self.keep_arenas = keep_arenas
         self.ready_timeout = ready_timeout
         self.servers = [ServerProc(f"{tag}-{i}", memory, slab=slab, token=token,
@@ -140,6 +240,10 @@ class Cluster:
 
     def start(self) -> "Cluster":
         try:
+            for m in self.masters:
+                m.spawn()
+            for m in self.masters:
+                m.wait_ready(self.ready_timeout)
             for s in self.servers:  # spawn all, then wait: they boot in parallel
                 s.spawn()
             for s in self.servers:
@@ -153,6 +257,10 @@ class Cluster:
     def addresses(self) -> list[str]:
         return [s.address for s in self.servers]
 
+    @property
+    def master_addresses(self) -> list[str]:
+        return [m.address for m in self.masters]
+
     def close(self) -> None:
         for s in self.servers:  # signal all first: they shut down in parallel
             if s.alive:
@@ -160,11 +268,23 @@ class Cluster:
                 s.proc.send_signal(signal.SIGTERM)
         for s in self.servers:
             s.terminate()
-        leftovers = [s.name for s in self.servers if s.alive]
+        for m in self.masters:
+            if m.alive:
+                m.resume()
+                m.proc.send_signal(signal.SIGTERM)
+        for m in self.masters:
+            m.terminate()
+        leftovers = [s.name for s in [*self.servers, *self.masters] if s.alive]
         for s in self.servers:
             s.kill9()
             if not self.keep_arenas:
                 s.remove_arena()
+        for m in self.masters:
+            m.kill9()
+        if self._tmp:
+            import shutil
+
+            shutil.rmtree(self._tmp, ignore_errors=True)
         if leftovers:
             raise RuntimeError(f"servers did not exit: {leftovers}")
 

@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 def _split_keys(c: Client, dead_addr: str, n: int = 40) -> tuple[list[bytes], list[bytes]]:
     keys = [f"key-{i}".encode() for i in range(n)]
-    owners = c._owners(keys, None)
+    owners = c.owners(keys)
     dead = [k for k, o in zip(keys, owners) if o == dead_addr]
     live = [k for k, o in zip(keys, owners) if o != dead_addr]
     assert dead and live

@@ -1,0 +1,83 @@
+"""``gcache-master``: one member of the 3-node Raft group that owns membership.
+
+``--listen`` is the HTTP API address; the Raft port is the API port + 1.
+``--peers`` lists the other masters' API addresses. Prints
+``GCACHE_MASTER=host:port`` once the API serves; stops cleanly on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+
+import click
+
+from gcache.logs import setup_logging
+from gcache.network import check_bind
+
+log = logging.getLogger("gcache.master")
+
+RAFT_PORT_OFFSET = 1
+
+
+def raft_address(api: str) -> str:
+    host, port = api.rsplit(":", 1)
+    return f"{host}:{int(port) + RAFT_PORT_OFFSET}"
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--listen", required=True, envvar="GCACHE_MASTER_LISTEN",
+              help="HTTP API address HOST:PORT (the Raft port is PORT+1). [env GCACHE_MASTER_LISTEN]")
+@click.option("--peers", default="", envvar="GCACHE_MASTER_PEERS",
+              help="The other masters' API addresses, comma-separated. [env GCACHE_MASTER_PEERS]")
+@click.option("--data-dir", required=True, type=click.Path(file_okay=False),
+              envvar="GCACHE_MASTER_DATA_DIR",
+              help="RocksDB state + Raft journal; keep it on a persistent volume.")
+@click.option("--token", default="", envvar="GCACHE_TOKEN",
+              help="Shared token: API auth and the Raft password. Required off loopback. "
+                   "[env GCACHE_TOKEN]")
+@click.option("--heartbeat-timeout-ms", default=3000, show_default=True, type=click.IntRange(100),
+              envvar="GCACHE_HEARTBEAT_TIMEOUT_MS",
+              help="A server silent this long is marked down (epoch moves).")
+@click.option("--log-level", default="INFO", show_default=True, envvar="GCACHE_LOG_LEVEL")
+@click.option("--log-format", type=click.Choice(["json", "text"]), default="json",
+              show_default=True, envvar="GCACHE_LOG_FORMAT")
+def main(listen: str, peers: str, data_dir: str, token: str, heartbeat_timeout_ms: int,
+         log_level: str, log_format: str) -> None:
+    """Run a gcache-master (membership, heartbeats, discovery; never on the IO path)."""
+    setup_logging(log_level, log_format)
+    try:
+        check_bind(listen, token)
+    except ValueError as exc:
+        raise SystemExit(f"gcache-master: {exc}") from None
+    from gcache.master.api import MasterService
+    from gcache.master.raft_node import RaftNode
+
+    peer_list = [p.strip() for p in peers.split(",") if p.strip() and p.strip() != listen]
+    raft_to_api = {raft_address(a): a for a in [listen, *peer_list]}
+    # pysyncobj pickles on the wire: always set a password. Loopback dev clusters without a
+    # token share a fixed one; off loopback a token is required (checked above).
+    password = token or "gcache-loopback-dev"
+    node = RaftNode(raft_address(listen), [raft_address(p) for p in peer_list], data_dir,
+                    password)
+    svc = MasterService(node, listen=listen, token=token,
+                        heartbeat_timeout_ms=heartbeat_timeout_ms, raft_to_api=raft_to_api)
+    svc.start()
+    log.info("gcache-master serving", extra={"fields": {
+        "listen": svc.address, "raft": raft_address(listen), "peers": peer_list,
+        "data_dir": os.path.abspath(data_dir), "epoch": node.membership.epoch}})
+    print(f"GCACHE_MASTER={svc.address}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        pass
+    log.info("stopping gcache-master")
+    svc.stop()
+    node.close()
+
+
+if __name__ == "__main__":
+    main()

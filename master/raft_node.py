@@ -1,0 +1,135 @@
+"""The replicated membership log: pysyncobj underneath, our state machine on top.
+
+Design. ``RaftNode`` is the one place that knows pysyncobj (so it can be
+replaced): every membership change is one ``apply_op`` log entry, applied by
+``Membership.apply`` on every replica in log order.
+
+* Exactly-once application. pysyncobj replays its journal on restart and may
+  re-send entries; the state machine stores the Raft index of the last entry
+  it applied in the same RocksDB write batch as the state, and skips any entry
+  at or below it. Ops are also idempotent on their own (a write whose caller
+  timed out may still commit).
+* Durability. RocksDB writes are synced (survive an OS crash); pysyncobj's
+  journal is an mmap file without fsync, so after an OS crash a node may lose
+  its log tail and catches up from its peers. Snapshots (log compaction and
+  catch-up of a wiped node) carry the whole membership and the applied index.
+* Always run with a password: pysyncobj uses pickle on the wire.
+* ``is_leader`` is pysyncobj's own view; two nodes may briefly both believe
+  it, which is safe because every decision is a log write that only a real
+  majority can commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import threading
+from typing import Any, Callable
+
+from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj.config import FAIL_REASON
+
+from gcache.master.membership import Membership
+from gcache.master.store import Store
+
+log = logging.getLogger("gcache.master.raft")
+
+
+class RaftNode(SyncObj):
+    def __init__(self, self_addr: str, partners: list[str], data_dir: str, password: str,
+                 *, on_leader_change: Callable[[bool], None] | None = None,
+                 min_timeout: float = 0.15, max_timeout: float = 0.35,
+                 append_period: float = 0.03) -> None:
+        os.makedirs(data_dir, exist_ok=True)
+        self._store = Store(os.path.join(data_dir, "state.rocksdb"))
+        self.membership = Membership(self._store)
+        self._changed = threading.Condition()
+        self._on_leader_change = on_leader_change
+        conf = SyncObjConf(
+            password=password or None,
+            journalFile=os.path.join(data_dir, "raft.journal"),
+            fullDumpFile=os.path.join(data_dir, "raft.snapshot"),
+            serializer=self._save_snapshot, deserializer=self._load_snapshot,
+            dynamicMembershipChange=False,
+            raftMinTimeout=min_timeout, raftMaxTimeout=max_timeout,
+            appendEntriesPeriod=append_period, connectionTimeout=1.0,
+            # pysyncobj's default 5 s retry left a peer link down for seconds when a peer
+            # started a moment later, stalling the next election; DNS is re-resolved often
+            # so a rescheduled master pod with a new IP is found again quickly.
+            connectionRetryTime=0.3, dnsCacheTime=5.0,
+            logCompactionMinEntries=5000, logCompactionMinTime=300,
+            onStateChanged=self._state_changed,
+        )
+        super().__init__(self_addr, partners, conf)
+
+    # ------------------------------------------------------------------ replicated
+    @replicated
+    def apply_op(self, op: dict) -> dict:
+        index = self.raftLastApplied + 1  # the entry being applied (pysyncobj increments after)
+        res = self.membership.apply(op, index=index)
+        if res.get("changed"):
+            with self._changed:
+                self._changed.notify_all()
+        return res
+
+    def submit(self, op: dict, timeout: float = 3.0) -> dict:
+        """Replicate one op and wait for its result. Raises TimeoutError/RuntimeError.
+
+        Callers must tolerate "timed out but committed later": ops are idempotent.
+        """
+        done = threading.Event()
+        box: dict[str, Any] = {}
+
+        def cb(res: Any, err: int) -> None:
+            box["res"], box["err"] = res, err
+            done.set()
+
+        self.apply_op(op, callback=cb)
+        if not done.wait(timeout):
+            raise TimeoutError("the Raft group did not commit in time (no quorum?)")
+        if box["err"] != FAIL_REASON.SUCCESS:
+            raise RuntimeError(f"Raft write failed: reason {box['err']} (leader changed?)")
+        return box["res"]
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def is_leader(self) -> bool:
+        return self._isLeader()
+
+    @property
+    def leader(self) -> str | None:
+        lead = self._getLeader()
+        return None if lead is None else str(getattr(lead, "address", lead))
+
+    def wait_epoch(self, since: int, timeout: float) -> None:
+        """Block until the applied epoch moves past ``since`` or ``timeout`` passes."""
+        with self._changed:
+            self._changed.wait_for(lambda: self.membership.epoch > since, timeout)
+
+    def close(self) -> None:
+        self.destroy()
+        self._store.close()
+
+    # ------------------------------------------------------------------ snapshots
+    def _save_snapshot(self, filename: str, raft_meta: Any) -> None:
+        blob = {"membership": self.membership.snapshot(),
+                "applied_index": self.membership.applied_index,
+                "raft": pickle.dumps(raft_meta)}
+        with open(filename, "wb") as f:
+            pickle.dump(blob, f)
+
+    def _load_snapshot(self, filename: str) -> Any:
+        with open(filename, "rb") as f:
+            blob = pickle.load(f)
+        if blob["applied_index"] > self.membership.applied_index:
+            # a peer's snapshot (catch-up) or our own newer one: adopt it
+            self.membership = Membership.restore(blob["membership"], self._store,
+                                                 applied_index=blob["applied_index"])
+        return pickle.loads(blob["raft"])
+
+    def _state_changed(self, old: int, new: int) -> None:
+        leader = new == 2  # pysyncobj _RAFT_STATE.LEADER
+        log.info("raft state %s -> %s", old, new)
+        if self._on_leader_change is not None:
+            self._on_leader_change(leader)

@@ -1,0 +1,113 @@
+"""The server's link to the masters: register, heartbeat, follow the view.
+
+Design. Runs in background threads and never blocks serving: with every
+master down the server keeps serving on the last view it saw. It registers
+under its ``--name`` with a fresh ``boot_id`` per process start (so the
+master gives a restart a new incarnation; the shared-memory data stays valid
+because keys are content-addressed), heartbeats every
+``heartbeat_interval_ms`` with its usage, re-registers when told its
+incarnation is stale, and long-polls the view so it can answer ``NOT_OWNER``
+for keys placed by a client with an older view.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from typing import Callable, Sequence
+
+from gcache.discovery import MasterClient, MasterError, MasterUnavailable, view_from_wire
+from gcache.ring import Ring
+
+log = logging.getLogger("gcache.server.agent")
+
+
+class MembershipAgent:
+    def __init__(self, masters: Sequence[str] | str, token: str, member_id: str, address: str,
+                 capacity_bytes: int, stats_fn: Callable[[], dict],
+                 heartbeat_interval_ms: int = 500) -> None:
+        # short per-try timeouts: a paused master must not delay a heartbeat past the
+        # masters' heartbeat timeout; the client moves on to the next master instead
+        self.client = MasterClient(masters, token, timeout_s=0.5)
+        self.watcher = MasterClient(masters, token, timeout_s=2.0)
+        self.member_id, self.address = member_id, address
+        self.capacity_bytes = capacity_bytes
+        self.stats_fn = stats_fn
+        self.interval = heartbeat_interval_ms / 1000.0
+        self.boot_id = uuid.uuid4().hex
+        self.incarnation = 0
+        self.epoch = -1
+        self.ring: Ring | None = None
+        self.registered = threading.Event()
+        self._stop = threading.Event()
+        self._warned = False
+
+    def start(self) -> None:
+        threading.Thread(target=self._heartbeat_loop, name="gcache-agent-hb", daemon=True).start()
+        threading.Thread(target=self._watch_loop, name="gcache-agent-view", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # ------------------------------------------------------------------ ownership
+    def not_owned(self, client_epoch: int, hashes: Sequence[int]) -> list[bool] | None:
+        """Per item: True when this server is not the owner and the client is stale.
+
+        None when no check applies (no view yet, or the client's view is as new as ours:
+        then the client knows better than we do).
+        """
+        ring = self.ring
+        if ring is None or len(ring) == 0 or client_epoch >= self.epoch:
+            return None
+        return [m.id != self.member_id for m in ring.owners(hashes)]
+
+    # ------------------------------------------------------------------ loops
+    def _register(self) -> None:
+        res = self.client.register(self.member_id, self.address, self.capacity_bytes,
+                                   self.boot_id)
+        self.incarnation = int(res["member"]["incarnation"]) if res.get("member") else \
+            int(res.get("incarnation", self.incarnation))
+        self._adopt(res.get("view"))
+        self.registered.set()
+        log.info("registered with the masters", extra={"fields": {
+            "id": self.member_id, "incarnation": self.incarnation, "epoch": self.epoch}})
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if not self.registered.is_set():
+                    self._register()
+                else:
+                    self.client.heartbeat(self.member_id, self.incarnation, self.boot_id,
+                                          self.stats_fn())
+                self._warned = False
+            except MasterError as exc:
+                if exc.code == 409:
+                    self.registered.clear()  # stale incarnation: register again now
+                    continue
+                self._warn(str(exc))
+            except (MasterUnavailable, OSError, ValueError, KeyError) as exc:
+                self._warn(str(exc))
+            self._stop.wait(self.interval)
+
+    def _watch_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                doc = self.watcher.view(since=self.epoch, wait_ms=5000)
+                self._adopt(doc)
+            except (MasterUnavailable, MasterError, OSError, ValueError):
+                self._stop.wait(1.0)  # keep serving on the last view
+
+    def _adopt(self, doc: dict | None) -> None:
+        if not doc or int(doc.get("epoch", -1)) <= self.epoch:
+            return
+        view = view_from_wire(doc)
+        self.ring = view.ring
+        self.epoch = view.epoch
+        log.info("view epoch %d: %d routable servers", view.epoch, len(view.members))
+
+    def _warn(self, msg: str) -> None:
+        if not self._warned:
+            log.warning("masters unreachable, serving on the last view: %s", msg)
+            self._warned = True
