@@ -245,7 +245,8 @@ def status(masters: str, token: str, as_json: bool) -> None:
                   _human(st.get("used_bytes", 0)) if st else "-",
                   f"{st.get('objects', 0):,}" if st else "-",
                   "-" if hb is None else f"{hb:.1f}s ago")
-    Console().print(t)
+    # piped output (grep, logs) gets a wide table instead of rich's 80-column default
+    Console(width=None if sys.stdout.isatty() else 160).print(t)
 
 
 @main.group()
