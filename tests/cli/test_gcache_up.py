@@ -26,13 +26,18 @@ def test_up_serves_until_sigint_and_cleans_up():
     p = subprocess.Popen(UP + ["--servers", "2", "--memory", "32MiB", "--slab-bytes", "1MiB"],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        line = ""
-        while not line.startswith("GCACHE_SERVERS="):
+        lines: dict[str, str] = {}
+        while "GCACHE_SERVERS" not in lines:
             line = p.stdout.readline()
             assert line, "gcache up exited before printing GCACHE_SERVERS"
-        servers = line.strip().split("=", 1)[1].split(",")
-        assert len(servers) == 2
-        with Client(servers) as c:
+            if line.startswith("GCACHE_"):
+                k, v = line.strip().split("=", 1)
+                lines[k] = v
+        servers = lines["GCACHE_SERVERS"].split(",")
+        masters = lines["GCACHE_MASTERS"].split(",")  # printed first, 3 by default
+        assert len(servers) == 2 and len(masters) == 3
+        with Client(masters=masters) as c:
+            assert sorted(m.address for m in c.view.members) == sorted(servers)
             assert c.put("k", b"v") == Status.OK
             assert c.get("k") == b"v"
         p.send_signal(signal.SIGINT)
