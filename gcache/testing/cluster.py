@@ -23,35 +23,17 @@ import uuid
 from pathlib import Path
 
 
-class ServerProc:
-    def __init__(self, name: str, memory: str, *, slab: str | None = None, token: str = "",
-                 shm_dir: str = "/dev/shm", extra: list[str] | None = None,
-                 log_dir: str | None = None, port: int = 0) -> None:
-        self.name, self.memory, self.slab, self.token = name, memory, slab, token
-        self.shm_dir, self.extra = shm_dir, list(extra or [])
-        self.log_dir = log_dir
-        self.port = port
-        self.proc: subprocess.Popen | None = None
-        self.address = ""
-        self._lines: queue.Queue[str] = queue.Queue()
+class _Daemon:
+    """A gcache daemon subprocess: spawn, wait for its ready line, and the nemesis."""
 
-    @property
-    def arena_path(self) -> str:
-        return os.path.join(self.shm_dir, f"gcache-{self.name}.arena")
+    READY = ""  # stdout line prefix printed once the daemon serves
+
+    name: str
+    log_dir: str | None
+    proc: subprocess.Popen | None
 
     def argv(self) -> list[str]:
-        a = [sys.executable, "-m", "gcache.server.cli", "--listen", f"127.0.0.1:{self.port}",
-             "--name", self.name, "--memory", self.memory, "--shm-dir", self.shm_dir,
-             "--log-format", "text"]
-        if self.slab:
-            a += ["--slab-bytes", self.slab]
-        if self.token:
-            a += ["--token", self.token]
-        return a + self.extra
-
-    def start(self, timeout: float = 30.0) -> str:
-        self.spawn()
-        return self.wait_ready(timeout)
+        raise NotImplementedError
 
     def spawn(self) -> None:
         stderr = subprocess.DEVNULL
@@ -59,26 +41,30 @@ class ServerProc:
             stderr = open(Path(self.log_dir) / f"{self.name}.log", "ab")
         self.proc = subprocess.Popen(self.argv(), stdout=subprocess.PIPE, stderr=stderr,
                                      text=True, bufsize=1)
-        self._lines = queue.Queue()
+        self._lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._pump, args=(self.proc, self._lines), daemon=True).start()
 
-    def wait_ready(self, timeout: float = 30.0) -> str:
+    def _wait_line(self, timeout: float) -> str:
+        """The value after ``READY=``; kills the daemon and raises if it never comes."""
         end = time.monotonic() + timeout
-        while True:
-            left = end - time.monotonic()
-            if left <= 0 or self.proc.poll() is not None:
-                code = self.proc.poll()
-                self.kill9()
-                raise RuntimeError(f"gcache-server {self.name} did not come up (exit {code}); "
-                                   f"see logs in {self.log_dir or 'stderr'}")
+        while time.monotonic() < end and self.proc.poll() is None:
             try:
-                line = self._lines.get(timeout=min(left, 0.2))
+                line = self._lines.get(timeout=0.2)
             except queue.Empty:
                 continue
-            if line.startswith("GCACHE_LISTEN="):
-                self.address = line.split("=", 1)[1].strip()
-                self.port = int(self.address.rsplit(":", 1)[1])  # restarts keep the port
-                return self.address
+            if line.startswith(self.READY + "="):
+                return line.split("=", 1)[1].strip()
+        code = self.proc.poll()
+        self.kill9()
+        raise RuntimeError(f"{self.name} did not come up (exit {code}); "
+                           f"see logs in {self.log_dir or 'stderr'}")
+
+    def start(self, timeout: float = 30.0) -> str:
+        self.spawn()
+        return self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float = 30.0) -> str:
+        return self._wait_line(timeout)
 
     @staticmethod
     def _pump(proc: subprocess.Popen, lines: queue.Queue) -> None:
@@ -113,6 +99,41 @@ class ServerProc:
         if self.alive:
             self.proc.send_signal(signal.SIGCONT)
 
+
+class ServerProc(_Daemon):
+    """One gcache-server process; ``restart`` keeps its name (arena) and port."""
+
+    READY = "GCACHE_LISTEN"
+
+    def __init__(self, name: str, memory: str, *, slab: str | None = None, token: str = "",
+                 shm_dir: str = "/dev/shm", extra: list[str] | None = None,
+                 log_dir: str | None = None, port: int = 0) -> None:
+        self.name, self.memory, self.slab, self.token = name, memory, slab, token
+        self.shm_dir, self.extra = shm_dir, list(extra or [])
+        self.log_dir = log_dir
+        self.port = port
+        self.proc = None
+        self.address = ""
+
+    @property
+    def arena_path(self) -> str:
+        return os.path.join(self.shm_dir, f"gcache-{self.name}.arena")
+
+    def argv(self) -> list[str]:
+        a = [sys.executable, "-m", "gcache.server.cli", "--listen", f"127.0.0.1:{self.port}",
+             "--name", self.name, "--memory", self.memory, "--shm-dir", self.shm_dir,
+             "--log-format", "text"]
+        if self.slab:
+            a += ["--slab-bytes", self.slab]
+        if self.token:
+            a += ["--token", self.token]
+        return a + self.extra
+
+    def wait_ready(self, timeout: float = 30.0) -> str:
+        self.address = self._wait_line(timeout)
+        self.port = int(self.address.rsplit(":", 1)[1])  # restarts keep the port
+        return self.address
+
     def restart(self, timeout: float = 30.0) -> str:
         self.terminate()
         return self.start(timeout)
@@ -143,8 +164,10 @@ def free_port_pair() -> int:
     raise RuntimeError("no free port pair found")
 
 
-class MasterProc:
+class MasterProc(_Daemon):
     """One gcache-master process; ``address`` is its API, the Raft port is API + 1."""
+
+    READY = "GCACHE_MASTER"
 
     def __init__(self, name: str, port: int, peers: list[str], data_dir: str, *,
                  token: str = "", log_dir: str | None = None,
@@ -153,8 +176,7 @@ class MasterProc:
         self.token, self.log_dir = token, log_dir
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.address = f"127.0.0.1:{port}"
-        self.proc: subprocess.Popen | None = None
-        self._lines: queue.Queue[str] = queue.Queue()
+        self.proc = None
 
     def argv(self) -> list[str]:
         a = [sys.executable, "-m", "gcache.master.cli", "--listen", self.address,
@@ -162,40 +184,9 @@ class MasterProc:
              "--heartbeat-timeout-ms", str(self.heartbeat_timeout_ms)]
         return a + (["--token", self.token] if self.token else [])
 
-    def spawn(self) -> None:
-        stderr = subprocess.DEVNULL
-        if self.log_dir:
-            stderr = open(Path(self.log_dir) / f"{self.name}.log", "ab")
-        self.proc = subprocess.Popen(self.argv(), stdout=subprocess.PIPE, stderr=stderr,
-                                     text=True, bufsize=1)
-        self._lines = queue.Queue()
-        threading.Thread(target=ServerProc._pump, args=(self.proc, self._lines),
-                         daemon=True).start()
-
     def wait_ready(self, timeout: float = 30.0) -> str:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                break
-            try:
-                line = self._lines.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            if line.startswith("GCACHE_MASTER="):
-                return self.address
-        code = self.proc.poll()
-        self.kill9()
-        raise RuntimeError(f"gcache-master {self.name} did not come up (exit {code})")
-
-    def start(self, timeout: float = 30.0) -> str:
-        self.spawn()
-        return self.wait_ready(timeout)
-
-    alive = ServerProc.alive
-    kill9 = ServerProc.kill9
-    pause = ServerProc.pause
-    resume = ServerProc.resume
-    terminate = ServerProc.terminate
+        self._wait_line(timeout)
+        return self.address
 
 
 class Cluster:
