@@ -12,6 +12,9 @@ $(STAMP): pyproject.toml Makefile
 	# torch is pinned: 2.13.0 is the CPU wheel on local disk; any other spec pulls CUDA builds.
 	$(BIN)/pip install -q 'torch==2.13.0'
 	$(BIN)/pip install -q -e '.[test]'
+	# SGLang for tests/sglang: --no-deps, because its declared deps pull a CUDA torch and
+	# kernels; the `sglang` extra (inside `test`) holds the CPU-only set it needs. Idempotent.
+	$(BIN)/pip install -q --no-deps 'sglang==0.5.23'
 	touch $(STAMP)
 
 venv: $(STAMP)
