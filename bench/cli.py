@@ -2,6 +2,7 @@
 
     gcache-bench --local 1 --memory 4GiB --size 64KiB --size 1MiB --batch 64
     gcache-bench --servers 10.0.0.1:7600,10.0.0.2:7600 --op get --concurrency 4
+    gcache-bench --local 1 --tier disk --op get --size 1MiB --demotion-impact
 
 Design: the CLI only wires things up. It starts a local ``Cluster`` (or uses
 ``--servers``), measures the raw-socket baseline once, then runs every case
@@ -9,6 +10,16 @@ Design: the CLI only wires things up. It starts a local ``Cluster`` (or uses
 progress bar, prints one table, and optionally writes the whole run as JSON.
 Any non-OK status (or oracle mismatch with ``--verify``) makes the exit code
 1, so a short run doubles as a CI smoke test.
+
+``--tier disk`` (with ``--local``) gives the server an NVMe tier in
+``--disk-dir``, a small memory tier (128 MiB unless ``--memory`` is given) and
+``promote_policy=never``, so gets are served from disk. Each get case then
+waits for demotion to settle and measures ``disk_baseline.measure_raw_pread``
+over the server's own segment files (same records, O_DIRECT like the server,
+one thread per client connection) before it times the gets: "pread GB/s" and
+"vs pread" in the table. ``--demotion-impact`` adds foreground get latency on
+a hot set alone and under a paced background put stream, on the disk-tier
+server (the mover demotes) and on a memory-only control server (it evicts).
 """
 
 from __future__ import annotations
@@ -17,16 +28,24 @@ import itertools
 import json
 import os
 import platform
+import shutil
+import statistics
 import sys
+import tempfile
+import time
 from contextlib import ExitStack
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gcache.bench.runner import cluster_capacity, measure_baseline, raw_gbps, run_case
+from gcache.bench.runner import (cluster_capacity, measure_baseline, raw_gbps, run_case,
+                                 run_demotion_impact)
+from gcache.bench.disk_baseline import measure_raw_pread
+from gcache.bench.runner import TARGET_BYTES
 from gcache.config import format_size, parse_size
 from gcache.errors import ConfigError
 from gcache.sdk import Client
@@ -63,8 +82,10 @@ def render_table(cases: list[dict[str, Any]], baseline: dict[str, Any] | None) -
         rtt = baseline["rtt"]
         title += f"  (raw TCP 64 B RTT p50 {rtt['p50_us']:.1f} µs, p99 {rtt['p99_us']:.1f} µs)"
     t = Table(title=title)
+    disk = any("raw_disk" in c for c in cases)
     cols = ["op", "size", "batch", "conc", "GB/s", "keys/s", "p50 µs", "p99 µs", "µs/key",
-            "errors"] + (["raw GB/s", "vs raw"] if baseline else [])
+            "errors"] + (["raw GB/s", "vs raw"] if baseline else []) + (
+            ["from disk", "pread GB/s", "vs pread"] if disk else [])
     for col in cols:
         t.add_column(col, justify="left" if col == "op" else "right")
     for c in cases:
@@ -75,15 +96,50 @@ def render_table(cases: list[dict[str, Any]], baseline: dict[str, Any] | None) -
         if baseline:
             row += [_fmt(raw_gbps(baseline, c["op"], c["size"])),
                     "-" if c["vs_raw"] is None else f"{c['vs_raw']:.0%}"]
+        if disk:
+            rd = c.get("raw_disk")
+            row += ["-" if c.get("disk_fraction") is None else f"{c['disk_fraction']:.0%}",
+                    _fmt(rd["gbps"]) if rd else "-",
+                    f"{c['vs_pread']:.0%}" if c.get("vs_pread") else "-"]
         t.add_row(*row)
     return t
+
+
+def render_impact(rows: list[dict[str, Any]]) -> Table:
+    t = Table(title="foreground get latency, alone vs under background puts")
+    for col in ("server", "size", "batch", "bg MB/s", "idle p50 µs", "idle p99 µs",
+                "busy p50 µs", "busy p99 µs", "busy/idle p99", "demoted MB/s", "evicted",
+                "errors"):
+        t.add_column(col, justify="left" if col == "server" else "right")
+    for r in rows:
+        t.add_row(r["server"], format_size(r["size"]), str(r["batch"]), f"{r['bg_mbps']:.0f}",
+                  _fmt(r["idle"]["p50_us"], ",.0f"), _fmt(r["idle"]["p99_us"], ",.0f"),
+                  _fmt(r["busy"]["p50_us"], ",.0f"), _fmt(r["busy"]["p99_us"], ",.0f"),
+                  _fmt(r["p99_ratio"]), _fmt(r["busy_demoted_mbps"], ".0f"),
+                  str(r["busy_evictions"]), str(r["idle"]["errors"] + r["busy"]["errors"]))
+    return t
+
+
+def _wait_settled(client: Client, quiet_s: float = 0.5, timeout_s: float = 120.0) -> dict:
+    """Wait until the servers' demotion counters stop moving; returns the last stats."""
+    end = time.monotonic() + timeout_s
+    last, since = None, time.monotonic()
+    while time.monotonic() < end:
+        st = client.stats()
+        now = {a: (s.get("demoted"), s.get("used_bytes")) for a, s in st.items()}
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return st
+        time.sleep(0.1)
+    return client.stats()
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--servers", help="Comma-separated host:port list of running servers.")
 @click.option("--local", type=click.IntRange(min=1), help="Start N local servers for the run.")
 @click.option("--memory", default="2GiB", show_default=True, callback=_size,
-              help="Arena size per --local server.")
+              help="Arena size per --local server (128MiB with --tier disk unless given).")
 @click.option("--slab-bytes", default="16MiB", show_default=True, callback=_size,
               help="Slab size per --local server (largest value is a bit less).")
 @click.option("--op", "ops", multiple=True, type=click.Choice(["get", "put"]),
@@ -106,39 +162,92 @@ def render_table(cases: list[dict[str, Any]], baseline: dict[str, Any] | None) -
               help="Write machine info, baseline and cases to this file.")
 @click.option("--no-baseline", is_flag=True, help="Skip the raw-socket baseline.")
 @click.option("--verify", is_flag=True, help="Check every get against the value oracle.")
+@click.option("--tier", type=click.Choice(["memory", "disk"]), default="memory",
+              show_default=True, help="disk: serve gets from a --local server's NVMe tier and "
+              "compare with a raw pread of its segment files.")
+@click.option("--disk-dir", type=click.Path(file_okay=False),
+              help="Parent directory of the disk tier [default: a new temp dir in /var/tmp].")
+@click.option("--disk-bytes", default="8GiB", show_default=True, callback=_size,
+              help="Disk tier capacity per --local server (--tier disk).")
+@click.option("--disk-working-set", default="1GiB", show_default=True, callback=_size,
+              help="Bytes per disk-tier case (the memory tier holds a small part).")
+@click.option("--raw-threads", type=click.IntRange(min=1),
+              help="Threads of the raw pread baseline [default: client connections/server].")
+@click.option("--demotion-impact", is_flag=True,
+              help="Also measure get p99 under background demotion (needs --tier disk).")
+@click.option("--bg-mbps", type=click.FloatRange(min=1), default=200.0, show_default=True,
+              help="Pace of the background put stream of --demotion-impact (MB/s).")
+@click.option("--impact-size", default="64KiB", show_default=True, callback=_size,
+              help="Value size of the --demotion-impact foreground gets.")
+@click.option("--impact-batch", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Keys per foreground get of --demotion-impact (hot set: 4 batches).")
+@click.option("--impact-memory", default="512MiB", show_default=True, callback=_size,
+              help="Arena of the two --demotion-impact servers (disk tier, memory only).")
 @click.pass_context
 def main(ctx: click.Context, servers: str | None, local: int | None, memory: int,
          slab_bytes: int, ops: tuple[str, ...], sizes: tuple[int, ...],
          batches: tuple[int, ...], concurrencies: tuple[int, ...], duration: float | None,
          iters: int | None, timeout_ms: int, token: str, namespace: str,
          conns_per_server: int | None, json_path: str | None, no_baseline: bool,
-         verify: bool) -> None:
-    """Benchmark gcache put/get batches against a raw loopback-TCP baseline."""
+         verify: bool, tier: str, disk_dir: str | None, disk_bytes: int,
+         disk_working_set: int, raw_threads: int | None, demotion_impact: bool,
+         bg_mbps: float, impact_size: int, impact_batch: int, impact_memory: int) -> None:
+    """Benchmark gcache put/get batches against a raw loopback-TCP baseline
+    (and, with --tier disk, the disk tier against a raw pread of its files)."""
     if (servers is None) == (local is None):
         raise click.UsageError("give exactly one of --servers HOST:PORT,... or --local N")
+    if tier == "disk" and local is None:
+        raise click.UsageError("--tier disk needs --local N (the bench reads the server's "
+                               "segment files for its raw baseline)")
+    if demotion_impact and tier != "disk":
+        raise click.UsageError("--demotion-impact needs --tier disk")
     if duration is None and iters is None:
         duration = 3.0
+    if tier == "disk" and ctx.get_parameter_source("memory") == ParameterSource.DEFAULT:
+        memory = 128 << 20
     err = Console(stderr=True)
     cases = list(itertools.product(dict.fromkeys(ops), dict.fromkeys(sizes),
                                    dict.fromkeys(batches), dict.fromkeys(concurrencies)))
     results: list[dict[str, Any]] = []
+    impact: list[dict[str, Any]] = []
     baseline = None
+    disk_roots: list[str] = []
     with ExitStack() as stack:
         if local is not None:
             from gcache.testing.cluster import Cluster
 
+            extra: list[str] = []
+            if tier == "disk":
+                parent = disk_dir or tempfile.mkdtemp(prefix="gcache-bench-disk-",
+                                                      dir="/var/tmp")
+                if disk_dir is None:
+                    stack.callback(shutil.rmtree, parent, True)
+                extra = ["--disk-dir", parent, "--disk", format_size(disk_bytes),
+                         "--promote-policy", "never"]
             err.print(f"starting {local} local server(s): {format_size(memory)} arena, "
-                      f"{format_size(slab_bytes)} slabs")
+                      f"{format_size(slab_bytes)} slabs"
+                      + (f", {format_size(disk_bytes)} disk tier in {parent}" if extra else ""))
             cluster = Cluster(local, format_size(memory), slab=format_size(slab_bytes),
-                              token=token, prefix=f"bench{os.getpid()}")
+                              token=token, prefix=f"bench{os.getpid()}", extra=extra)
             stack.callback(cluster.close)
             addresses = cluster.start().addresses
+            if tier == "disk":
+                from gcache.server.segment_log import tier_root
+
+                disk_roots = [tier_root(parent, s.name) for s in cluster.servers]
         else:
             addresses = [s.strip() for s in servers.split(",") if s.strip()]
         client = Client(addresses, namespace=namespace, timeout_ms=timeout_ms, token=token,
                         conns_per_server=conns_per_server)
         stack.callback(client.close)
         capacity = cluster_capacity(client)
+        target = TARGET_BYTES
+        if tier == "disk":
+            capacity = sum(s.get("disk_capacity_bytes", 0) for s in client.stats().values())
+            target = disk_working_set
+        raw_threads = raw_threads or client.conns
+        # prefill calls must fit the memory tier: puts in flight cannot be demoted
+        prefill_bytes = min(64 << 20, memory // 4) if tier == "disk" else 64 << 20
         progress = stack.enter_context(Progress(
             TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
             "{task.total}"), TimeElapsedColumn(), console=err, transient=True))
@@ -148,25 +257,86 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
             baseline = measure_baseline(list(dict.fromkeys(sizes)))
         for i, (op, size, batch, conc) in enumerate(cases):
             progress.update(task, description=f"{op} {format_size(size)} x{batch} c{conc}")
+            label = f"{op} {format_size(size)} x{batch} c{conc}"
+            before: dict[str, dict] = {}
+            raws: list[dict[str, Any]] = []
+            hook = round_hook = None
+            rounds = 1
+            if tier == "disk" and op == "get" and duration is not None:
+                # the raw pread baseline runs before every round, moments from the gets it is
+                # compared with: this disk's throughput drifts by +-25 % second to second
+                rounds = max(1, min(5, int(duration)))
+                direct = [True]
+
+                def hook(before: dict = before, direct: list = direct,
+                         label: str = label) -> dict[str, Any]:
+                    progress.update(task, description="waiting for demotion to settle")
+                    before.update(_wait_settled(client))
+                    direct[0] = bool(before[addresses[0]].get("disk_direct_io", 1))
+                    progress.update(task, description=label + " (alternating with raw pread)")
+                    return {}
+
+                def round_hook(direct: list = direct, raws: list = raws,
+                               seconds: float = duration / rounds) -> float:
+                    raw = measure_raw_pread(disk_roots[0], threads=raw_threads,
+                                            seconds=seconds, direct=direct[0])
+                    raws.append(raw)
+                    return raw["gbps"]
             row = run_case(client, op, size, batch, conc, duration=duration, iters=iters,
-                           verify=verify, capacity=capacity, tag=str(i))
+                           verify=verify, capacity=capacity, tag=str(i), target=target,
+                           after_prefill=hook, rounds=rounds, before_round=round_hook,
+                           prefill_bytes=prefill_bytes)
             raw = raw_gbps(baseline, op, size)
             row["vs_raw"] = row["gbps"] / raw if raw else None
+            if raws:
+                after = client.stats()
+                hits = sum(s.get("disk_hits", 0) for s in after.values()) - sum(
+                    s.get("disk_hits", 0) for s in before.values())
+                served = row["keys_per_s"] * row["seconds"]
+                row["disk_fraction"] = min(1.0, hits / served) if served else None
+                row["raw_disk"] = {"gbps": statistics.median(r["gbps"] for r in raws),
+                                   "threads": raws[0]["threads"],
+                                   "direct_io": raws[0]["direct_io"],
+                                   "records": raws[0]["records"], "rounds": raws}
+                row["vs_pread"] = statistics.median(row["round_ratios"])
             results.append(row)
             progress.advance(task)
+        if demotion_impact:
+            # two fresh servers of the same size: one demotes to its disk tier, the control
+            # (memory only) evicts; same hot set, same paced background put stream
+            for label, with_disk in (("disk tier (demotes)", True),
+                                     ("memory only (evicts)", False)):
+                progress.update(task, description=f"get latency under background puts: "
+                                f"{label}")
+                ex = (["--disk-dir", parent, "--disk", format_size(disk_bytes),
+                       "--promote-policy", "never"] if with_disk else [])
+                srv = Cluster(1, format_size(impact_memory), slab=format_size(slab_bytes),
+                              token=token, prefix=f"bench{os.getpid()}{'d' if with_disk else 'm'}",
+                              extra=ex)
+                try:
+                    r = run_demotion_impact(srv.start().addresses, size=impact_size,
+                                            batch=impact_batch, seconds=duration or 3.0,
+                                            bg_mbps=bg_mbps, token=token,
+                                            bg_size=min(1 << 20, slab_bytes // 2))
+                finally:
+                    srv.close()
+                impact.append({"server": label, "memory": impact_memory, **r})
     out = Console()
     if not out.is_terminal:  # piped / CI: do not squeeze the table into 80 columns
         out = Console(width=max(out.width, 132))
     out.print(render_table(results, baseline))
+    if impact:
+        out.print(render_impact(impact))
     if json_path:
         doc = {"machine": machine_info(), "command": " ".join(sys.argv),
                "servers": addresses,
-               "local": {"servers": local, "memory": memory, "slab_bytes": slab_bytes}
+               "local": {"servers": local, "memory": memory, "slab_bytes": slab_bytes,
+                         "tier": tier, "disk_bytes": disk_bytes if tier == "disk" else None}
                if local else None,
                "settings": {"duration": duration, "iters": iters, "verify": verify,
                             "timeout_ms": timeout_ms, "capacity_bytes": capacity,
                             "conns_per_server": client.conns, "slice_bytes": client.slice},
-               "baseline": baseline, "cases": results}
+               "baseline": baseline, "cases": results, "demotion_impact": impact}
         with open(json_path, "w") as f:
             json.dump(doc, f, indent=2)
             f.write("\n")

@@ -13,15 +13,25 @@ each case so cases do not fight over slab pages.
 
 The raw-socket baseline (``measure_baseline``) runs loopback TCP with the
 same chunk sizes, so a reader can compare gcache with what the box can do.
+
+Disk tier (``--tier disk``): the case's working set targets ``target`` bytes
+capped by the disk capacity, and ``after_prefill`` runs once the working set
+is written — the CLI waits there for demotion to settle and measures the raw
+pread baseline over the server's segment files, so both numbers come from the
+same bytes on the same disk. ``run_demotion_impact`` measures foreground get
+latency on a small hot set, first alone, then while a paced background put
+stream pushes memory past its watermark (so the mover demotes all the time).
 """
 
 from __future__ import annotations
 
+import inspect
+import multiprocessing
 import statistics
 import threading
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -31,7 +41,7 @@ from gcache.sdk import Client, Status
 from gcache.testing.oracle import check_value, fill_value
 
 __all__ = ["TARGET_BYTES", "cluster_capacity", "measure_baseline", "raw_gbps", "run_case",
-           "working_set_keys"]
+           "run_demotion_impact", "working_set_keys"]
 
 TARGET_BYTES = 256 << 20
 """Working-set size a case aims for (more keys than the batch, so gets rotate)."""
@@ -44,9 +54,10 @@ def _footprint(size: int) -> int:
     return size + size // 16 + 4096
 
 
-def working_set_keys(size: int, batch: int, capacity: int | None) -> int:
-    """max(batch*4, TARGET_BYTES/size) keys, capped at ~50% of capacity, >= batch."""
-    n = max(batch * 4, -(-TARGET_BYTES // size))
+def working_set_keys(size: int, batch: int, capacity: int | None,
+                     target: int = TARGET_BYTES) -> int:
+    """max(batch*4, target/size) keys, capped at ~50% of capacity, >= batch."""
+    n = max(batch * 4, -(-target // size))
     if capacity:
         n = min(n, capacity // 2 // _footprint(size))
     return max(n, batch)
@@ -58,8 +69,8 @@ def cluster_capacity(client: Client) -> int | None:
     return sum(caps) or None
 
 
-def _chunks(n: int, size: int) -> list[slice]:
-    step = max(1, min(4096, _CHUNK_BYTES // size))
+def _chunks(n: int, size: int, chunk_bytes: int = _CHUNK_BYTES) -> list[slice]:
+    step = max(1, min(4096, chunk_bytes // size))
     return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
@@ -72,11 +83,23 @@ def _percentiles(ns: np.ndarray) -> tuple[float, float]:
 
 def run_case(client: Client, op: str, size: int, batch: int, concurrency: int, *,
              duration: float | None, iters: int | None, verify: bool = False,
-             capacity: int | None = None, tag: str = "") -> dict[str, Any]:
-    """Run one case and return its result row (see module docstring)."""
+             capacity: int | None = None, tag: str = "", target: int = TARGET_BYTES,
+             after_prefill: Callable[[], dict[str, Any]] | None = None,
+             rounds: int = 1, before_round: Callable[[], float] | None = None,
+             prefill_bytes: int = _CHUNK_BYTES) -> dict[str, Any]:
+    """Run one case and return its result row (see module docstring).
+
+    ``rounds`` > 1 splits ``duration`` into timed rounds; ``before_round`` runs before
+    each (all workers wait) and returns a reference GB/s for that round (the raw pread
+    baseline), so the row carries paired per-round ratios measured moments apart.
+    ``prefill_bytes`` bounds one prefill call: puts in flight are not demotable, so a
+    small memory tier in front of a disk tier needs smaller calls.
+    """
     if duration is None and iters is None:
         raise ValueError("need a duration or an iteration count")
-    n = working_set_keys(size, batch, capacity)
+    if rounds > 1 and duration is None:
+        raise ValueError("rounds need a duration")
+    n = working_set_keys(size, batch, capacity, target)
     keys = [b"bench/%s/%d/%d" % (tag.encode(), size, i) for i in range(n)]
     src = np.empty((n, size), dtype=np.uint8)
     for k, row in zip(keys, src):
@@ -84,19 +107,31 @@ def run_case(client: Client, op: str, size: int, batch: int, concurrency: int, *
     rows = list(src)
     kinds: Counter[str] = Counter()
     if op == "get":  # prefill the working set, then drop the source buffers
-        for sl in _chunks(n, size):
+        for sl in _chunks(n, size, prefill_bytes):
             kinds.update(Status(s).name for s in client.put_batch_from(keys[sl], rows[sl])
                          if s != Status.OK)
         src = rows = None
     prefill_errors = sum(kinds.values())
+    extra = after_prefill() if after_prefill is not None else {}
 
     groups = -(-n // batch)
     gkeys = [[keys[(g * batch + j) % n] for j in range(batch)] for g in range(groups)]
     gsrc = ([[rows[(g * batch + j) % n] for j in range(batch)] for g in range(groups)]
             if op == "put" else None)
     clock: dict[str, float] = {}
-    barrier = threading.Barrier(concurrency, action=lambda: clock.setdefault(
-        "start", time.perf_counter()))
+    seg = duration / rounds if duration is not None else None
+    starts: list[float] = []
+    ends: list[float] = []
+    refs: list[float] = []
+
+    def start_round() -> None:
+        if before_round is not None:
+            refs.append(before_round())
+        starts.append(time.perf_counter())
+        clock.setdefault("start", starts[-1])
+
+    barrier = threading.Barrier(concurrency, action=start_round)
+    end_barrier = threading.Barrier(concurrency, action=lambda: ends.append(time.perf_counter()))
     results: list[dict[str, Any]] = [{} for _ in range(concurrency)]
 
     def worker(t: int) -> None:
@@ -115,27 +150,35 @@ def run_case(client: Client, op: str, size: int, batch: int, concurrency: int, *
             for _ in range(WARMUP_BATCHES):
                 call(g)
                 g = (g + 1) % groups
-            barrier.wait()
-            deadline = clock["start"] + duration if duration is not None else None
             lat: list[int] = []
             bad: Counter[str] = Counter()
             ok = 0
-            while (iters is None or len(lat) < iters) and (
-                    deadline is None or time.perf_counter() < deadline):
-                t0 = time.perf_counter_ns()
-                st = call(g)
-                lat.append(time.perf_counter_ns() - t0)
-                for k, s, i in zip(gkeys[g], st, range(batch)):
-                    if s != Status.OK:
-                        bad[Status(s).name] += 1
-                    elif verify and op == "get" and not check_value(k, bufs[i]):
-                        bad["VERIFY"] += 1
-                    else:
-                        ok += 1
-                g = (g + 1) % groups
-            results[t] = {"lat": lat, "bad": bad, "ok": ok, "end": time.perf_counter()}
+            per_round: list[int] = []
+            for _r in range(rounds):
+                barrier.wait()
+                deadline = starts[-1] + seg if seg is not None else None
+                ok_before = ok
+                n_calls = 0
+                while (iters is None or n_calls < iters) and (
+                        deadline is None or time.perf_counter() < deadline):
+                    t0 = time.perf_counter_ns()
+                    st = call(g)
+                    lat.append(time.perf_counter_ns() - t0)
+                    n_calls += 1
+                    for k, s, i in zip(gkeys[g], st, range(batch)):
+                        if s != Status.OK:
+                            bad[Status(s).name] += 1
+                        elif verify and op == "get" and not check_value(k, bufs[i]):
+                            bad["VERIFY"] += 1
+                        else:
+                            ok += 1
+                    g = (g + 1) % groups
+                per_round.append(ok - ok_before)
+                end_barrier.wait()
+            results[t] = {"lat": lat, "bad": bad, "ok": ok, "rounds": per_round}
         except BaseException as exc:  # surface in the main thread
             barrier.abort()
+            end_barrier.abort()
             results[t] = {"exc": exc}
 
     threads = [threading.Thread(target=worker, args=(t,), name=f"bench-{t}", daemon=True)
@@ -155,7 +198,13 @@ def run_case(client: Client, op: str, size: int, batch: int, concurrency: int, *
     for r in results:
         kinds.update(r["bad"])
     ok_keys = sum(r["ok"] for r in results)
-    elapsed = max(max(r["end"] for r in results) - clock["start"], 1e-9)
+    spans = [max(e - s, 1e-9) for s, e in zip(starts, ends)]
+    elapsed = sum(spans)
+    round_gbps = [sum(r["rounds"][i] for r in results) * size / 1e9 / spans[i]
+                  for i in range(rounds)]
+    if refs:
+        extra = dict(extra, round_gbps=round_gbps, round_ref_gbps=refs,
+                     round_ratios=[g / r if r else None for g, r in zip(round_gbps, refs)])
     p50, p99 = _percentiles(lat_ns)
     key_p50, _ = _percentiles(lat_ns / batch)
     return {
@@ -166,7 +215,7 @@ def run_case(client: Client, op: str, size: int, batch: int, concurrency: int, *
         "errors": sum(kinds.values()), "error_kinds": dict(kinds),
         "prefill_errors": prefill_errors,
         "batches": int(len(lat_ns)), "seconds": elapsed, "working_set_keys": n,
-        "vs_raw": None,
+        "vs_raw": None, **extra,
     }
 
 
@@ -196,3 +245,116 @@ def raw_gbps(baseline: dict[str, Any] | None, op: str, size: int) -> float | Non
         return None
     entry = baseline["stream"].get(op, {}).get(format_size(size))
     return entry["gbps"] if entry else None
+
+
+def run_demotion_impact(addresses: list[str], *, size: int, batch: int, seconds: float,
+                        bg_mbps: float, bg_size: int = 1 << 20, token: str = "",
+                        namespace: str = "bench-impact") -> dict[str, Any]:
+    """Foreground get latency on a memory-resident hot set: alone, then under a paced
+    background put stream (``bg_mbps`` MB/s of ``bg_size`` values, new keys only) that
+    keeps memory above its high watermark. Returns both latency summaries and the
+    server's demotion / eviction counts during the busy phase. Both clients use TCP."""
+    # over TCP: every foreground get is served by the server's threads, the ones that share
+    # the process with the mover (a same-host shared-memory path would hide the contention)
+    kw: dict[str, Any] = {"namespace": namespace, "token": token, "timeout_ms": 30_000}
+    if "transport" in inspect.signature(Client).parameters:
+        kw["transport"] = "tcp"
+    fg = Client(addresses, **kw)
+    bg = Client(addresses, **kw)  # STATS only; the put stream runs in its own process
+    proc = stop = None
+    try:
+        hot = [b"hot/%d" % i for i in range(batch * 4)]
+        src = np.empty((len(hot), size), dtype=np.uint8)
+        for k, row in zip(hot, src):
+            fill_value(k, row)
+        if any(s != Status.OK for s in fg.put_batch_from(hot, list(src))):
+            raise RuntimeError("hot-set prefill failed")
+        dst = np.zeros((batch, size), dtype=np.uint8)
+        bufs = list(dst)
+        groups = [hot[i:i + batch] for i in range(0, len(hot) - batch + 1, batch)]
+
+        def measure() -> dict[str, Any]:
+            lat, kinds, g = [], Counter(), 0
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                t0 = time.perf_counter_ns()
+                st = fg.get_batch_into(groups[g % len(groups)], bufs)
+                lat.append(time.perf_counter_ns() - t0)
+                kinds.update(Status(s).name for s in st if s != Status.OK)
+                g += 1
+            p50, p99 = _percentiles(np.array(lat, dtype=np.float64))
+            return {"calls": len(lat), "p50_us": p50, "p99_us": p99,
+                    "errors": sum(kinds.values()), "error_kinds": dict(kinds)}
+
+        def counters() -> dict[str, int]:
+            st = next(iter(bg.stats().values()))
+            return {k: st.get(k, 0) for k in ("demoted", "demoted_bytes", "evictions")}
+
+        for _ in range(20):  # warm up connections and the hot set's pages
+            fg.get_batch_into(groups[0], bufs)
+        idle = measure()
+        ctx = multiprocessing.get_context("spawn")
+        stop = ctx.Event()
+        bg_errors = ctx.Queue()
+        proc = ctx.Process(target=_background_puts, daemon=True, args=(
+            addresses, kw, bg_mbps, bg_size, stop, bg_errors))
+        proc.start()
+        start = counters()
+        end = time.monotonic() + 60
+        while time.monotonic() < end:  # memory fills past the watermark: demotion starts
+            if not bg_errors.empty():
+                stop.set()
+                raise RuntimeError(f"background puts fail: {bg_errors.get()}")
+            now = counters()
+            if now["demoted"] + now["evictions"] > start["demoted"] + start["evictions"] + 16:
+                break
+            t_read = time.monotonic() + 0.1
+            while time.monotonic() < t_read:  # keep the hot set hot meanwhile
+                for grp in groups:
+                    fg.get_batch_into(grp, bufs)
+        before = counters()
+        t0 = time.perf_counter()
+        busy = measure()
+        busy_s = time.perf_counter() - t0
+        after = counters()
+        stop.set()
+        proc.join(30)
+        errors: Counter[str] = Counter()
+        while not bg_errors.empty():
+            errors.update(bg_errors.get())
+        moved = {k: after[k] - before[k] for k in before}
+        return {"size": size, "batch": batch, "bg_mbps": bg_mbps, "idle": idle, "busy": busy,
+                "busy_demoted_mbps": moved["demoted_bytes"] / 1e6 / busy_s,
+                "busy_demoted": moved["demoted"], "busy_evictions": moved["evictions"],
+                "bg_errors": dict(errors),
+                "p99_ratio": busy["p99_us"] / idle["p99_us"] if idle["p99_us"] else None}
+    finally:
+        if proc is not None:
+            stop.set()
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+        fg.close()
+        bg.close()
+
+
+def _background_puts(addresses: list[str], kw: dict[str, Any], mbps: float, size: int,
+                     stop: Any, errors: Any) -> None:
+    """Child process of ``run_demotion_impact``: put new keys at ``mbps`` MB/s until
+    ``stop``; non-OK statuses go to the ``errors`` queue. A separate process, so the
+    load generator does not share the measuring client's GIL."""
+    src = np.empty((16, size), dtype=np.uint8)
+    src.fill(0x5A)
+    rows = list(src)
+    with Client(addresses, **kw) as c:
+        i, sent, t0 = 0, 0, time.perf_counter()
+        while not stop.is_set():
+            keys = [b"bg/%d" % (i + j) for j in range(len(rows))]
+            bad = Counter(Status(s).name for s in c.put_batch_from(keys, rows) if s != Status.OK)
+            if bad:
+                errors.put(dict(bad))
+            i += len(keys)
+            sent += len(keys) * size
+            ahead = sent / (mbps * 1e6) - (time.perf_counter() - t0)
+            if ahead > 0:
+                stop.wait(ahead)

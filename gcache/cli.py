@@ -204,6 +204,17 @@ def _run_workload(console, cluster, token: str, workload: str, trace: str | None
     return 1 if s["wrong_values"] else 0
 
 
+def tier_cells(stats: dict) -> tuple[str, str]:
+    """The status table's NVMe-tier cells: "used / capacity" (red when degraded to
+    memory-only) and "demoted↓ promoted↑"; "-" for a server without a disk tier."""
+    if not stats or "disk_capacity_bytes" not in stats:
+        return "-", "-"
+    disk = f"{_human(stats.get('disk_used_bytes', 0))} / {_human(stats['disk_capacity_bytes'])}"
+    if stats.get("disk_degraded"):
+        disk = f"[red]{disk} degraded[/]"
+    return disk, f"{stats.get('demoted', 0):,}↓ {stats.get('promoted', 0):,}↑"
+
+
 def _masters_client(masters: str, token: str):
     from gcache.discovery import MasterClient
 
@@ -233,9 +244,10 @@ def status(masters: str, token: str, as_json: bool) -> None:
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
     t = Table(title=f"gcache: epoch {doc['epoch']}, leader {doc.get('leader')}")
-    for col in ("id", "address", "state", "inc", "capacity", "used", "objects", "heartbeat"):
-        t.add_column(col, justify="right" if col in ("inc", "capacity", "used", "objects")
-                     else "left")
+    for col in ("id", "address", "state", "inc", "capacity", "used", "objects", "disk",
+                "moved", "heartbeat"):
+        t.add_column(col, justify="right" if col in ("inc", "capacity", "used", "objects", "disk",
+                                                      "moved") else "left")
     colors = {"up": "green", "draining": "yellow", "down": "red", "joining": "cyan"}
     for m in doc["members"]:
         st = m.get("stats") or {}
@@ -243,7 +255,7 @@ def status(masters: str, token: str, as_json: bool) -> None:
         t.add_row(m["id"], m["address"], f"[{colors.get(m['state'], 'white')}]{m['state']}[/]",
                   str(m["incarnation"]), _human(m.get("capacity_bytes", 0)),
                   _human(st.get("used_bytes", 0)) if st else "-",
-                  f"{st.get('objects', 0):,}" if st else "-",
+                  f"{st.get('objects', 0):,}" if st else "-", *tier_cells(st),
                   "-" if hb is None else f"{hb:.1f}s ago")
     # piped output (grep, logs) gets a wide table instead of rich's 80-column default
     Console(width=None if sys.stdout.isatty() else 160).print(t)

@@ -189,6 +189,23 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "server"),
     Option("heartbeat_interval_ms", "duration_ms", 500, "Heartbeat period to the masters.",
            "server"),
+    Option("disk_dir", "str", "", "Directory of the NVMe tier's segment files (one "
+           "gcache-<name> subdirectory per server); empty = memory only.", "server"),
+    Option("disk_bytes", "size", 16 * _GIB, "Capacity of the NVMe tier (with --disk-dir).",
+           "server"),
+    Option("segment_bytes", "size", 64 * _MIB, "Size of one NVMe-tier segment file; space "
+           "is reclaimed one segment at a time.", "server"),
+    Option("promote_policy", "str", "second-hit", "When a disk hit is copied back to memory: "
+           "never, first (every hit) or second-hit (second hit within promote_window_ms).",
+           "server"),
+    Option("promote_window_ms", "duration_ms", 30000, "Window of the second-hit promotion "
+           "policy.", "server"),
+    Option("disk_io_threads", "int", 8, "Threads that read one GET frame's disk hits in "
+           "parallel (queue depth on the NVMe tier).", "server"),
+    Option("disk_direct_io", "bool", True, "Bypass the page cache (O_DIRECT) on the NVMe tier; "
+           "falls back to buffered IO where unsupported.", "server"),
+    Option("failpoints", "str", "", "Fault injection for tests, e.g. 'disk_write=eio:3x'; "
+           "empty = off.", "server"),
     Option("timeout_ms", "duration_ms", 2000, "Deadline of one client operation.", "client"),
     Option("slice_bytes", "size", _MIB, "Size of one slice of a large value.", "client"),
     Option("conns_per_server", "int", 4, "Connections the client opens per server.", "client"),
@@ -196,8 +213,11 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("frame_target_bytes", "size", 8 * _MIB, "Batch size the client aims for.", "client"),
     Option("probe_interval_ms", "duration_ms", 1000, "Health-probe interval.", "client"),
     Option("connect_timeout_ms", "duration_ms", 500, "Deadline to connect.", "client"),
+    Option("transport", "str", "auto", "Data path: auto (shm when co-located, else tcp), "
+           "tcp, or shm (co-located only).", "client"),
 ]}
 _SECRETS = frozenset({"token"})
+PROMOTE_POLICIES = ("never", "first", "second-hit")
 
 
 def scope_options(scope: str) -> list[Option]:
@@ -232,6 +252,17 @@ def _check(opt: Option, value: Any) -> str | None:
         return "must be a logging level such as DEBUG, INFO, WARNING or ERROR"
     if opt.name == "log_format" and value not in ("json", "text"):
         return "must be 'json' or 'text'"
+    if opt.name == "promote_policy" and value not in PROMOTE_POLICIES:
+        return "must be one of " + ", ".join(PROMOTE_POLICIES)
+    if opt.name == "segment_bytes" and (value % 4096 or value < _MIB):
+        return "must be a multiple of 4KiB and at least 1MiB"
+    if opt.name == "failpoints":
+        from gcache.failpoints import parse
+
+        try:
+            parse(value)
+        except ConfigError as exc:
+            return str(exc)
     return None
 
 

@@ -56,9 +56,16 @@ class Op:
     DELETE = 13
     TOUCH = 14
     STATS = 20
+    # co-located shared-memory transport (control RPCs; the bytes move through the arena)
+    LEASE = 30
+    RELEASE = 31
+    ALLOC = 32
+    COMMIT = 33
 
     NAMES = {1: "HELLO", 2: "AUTH", 3: "PING", 10: "PUT", 11: "GET", 12: "EXISTS",
-             13: "DELETE", 14: "TOUCH", 20: "STATS"}
+             13: "DELETE", 14: "TOUCH", 20: "STATS", 30: "LEASE", 31: "RELEASE",
+             32: "ALLOC", 33: "COMMIT"}
+    SHM_OPS = frozenset({LEASE, RELEASE, ALLOC, COMMIT})
     DATA_OPS = frozenset({PUT, GET, EXISTS, DELETE, TOUCH})
 
 

@@ -36,6 +36,7 @@ from gcache.status import Status
 from gcache.view import View
 from gcache.sdk.dispatcher import Lane, Reaper
 from gcache.sdk.transport import ItemResult, TcpTransport, Work
+from gcache.sdk.shm_transport import MODES as TRANSPORTS, make_transport
 
 if TYPE_CHECKING:
     import numpy as np
@@ -141,6 +142,8 @@ class Client:
             ``servers`` given as well only bootstrap routing until a master answers.
         slice_bytes, conns_per_server, queue_depth, frame_target_bytes,
         probe_interval_ms, connect_timeout_ms: dispatch tuning (see docs).
+        transport: ``auto`` (shared memory when the server is on this host, else TCP),
+            ``tcp``, or ``shm`` (co-located servers only).
         config_file: TOML file with ``[client]`` keys; env ``GCACHE_*`` overrides it,
             and explicit arguments override both.
 
@@ -154,7 +157,7 @@ class Client:
                  conns_per_server: int | None = None, queue_depth: int | None = None,
                  frame_target_bytes: int | None = None, probe_interval_ms: int | None = None,
                  connect_timeout_ms: int | None = None, config_file: str | None = None,
-                 limits: Limits | None = None) -> None:
+                 limits: Limits | None = None, transport: str | None = None) -> None:
         if isinstance(servers, str):
             servers = servers.split(",")
         if isinstance(masters, str):
@@ -165,7 +168,7 @@ class Client:
             "timeout_ms": timeout_ms, "token": token, "slice_bytes": slice_bytes,
             "conns_per_server": conns_per_server, "queue_depth": queue_depth,
             "frame_target_bytes": frame_target_bytes, "probe_interval_ms": probe_interval_ms,
-            "connect_timeout_ms": connect_timeout_ms})
+            "connect_timeout_ms": connect_timeout_ms, "transport": transport})
         self.config = cfg
         self.namespace = namespace.encode() if isinstance(namespace, str) else bytes(namespace)
         self.limits = limits or Limits()
@@ -176,6 +179,10 @@ class Client:
         self.frame_target = int(cfg.frame_target_bytes)
         self.conns = int(cfg.conns_per_server)
         self._token = getattr(cfg, "token", "") or ""
+        self.transport = str(getattr(cfg, "transport", "auto") or "auto")
+        if self.transport not in TRANSPORTS:
+            raise ConfigError(f"transport must be one of {', '.join(TRANSPORTS)}, "
+                              f"not {self.transport!r}")
         self._state_lock = threading.Lock()
         self._lanes: dict[str, Lane] = {}
         self._lanes_lock = threading.Lock()
@@ -205,8 +212,9 @@ class Client:
                 lane = self._lanes.get(address)
                 if lane is None:
                     cfg = self.config
-                    lane = Lane(address, lambda: TcpTransport(
-                        address, self._token, self.limits, cfg.connect_timeout_ms / 1000.0),
+                    lane = Lane(address, lambda: make_transport(
+                        self.transport, address, self._token, self.limits,
+                        cfg.connect_timeout_ms / 1000.0),
                         threads=self.conns, queue_depth=cfg.queue_depth,
                         probe_interval=cfg.probe_interval_ms / 1000.0,
                         state_lock=self._state_lock)

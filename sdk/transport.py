@@ -92,6 +92,7 @@ class TcpTransport(Transport):
         self.sock: socket.socket | None = None
         self.prefix = bytearray(PREFIX_SIZE)
         self.server_name = ""
+        self.hello: dict = {}
 
     # ------------------------------------------------------------------ connection
     def _settimeout(self, deadline: float) -> None:
@@ -116,6 +117,7 @@ class TcpTransport(Transport):
             if fh.opcode != Op.HELLO or not isinstance(hello, dict):
                 raise ConnectionError(f"{self.address} did not greet with HELLO")
             self.server_name = str(hello.get("name", ""))
+            self.hello = hello
             mac = auth_mac(self.token, hello["nonce"]) if self.token else b""
             sock.sendall(encode_frame(Op.AUTH, next(_rids), {"mac": mac}))
             fh, meta = read_frame(sock, self.limits, self.prefix)

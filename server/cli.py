@@ -1,9 +1,10 @@
-"""``gcache-server``: one memory-tier cache daemon per host.
+"""``gcache-server``: one cache daemon per host, memory tier plus optional NVMe tier.
 
 Prints ``GCACHE_LISTEN=host:port`` on stdout once it serves (so ``--listen
 127.0.0.1:0`` can pick a free port), logs structured lines on stderr, and stops
 cleanly on SIGTERM/SIGINT: connections are closed, the arena is marked clean,
-and a restart under the same ``--name`` finds every acknowledged object.
+the disk tier (``--disk-dir``/``--disk``) writes its index, and a restart
+under the same ``--name`` finds every acknowledged object on both tiers.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import threading
 
 import click
 
+from gcache import failpoints
 from gcache.config import click_options, load_config
 from gcache.errors import ConfigError
 from gcache.logs import setup_logging
@@ -41,13 +43,19 @@ def build_limits(cfg) -> Limits:
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="TOML config file ([server] table). Precedence: file < env < flags.")
 @click.option("--memory", "memory", default=None, help="Alias of --memory-bytes, e.g. 4GiB.")
+@click.option("--disk", "disk", default=None, help="Alias of --disk-bytes, e.g. 512GiB.")
 @click_options("server")
-def main(config_file: str | None, memory: str | None, **flags: object) -> None:
-    """Run a gcache-server: a shared-memory cache tier serving wire protocol v1."""
+def main(config_file: str | None, memory: str | None, disk: str | None,
+         **flags: object) -> None:
+    """Run a gcache-server: a shared-memory cache tier (and, with --disk-dir, an NVMe tier
+    behind it) serving wire protocol v1."""
     if memory is not None:
         flags["memory_bytes"] = memory
+    if disk is not None:
+        flags["disk_bytes"] = disk
     try:
         cfg = load_config("server", config_file, cli=flags)
+        failpoints.configure(cfg.failpoints)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     setup_logging(cfg.log_level, cfg.log_format)
@@ -70,10 +78,12 @@ def main(config_file: str | None, memory: str | None, **flags: object) -> None:
     else:
         log.info("clean start of arena %s: %s", path, arena.reuse_reason)
     metrics_holder: dict = {}
-    tier = MemoryTier(arena, high_watermark=cfg.high_watermark, low_watermark=cfg.low_watermark,
-                      pending_put_timeout_ms=cfg.pending_put_timeout_ms)
-    log.info("arena ready", extra={"fields": {k: v for k, v in tier.recovery.items()}})
+    memory_tier = MemoryTier(arena, high_watermark=cfg.high_watermark,
+                             low_watermark=cfg.low_watermark,
+                             pending_put_timeout_ms=cfg.pending_put_timeout_ms)
+    log.info("arena ready", extra={"fields": {k: v for k, v in memory_tier.recovery.items()}})
     limits = build_limits(cfg)
+    tier = memory_tier if not cfg.disk_dir else _open_disk_tier(cfg, memory_tier, limits)
 
     def stats() -> dict:
         s = tier.stats()
@@ -133,6 +143,31 @@ def main(config_file: str | None, memory: str | None, **flags: object) -> None:
             pass
     log.info("stopped")
     sys.stdout.flush()
+
+
+def _open_disk_tier(cfg, memory_tier: MemoryTier, limits: Limits):
+    """The NVMe tier behind the memory tier; a setup fault exits with what to fix."""
+    from gcache.server.segment_log import DiskError, SegmentLog
+    from gcache.server.tiered_store import TieredStore
+    from gcache.server.tiering import make_promote_policy
+
+    try:
+        disk = SegmentLog(cfg.disk_dir, cfg.name, capacity_bytes=cfg.disk_bytes,
+                          segment_bytes=cfg.segment_bytes,
+                          max_value_bytes=memory_tier.max_object,
+                          max_key_bytes=limits.max_key_bytes,
+                          max_namespace_bytes=limits.max_namespace_bytes,
+                          direct_io=cfg.disk_direct_io)
+    except DiskError as exc:
+        memory_tier.close(clean=True)
+        log.error("cannot open the disk tier: %s", exc)
+        raise SystemExit(f"gcache-server: {exc}") from None
+    store = TieredStore(memory_tier, disk,
+                        make_promote_policy(cfg.promote_policy, cfg.promote_window_ms),
+                        io_threads=cfg.disk_io_threads)
+    log.info("disk tier ready", extra={"fields": {"dir": disk.root, "capacity": disk.capacity,
+                                                  **disk.recovery, **store.recovery}})
+    return store
 
 
 if __name__ == "__main__":

@@ -20,6 +20,14 @@ header + data, so objects are limited to one slab page.
   ``(ns, key, put_id)`` and commit when the last byte has arrived. Pending
   puts that stall past ``pending_put_timeout_ms`` are reclaimed.
 
+* Tiering hooks (``tiered_store.TieredStore`` sets them; all run with
+  ``self._lock`` held, so they are atomic with the index change): ``on_publish``
+  after a put replaced the index entry, ``on_delete`` inside a delete,
+  ``is_clean`` to prefer objects that already have a disk copy when an
+  allocation must evict synchronously. ``claim_cold``/``finish_demotion`` pin
+  and then hand over LRU objects to the disk; ``admit`` copies a verified disk
+  object back in under its original version (promotion).
+
 ``do_`` methods require the caller to hold ``self._lock``.
 """
 
@@ -56,6 +64,7 @@ class _Obj:
     doomed: bool = False
     committed: bool = False
     verified: bool = True  # recovered objects are verified on first read
+    moving: bool = False  # claimed by the tiering mover
 
 
 @dataclass(slots=True, eq=False)
@@ -93,11 +102,15 @@ class MemoryTier(Tier):
         self._page_live = [0] * arena.npages
         self._next_version = max(1, arena.next_version)
         self.live_bytes = 0  # chunk bytes of committed + pending objects
+        self.uncommitted_bytes = 0  # of which not committed yet (puts in flight)
         self.counters = {"evictions": 0, "evicted_bytes": 0, "corrupt_dropped": 0,
                          "torn_dropped": 0, "recovered": 0, "pending_expired": 0,
-                         "no_space": 0}
+                         "no_space": 0, "clean_dropped": 0}
+        self.on_publish: Callable[[bytes, bytes, int], None] | None = None
+        self.on_delete: Callable[[bytes, bytes], bool] | None = None
+        self.is_clean: Callable[[bytes, bytes, int], bool] | None = None
         self._stop = threading.Event()
-        self._wake = threading.Event()
+        self.pressure = threading.Event()  # set when live bytes pass the high watermark
         self._evictor: threading.Thread | None = None
         self._recover()
 
@@ -155,7 +168,13 @@ class MemoryTier(Tier):
             cls = self._classes[csize] = _Class(csize)
         return cls
 
-    def do_alloc(self, need: int) -> int | None:
+    def has_room(self, need: int) -> bool:
+        """Whether an allocation of ``need`` bytes would succeed without evicting (a hint:
+        read without the lock)."""
+        cls = self._classes.get(size_class(need))
+        return bool(self._free_pages) or bool(cls is not None and cls.partial)
+
+    def do_alloc(self, need: int, evict: bool = True) -> int | None:
         csize = size_class(need)
         if csize > self.arena.slab_bytes:
             return None
@@ -177,7 +196,7 @@ class MemoryTier(Tier):
                 n = self.arena.slab_bytes // csize
                 cls.partial[page] = [base + i * csize for i in range(n - 1, -1, -1)]
                 continue
-            if evicted >= _EVICT_SYNC_LIMIT or not self.do_evict_one():
+            if not evict or evicted >= _EVICT_SYNC_LIMIT or not self.do_evict_one():
                 return None
             evicted += 1
 
@@ -186,6 +205,8 @@ class MemoryTier(Tier):
         page = self.arena.page_of(o.offset)
         self._page_live[page] -= 1
         self.live_bytes -= o.chunk
+        if not o.committed:
+            self.uncommitted_bytes -= o.chunk
         cls = self._cls(o.chunk)
         if self._page_live[page] == 0:
             cls.partial.pop(page, None)
@@ -195,7 +216,20 @@ class MemoryTier(Tier):
             cls.partial.setdefault(page, []).append(o.offset)
 
     def do_evict_one(self) -> bool:
-        """Evict the least recently used unpinned object. False if none."""
+        """Evict the least recently used unpinned object. False if none.
+
+        With ``is_clean`` set (a disk tier behind us), an object near the LRU head that
+        already has an identical disk copy goes first: dropping it loses nothing.
+        """
+        if self.is_clean is not None:
+            for n, (k, o) in enumerate(self._index.items()):
+                if n >= 256:
+                    break
+                if o.pins == 0 and self.is_clean(o.ns, o.key, o.version):
+                    del self._index[k]
+                    self.do_free(o)
+                    self.counters["clean_dropped"] += 1
+                    return True
         for k, o in self._index.items():
             if o.pins == 0:
                 del self._index[k]
@@ -277,15 +311,18 @@ class MemoryTier(Tier):
 
     def delete(self, ns: bytes, key: bytes) -> bool:
         with self._lock:
+            other = self.on_delete(ns, key) if self.on_delete is not None else False
             o = self._index.pop((ns, key), None)
             if o is None:
-                return False
+                return other
             self.do_unlink(o)
             return True
 
     # ------------------------------------------------------------------ writes
     def begin_put(self, ns: bytes, key: bytes, total_len: int, offset: int, length: int,
-                  put_id: int) -> PutSlot:
+                  put_id: int, evict: bool = True) -> PutSlot:
+        """``evict=False``: answer NO_SPACE instead of evicting synchronously (the tiered
+        store then waits for demotion and retries)."""
         need = header_len(len(ns), len(key)) + total_len
         if size_class(need) > self.arena.slab_bytes:
             return PutSlot(Status.TOO_LARGE)
@@ -293,15 +330,17 @@ class MemoryTier(Tier):
         with self._lock:
             pend = self._pending.get((ns, key, put_id)) if sliced else None
             if pend is None:
-                off = self.do_alloc(need)
+                off = self.do_alloc(need, evict)
                 if off is None:
-                    self.counters["no_space"] += 1
+                    if evict:
+                        self.counters["no_space"] += 1
                     return PutSlot(Status.NO_SPACE)
                 version = self._next_version
                 self._next_version += 1
                 data_off = self.arena.write_header(off, ns, key, version, total_len,
                                                    time.time_ns())
                 o = _Obj(ns, key, off, size_class(need), data_off, total_len, version)
+                self.uncommitted_bytes += o.chunk
                 pend = _Pending(o, deadline=self.clock() + self.pending_timeout)
                 if sliced:
                     self._pending[(ns, key, put_id)] = pend
@@ -334,15 +373,18 @@ class MemoryTier(Tier):
         self.arena.commit(o.offset, csum)
         with self._lock:
             o.committed = True
+            self.uncommitted_bytes -= o.chunk
             o.checksum = csum
             k = (o.ns, o.key)
             old = self._index.pop(k, None)
             self._index[k] = o
             if old is not None:
                 self.do_unlink(old)
+            if self.on_publish is not None:
+                self.on_publish(o.ns, o.key, o.version)
             over = self.live_bytes > self.high * self.capacity
         if over:
-            self._wake.set()
+            self.pressure.set()
         return Status.OK
 
     def abort_put(self, slot: PutSlot) -> None:
@@ -359,12 +401,17 @@ class MemoryTier(Tier):
     # ------------------------------------------------------------------ background
     def _evict_loop(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(0.2)
-            self._wake.clear()
+            self.pressure.wait(0.2)
+            self.pressure.clear()
             self.step()
 
     def step(self) -> None:
         """One evictor pass: watermarks and stalled sliced puts. Steppable in tests."""
+        self.expire_pending()
+        self.evict_to_low()
+
+    def expire_pending(self) -> None:
+        """Reclaim sliced puts that stalled past ``pending_put_timeout_ms``."""
         now = self.clock()
         with self._lock:
             for k, p in list(self._pending.items()):
@@ -374,13 +421,129 @@ class MemoryTier(Tier):
                     self.counters["pending_expired"] += 1
                     if p.obj.pins == 0:
                         self.do_free(p.obj)
-            if self.live_bytes <= self.high * self.capacity:
-                return
+
+    def evict_to_low(self) -> None:
+        """Above the high watermark, evict LRU objects (to nothing) down to the low one."""
+        if self.live_bytes <= self.high * self.capacity:
+            return
         while True:
             with self._lock:  # evict in small locked batches so IO threads interleave
                 for _ in range(64):
                     if self.live_bytes <= self.low * self.capacity or not self.do_evict_one():
                         return
+
+    # ------------------------------------------------------------------ tiering
+    def claim_cold(self, max_bytes: int, max_items: int = 4096) -> list[_Obj]:
+        """Pin up to ``max_bytes`` of the least recently used objects for demotion.
+
+        Each claimed object must go back through ``finish_demotion``. Its bytes stay
+        readable (``data_view``) and are never freed while claimed.
+        """
+        out: list[_Obj] = []
+        total = 0
+        with self._lock:
+            for o in self._index.values():
+                if o.moving:
+                    continue
+                o.pins += 1
+                o.moving = True
+                out.append(o)
+                total += o.chunk
+                if total >= max_bytes or len(out) >= max_items:
+                    break
+        return out
+
+    def data_view(self, o: _Obj) -> memoryview:
+        """The object's bytes in the arena (caller holds a pin; release the view)."""
+        return self.arena.buf[o.data_off:o.data_off + o.length]
+
+    def finish_demotion(self, o: _Obj, publish: Callable[[], bool] | None,
+                        corrupt: bool = False) -> bool:
+        """Release a claim. If ``o`` is still the current object and ``publish()`` (run
+        under the lock: it makes the disk copy visible) returns True, drop it from memory
+        and return True. ``corrupt``: its bytes failed their checksum: drop and count it."""
+        k = (o.ns, o.key)
+        with self._lock:
+            o.pins -= 1
+            o.moving = False
+            current = self._index.get(k) is o
+            if current and corrupt:
+                del self._index[k]
+                self.counters["corrupt_dropped"] += 1
+                self.do_unlink(o)
+            elif current and publish is not None and publish():
+                del self._index[k]
+                self.do_unlink(o)
+                return True
+            elif o.pins == 0 and o.doomed:
+                self.do_free(o)
+        if corrupt:
+            log.error("dropped corrupt object (checksum mismatch on its way to disk)",
+                      extra={"fields": {"ns": o.ns, "key": o.key, "bytes": o.length}})
+        return False
+
+    def admit(self, ns: bytes, key: bytes, data: memoryview, version: int, csum: int,
+              still_valid: Callable[[], bool]) -> bool:
+        """Copy a verified object in under its own ``version`` (promotion from disk).
+
+        Only into free space (never evicts; past the high watermark the mover then
+        demotes colder objects). Publishes only if
+        the key is still absent from memory and ``still_valid()`` (run under the lock)
+        says the source is current; the copy is checksummed against ``csum`` first.
+        """
+        need = header_len(len(ns), len(key)) + len(data)
+        csize = size_class(need)
+        if csize > self.arena.slab_bytes:
+            return False
+        with self._lock:
+            if (ns, key) in self._index:
+                return False
+            off = self.do_alloc(need, evict=False)
+            if off is None:
+                return False
+            over = self.live_bytes > self.high * self.capacity
+            data_off = self.arena.write_header(off, ns, key, version, len(data), time.time_ns())
+            o = _Obj(ns, key, off, csize, data_off, len(data), version, pins=1)
+            self.uncommitted_bytes += csize
+        dst = self.arena.buf
+        for a in range(0, len(data), 256 << 10):  # short GIL holds: serving threads interleave
+            b = min(len(data), a + (256 << 10))
+            dst[data_off + a:data_off + b] = data[a:b]
+        got = checksum(dst[data_off:data_off + len(data)])
+        with self._lock:
+            o.pins -= 1
+            if got != csum or (ns, key) in self._index or not still_valid():
+                self.do_free(o)
+                return False
+            self.arena.commit(off, got)  # under the lock: never a committed orphan
+            o.committed = True
+            self.uncommitted_bytes -= csize
+            o.checksum = got
+            self._index[(ns, key)] = o
+        if over:
+            self.pressure.set()
+        return True
+
+    def pending_exists(self, ns: bytes, key: bytes, put_id: int) -> bool:
+        return (ns, key, put_id) in self._pending
+
+    def versions(self) -> dict[tuple[bytes, bytes], int]:
+        with self._lock:
+            return {k: o.version for k, o in self._index.items()}
+
+    def delete_version(self, ns: bytes, key: bytes, version: int) -> bool:
+        with self._lock:
+            o = self._index.get((ns, key))
+            if o is None or o.version != version:
+                return False
+            del self._index[(ns, key)]
+            self.do_unlink(o)
+            return True
+
+    def bump_version(self, at_least: int) -> None:
+        """Never hand out a version below ``at_least`` (the disk tier's versions)."""
+        with self._lock:
+            self._next_version = max(self._next_version, at_least)
 
     # ------------------------------------------------------------------ info
     def stats(self) -> dict[str, int | float]:
@@ -401,7 +564,7 @@ class MemoryTier(Tier):
 
     def close(self, clean: bool = True) -> None:
         self._stop.set()
-        self._wake.set()
+        self.pressure.set()
         if self._evictor is not None:
             self._evictor.join(timeout=2)
         with self._lock:

@@ -1,7 +1,11 @@
 """Prometheus metrics and the HTTP endpoint (/metrics, /healthz) of one server.
 
-Counters are updated per frame (not per key) on the hot path; tier gauges are
-read from ``MemoryTier.stats()`` at scrape time.
+Counters are updated per frame (not per key) on the hot path; tier gauges and
+counters are read from the tier's ``stats()`` at scrape time (the same dict the
+STATS reply and the master heartbeat carry): ``gcache_memory_*`` for the
+memory tier, ``gcache_disk_*`` for the NVMe tier, ``gcache_tier_*`` for
+movement between them, and ``gcache_tier_{capacity,used}_bytes{tier=...}``
+side by side.
 """
 
 from __future__ import annotations
@@ -38,7 +42,17 @@ class _TierCollector:
     _GAUGES = ("capacity_bytes", "used_bytes", "objects", "pending_puts", "free_pages",
                "connections")
     _COUNTERS = ("evictions", "evicted_bytes", "corrupt_dropped", "torn_dropped",
-                 "pending_expired", "no_space")
+                 "pending_expired", "no_space", "clean_dropped")
+    _DISK_GAUGES = ("capacity_bytes", "used_bytes", "allocated_bytes", "objects", "segments",
+                    "degraded", "direct_io")
+    _DISK_COUNTERS = ("hits", "read_bytes", "written_bytes", "corrupt_dropped", "read_errors",
+                      "write_errors", "evictions", "carried_over", "compactions",
+                      "dead_unpersisted")
+    _MOVES = (("demoted", "objects demoted memory -> disk"),
+              ("demoted_bytes", "bytes demoted memory -> disk"),
+              ("promoted", "objects promoted disk -> memory"),
+              ("promoted_bytes", "bytes promoted disk -> memory"),
+              ("promote_skipped", "promotions skipped (no free memory, or changed meanwhile)"))
 
     def __init__(self, stats_fn: Callable[[], dict]) -> None:
         self.stats_fn = stats_fn
@@ -58,6 +72,25 @@ class _TierCollector:
         g = GaugeMetricFamily("gcache_recovered_objects", "objects recovered at start")
         g.add_metric([], s.get("recovered", 0))
         yield g
+        if "disk_capacity_bytes" not in s:
+            return
+        for name in self._DISK_GAUGES:
+            g = GaugeMetricFamily(f"gcache_disk_{name}", f"disk tier {name}")
+            g.add_metric([], s.get(f"disk_{name}", 0))
+            yield g
+        for name in self._DISK_COUNTERS:
+            c = CounterMetricFamily(f"gcache_disk_{name}", f"disk tier {name}")
+            c.add_metric([], s.get(f"disk_{name}", 0))
+            yield c
+        for name, text in self._MOVES:
+            c = CounterMetricFamily(f"gcache_tier_{name}", text)
+            c.add_metric([], s.get(name, 0))
+            yield c
+        for what in ("capacity_bytes", "used_bytes"):
+            g = GaugeMetricFamily(f"gcache_tier_{what}", f"{what} per tier", labels=["tier"])
+            g.add_metric(["memory"], s.get(what, 0))
+            g.add_metric(["disk"], s.get(f"disk_{what}", 0))
+            yield g
 
 
 def serve_http(listen: str, metrics: ServerMetrics, health_fn: Callable[[], dict]

@@ -33,6 +33,7 @@ from gcache.protocol import (FLAG_RESPONSE, PREFIX_SIZE, Limits, Op, auth_mac, c
 from gcache.status import Status
 from gcache.server.metrics import ServerMetrics
 from gcache.server.tier import Tier
+from gcache.server import shm_ops
 
 log = logging.getLogger("gcache.server")
 
@@ -128,6 +129,7 @@ class Service:
         except Exception:  # never let one connection take the server down
             log.exception("connection handler failed", extra={"fields": {"peer": str(peer)}})
         finally:
+            shm_ops.release_all(handler)  # the connection's shm leases and slots
             with self._lock:
                 self._conns.discard(conn)
             try:
@@ -182,7 +184,8 @@ class _Connection:
                                  "limits": {"max_key_bytes": self.limits.max_key_bytes,
                                             "max_value_bytes": self.limits.max_value_bytes,
                                             "max_batch_items": self.limits.max_batch_items,
-                                            "max_frame_bytes": self.limits.max_frame_bytes}})
+                                            "max_frame_bytes": self.limits.max_frame_bytes},
+                                 **shm_ops.hello_fields(svc.tier)})
         while True:
             try:
                 fh, meta = read_frame(self.sock, self.limits, self.prefix)
@@ -228,6 +231,8 @@ class _Connection:
         elif op == Op.STATS:
             self.no_payload(plen)
             self.reply(op, rid, {"stats": self.svc_stats()})
+        elif op in Op.SHM_OPS:
+            shm_ops.handle(self, op, rid, meta, plen)
         else:
             self.fail(op, rid, Status.BAD_REQUEST, f"unknown opcode {op}", "malformed")
             return False
@@ -346,16 +351,21 @@ class _Connection:
             parsed.append((check_key(it[0], lim), it[1], it[2], it[3]))
         tier = self.svc.tier
         wrong_owner = self.misplaced(meta, len(parsed))
-        pins = []
         out_meta, payload, budget = [], [], lim.max_frame_bytes
+        # pin every owned item at once (a disk tier reads them in parallel), then cut the
+        # views to the frame budget in item order
+        pins = tier.pin_read_many(ns, [(key, off, min(mx, budget), ev) for (key, off, mx, ev),
+                                       wrong in zip(parsed, wrong_owner) if not wrong])
         try:
-            for (key, off, mx, ev), wrong in zip(parsed, wrong_owner):
+            it = iter(pins)
+            for wrong in wrong_owner:
                 if wrong:
                     out_meta.append([int(Status.NOT_OWNER), 0, 0, 0])
                     continue
-                p = tier.pin_read(ns, key, off, min(mx, budget), ev)
-                pins.append(p)
+                p = next(it)
                 if p.status == Status.OK:
+                    if len(p.view) > budget:
+                        p.view = p.view[:budget]
                     budget -= len(p.view)
                     payload.append(p.view)
                 out_meta.append([int(p.status), p.total_len, p.version,

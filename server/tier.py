@@ -1,14 +1,18 @@
 """The Tier contract: what the server's IO threads need from a storage tier.
 
-The memory tier (``memory_tier.MemoryTier``) implements it now; the NVMe tier
-(a later issue) implements the same methods so the service code does not change.
+The memory tier (``memory_tier.MemoryTier``) implements it; with a disk tier the
+service talks to ``tiered_store.TieredStore`` (memory in front of the NVMe
+segment log), which implements the same methods.
 
 Threads: every method is called from the server's connection threads, many at
 once, and from the background evictor thread. Methods take the tier's own lock
 for bookkeeping only; data is copied *outside* the lock, protected by pins:
 
 * ``pin_read`` returns a ``Pinned`` read lease; eviction, delete and replace
-  never free those bytes until ``unpin``. It does not block on IO.
+  never free those bytes until ``unpin``. The memory tier never blocks on IO;
+  a disk-tier hit reads (and verifies) the record before it returns.
+  ``pin_read_many`` pins a whole GET frame's items; a tier may run their disk
+  reads in parallel (the default just loops over ``pin_read``).
 * ``begin_put`` reserves space (evicting if needed) and returns a ``PutSlot``
   whose ``view`` the caller fills (``recv_into``); ``finish_put`` checksums and
   commits, ``abort_put`` releases. A slot never becomes visible before commit,
@@ -50,6 +54,11 @@ class Tier(abc.ABC):
     @abc.abstractmethod
     def pin_read(self, ns: bytes, key: bytes, offset: int, max_len: int,
                  expect_version: int) -> Pinned: ...
+
+    def pin_read_many(self, ns: bytes, items: list[tuple[bytes, int, int, int]]
+                      ) -> list[Pinned]:
+        """``pin_read`` of each ``(key, offset, max_len, expect_version)``, in order."""
+        return [self.pin_read(ns, k, off, mx, ev) for k, off, mx, ev in items]
 
     @abc.abstractmethod
     def unpin(self, pinned: Pinned) -> None: ...

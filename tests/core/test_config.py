@@ -235,6 +235,12 @@ def test_watermarks(high: str, low: str, ok: bool) -> None:
     ("log_format", "text", True), ("log_format", "xml", False),
     ("max_connections", "1", True), ("max_connections", "0", False),
     ("pending_put_timeout_ms", "30s", True),
+    ("promote_policy", "second-hit", True), ("promote_policy", "never", True),
+    ("promote_policy", "sometimes", False), ("segment_bytes", "64MiB", True),
+    ("segment_bytes", "512KiB", False), ("segment_bytes", "1000000", False),
+    ("disk_bytes", "512GiB", True), ("disk_direct_io", "off", True),
+    ("disk_direct_io", "maybe", False), ("failpoints", "disk_write=eio:3x", True),
+    ("failpoints", "disk_write=2.5", False), ("failpoints", "Disk", False),
 ])
 def test_option_validation(name: str, value: str, ok: bool) -> None:
     if ok:

@@ -46,9 +46,10 @@ K8S_VERSION = "1.30"  # kubernetes-validate ships 1.25 ... 1.37 schemas in its w
 NAMESPACE = "gcache"
 CLUSTER_DOMAIN = "cluster.local"
 
-# Flags the deploy files use that the brief specifies but the daemons do not have yet
-# (the disk tier). They are accepted here, with a warning, until the CLI grows them.
-PENDING_FLAGS = {"server": {"--disk-dir", "--disk"}, "master": set()}
+# Flags the deploy files use that the brief specifies but the daemons do not have yet.
+# They are accepted here, with a warning, until the CLI grows them (none left: the disk
+# tier's --disk-dir/--disk now exist).
+PENDING_FLAGS: dict[str, set[str]] = {"server": set(), "master": set()}
 # The master CLI as specified, for when gcache.master.cli cannot be imported.
 MASTER_SPEC_FLAGS = {"--listen", "--peers", "--data-dir", "--token"}
 # [master] keys the spec allows while gcache.config.OPTIONS has no master-scope options.

@@ -1,0 +1,1194 @@
+"""NVMe tier mechanism: a log-structured segment store of checksummed records.
+
+Design. The disk tier is an append-only log cut into fixed-size segment files
+(``segment_bytes``, default 64 MiB) under ``{disk_dir}/gcache-{name}/``. The
+one writer (the tiering mover thread) packs records into an aligned write
+buffer and flushes it with one large ``pwrite``; readers (connection threads)
+``preadv`` a record into a pooled page-aligned buffer and verify it before a
+single byte is served. Space comes back one segment at a time: the compactor
+picks the sealed segment with the fewest live bytes, carries its hot records
+(read or touched since written) to the head of the log, drops the cold ones,
+and deletes the file.
+
+Files (one ``LOCK`` file is flock'ed: one server per directory)::
+
+    seg-00000001.log   [segment header 4 KiB][record][record]...   (posix_fallocate'd)
+    seg-00000001.dead  deaths of that segment's records, 16-byte entries (fallocate'd)
+    index              the whole index, written on a clean stop, consumed at start
+
+Record (4 KiB aligned, never spans segments)::
+
+    [fixed 64 B: magic, flags, hdr_len, ns_len, key_len, nchunks, chunk_shift,
+                 version, data_len, xxh3 checksum, created_ns, rec_pages, hdr_crc]
+    [namespace][key][pad to 8][chunk checksums: u64 x nchunks, only if nchunks > 1]
+    [pad to 64][data][zero pad to 4 KiB]
+
+* ``checksum`` is xxh3_64 of the whole data (the memory tier's checksum, so a
+  demoted object is checked on the way out of memory and on every read);
+  objects over one chunk (>= 256 KiB, <= 256 chunks) also carry one checksum
+  per chunk, so a sliced read verifies only the chunks it serves.
+* ``hdr_crc`` is a CRC32 over the header, seeded with the segment's random
+  salt, id and the record's own offset: a value that happens to contain a
+  record-shaped byte string is never mistaken for a record by the scanner.
+* Deaths (delete, replace, corrupt, superseded) are appended to the
+  segment's ``.dead`` file at once (a small buffered pwrite into preallocated
+  space), so a restart after ``kill -9`` never resurrects a deleted or
+  replaced object. A segment's deaths vanish with the segment.
+
+Restart. A clean stop writes ``index`` (entries, segment table, max version,
+whole-file CRC) after syncing the segments; start consumes it (unlinks it
+before use, like memcached's restart metadata) so a later crash falls back
+to the scan: every segment is read in 1 MiB windows, records are recognised
+by magic + salted header CRC (a bad header skips 4 KiB at a time and is
+counted), deaths are applied, and for duplicate keys the higher version wins.
+Data checksums are verified on each read, never trusted from the scan.
+
+Faults are values. A failed write or segment allocation (EIO, ENOSPC)
+degrades the tier: no more writes, reads keep working, ``degraded`` says why
+and the mover's ``probe`` retries until space or the device is back. A read
+that fails its checksum drops the record, counts it and answers CORRUPT.
+
+Threads: ``read``/``touch``/``delete``/``exists`` from any thread;
+``append``/``compact_one``/``probe``/``close`` from the one mover thread.
+``self.lock`` guards the index and segment table; it may be taken while the
+memory tier's lock is held (order: memory -> disk), never the other way.
+``do_`` methods require the caller to hold ``self.lock``.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import mmap
+import os
+import re
+import struct
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from gcache.failpoints import failpoint, os_error
+from gcache.hashing import checksum
+from gcache.server.tier import Pinned
+from gcache.status import Status
+
+log = logging.getLogger("gcache.server.disk")
+
+LAYOUT_VERSION = 1
+BLOCK = 4096
+SEG_MAGIC = b"GCSEGv01"
+# magic, layout, pad, seg id, salt, segment_bytes, created_ns, sealed_len, crc
+SEG_HDR = struct.Struct("<8sIIQQQQQI")
+REC_MAGIC = 0x44524347  # b"GCRD"
+# magic u32 | flags u16 | hdr_len u16 | ns_len u16 | key_len u16 | nchunks u16 |
+# chunk_shift u8 | pad u8 | version u64 | data_len u64 | checksum u64 | created_ns u64 |
+# rec_pages u32 | pad u32 | hdr_crc u32 | pad u32
+REC_HDR = struct.Struct("<IHHHHHBxQQQQIIII")
+REC_FIXED = 64
+_CRC_OFF = 56
+DEAD = struct.Struct("<IIQ")  # offset / 4 KiB, crc32, version
+IDX_MAGIC = b"GCINDEX1"
+IDX_HDR = struct.Struct("<8sIIQQQQ")  # magic, layout, pad, segment_bytes, max_version, nsegs, n
+IDX_SEG = struct.Struct("<QQQ")  # id, salt, write_off
+IDX_ENT = struct.Struct("<IIIHHHBBQQQ")  # seg, off4k, rec_pages, hdr_len, ns, key, shift, ref,
+#                                         length, version, checksum
+MIN_CHUNK_SHIFT = 18  # 256 KiB
+MAX_CHUNKS = 256
+SCAN_WINDOW = 1 << 20
+COPY_STEP = 256 << 10  # copy in 256 KiB steps (~50 us each): other threads get the GIL between
+_ZEROS = bytes(BLOCK)
+_SEG_RE = re.compile(r"seg-([0-9]{8})\.log")
+
+
+class DiskError(RuntimeError):
+    """A setup fault of the disk tier (bad geometry, directory in use)."""
+
+
+def align(n: int, a: int = BLOCK) -> int:
+    return (n + a - 1) // a * a
+
+
+def record_geometry(ns_len: int, key_len: int, length: int) -> tuple[int, int, int, int]:
+    """``(hdr_len, rec_len, nchunks, chunk_shift)`` of a record."""
+    shift = MIN_CHUNK_SHIFT
+    while (length + (1 << shift) - 1) >> shift > MAX_CHUNKS:
+        shift += 1
+    nchunks = (length + (1 << shift) - 1) >> shift
+    csum_off = REC_FIXED + align(ns_len + key_len, 8)
+    hdr_len = align(csum_off + (8 * nchunks if nchunks > 1 else 0), 64)
+    return hdr_len, align(hdr_len + length), nchunks, shift
+
+
+def _salt_crc(salt: int, seg_id: int, off: int) -> int:
+    return zlib.crc32(struct.pack("<QQQ", salt, seg_id, off))
+
+
+def header_crc(buf: memoryview, hdr_len: int, salt: int, seg_id: int, off: int) -> int:
+    crc = zlib.crc32(buf[:_CRC_OFF], _salt_crc(salt, seg_id, off))
+    return zlib.crc32(buf[REC_FIXED:hdr_len], crc)
+
+
+@dataclass(slots=True, eq=False)
+class Entry:
+    """Where one live record is. ``ref``: read or touched since written (hot)."""
+
+    seg: int
+    off: int
+    rec_len: int
+    hdr_len: int
+    length: int
+    version: int
+    checksum: int
+    chunk_shift: int
+    ref: bool = False
+
+
+@dataclass(slots=True)
+class ScannedRecord:
+    ns: bytes
+    key: bytes
+    entry: Entry
+    nchunks: int
+
+
+class Segment:
+    __slots__ = ("id", "path", "dead_path", "fd", "dead_fd", "salt", "write_off", "sealed",
+                 "live_bytes", "keys", "readers", "retired", "dead_next", "created_ns")
+
+    def __init__(self, seg_id: int, path: str, fd: int, dead_fd: int, salt: int,
+                 write_off: int, created_ns: int) -> None:
+        self.id, self.path, self.fd, self.dead_fd, self.salt = seg_id, path, fd, dead_fd, salt
+        self.dead_path = path[:-4] + ".dead"
+        self.write_off = write_off
+        self.sealed = False
+        self.live_bytes = 0
+        self.keys: set[tuple[bytes, bytes]] = set()
+        self.readers = 0
+        self.retired = False
+        self.dead_next = 0
+        self.created_ns = created_ns
+
+    def close(self) -> None:
+        for fd in (self.fd, self.dead_fd):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.fd = self.dead_fd = -1
+
+
+class BufferPool:
+    """Page-aligned buffers (anonymous mmaps, so O_DIRECT can fill them), reused by size."""
+
+    def __init__(self, max_idle_bytes: int = 64 << 20) -> None:
+        self.max_idle = max_idle_bytes
+        self.idle = 0
+        self._free: dict[int, list[mmap.mmap]] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def bucket(n: int) -> int:
+        return max(64 << 10, 1 << max(0, (n - 1).bit_length()))
+
+    def get(self, n: int) -> mmap.mmap:
+        b = self.bucket(n)
+        with self._lock:
+            free = self._free.get(b)
+            if free:
+                self.idle -= b
+                return free.pop()
+        return mmap.mmap(-1, b)
+
+    def put(self, mm: mmap.mmap) -> None:
+        with self._lock:
+            if self.idle + len(mm) <= self.max_idle:
+                self._free.setdefault(len(mm), []).append(mm)
+                self.idle += len(mm)
+                return
+        try:
+            mm.close()
+        except BufferError:  # a view still exists: let the GC close it
+            pass
+
+
+@dataclass(slots=True, eq=False)
+class ReadLease:
+    """Token of a disk-served ``Pinned``: the verified buffer and what it holds."""
+
+    mm: mmap.mmap | None
+    ns: bytes
+    key: bytes
+    version: int
+    length: int
+    checksum: int
+    whole: memoryview | None = None  # the whole verified object, when the read covered it
+    first: bool = False  # the read started at offset 0 (one object-level hit)
+
+
+def _pread_into(fd: int, view: memoryview, off: int) -> None:
+    done = 0
+    n = len(view)
+    while done < n:
+        got = os.preadv(fd, [view[done:]], off + done)
+        if got <= 0:
+            raise OSError(errno.EIO, f"short read at offset {off + done} (end of file)")
+        done += got
+
+
+def _pwrite_all(fd: int, view: memoryview, off: int) -> None:
+    done = 0
+    n = len(view)
+    while done < n:
+        got = os.pwrite(fd, view[done:], off + done)
+        if got <= 0:
+            raise OSError(errno.EIO, f"short write at offset {off + done}")
+        done += got
+
+
+def parse_header(buf: memoryview, salt: int, seg_id: int, off: int, limit: int
+                 ) -> tuple[bytes, bytes, Entry, int] | None:
+    """Validate the record header at ``buf[0:]`` (record at ``off`` in segment ``seg_id``).
+
+    ``limit``: the segment's end (a record may not pass it). Returns
+    ``(ns, key, entry, nchunks)`` or None when it is not a valid record header.
+    """
+    if len(buf) < REC_FIXED:
+        return None
+    (magic, _flags, hdr_len, ns_len, key_len, nchunks, shift, version, length, csum,
+     _created, rec_pages, _p, crc, _p2) = REC_HDR.unpack_from(buf, 0)
+    if magic != REC_MAGIC:
+        return None
+    if not MIN_CHUNK_SHIFT <= shift <= 40:
+        return None
+    geo = record_geometry(ns_len, key_len, length)
+    if (hdr_len, rec_pages * BLOCK, nchunks, shift) != geo or off + geo[1] > limit:
+        return None
+    if len(buf) < hdr_len or header_crc(buf, hdr_len, salt, seg_id, off) != crc:
+        return None
+    p = REC_FIXED
+    ns = bytes(buf[p:p + ns_len])
+    key = bytes(buf[p + ns_len:p + ns_len + key_len])
+    return ns, key, Entry(seg_id, off, geo[1], hdr_len, length, version, csum, shift), nchunks
+
+
+def _peek_hdr_len(buf: memoryview) -> int:
+    magic, _flags, hdr_len = struct.unpack_from("<IHH", buf, 0)
+    return hdr_len if magic == REC_MAGIC else REC_FIXED
+
+
+def read_segment_header(fd: int) -> tuple[int, int, int, int, int] | None:
+    """``(seg_id, salt, segment_bytes, created_ns, sealed_len)``, or None if invalid."""
+    mm = mmap.mmap(-1, BLOCK)
+    try:
+        mv = memoryview(mm)
+        try:
+            _pread_into(fd, mv, 0)
+        finally:
+            mv.release()
+        magic, layout, _p, seg_id, salt, seg_bytes, created, sealed, crc = SEG_HDR.unpack_from(mm)
+        if magic != SEG_MAGIC or layout != LAYOUT_VERSION:
+            return None
+        if zlib.crc32(mm[:SEG_HDR.size - 4]) != crc:
+            return None
+        return seg_id, salt, seg_bytes, created, sealed
+    finally:
+        mm.close()
+
+
+def scan_records(fd: int, seg_id: int, salt: int, end: int
+                 ) -> Iterator[tuple[int, ScannedRecord | None]]:
+    """Yield ``(offset, record)`` for every valid record header in ``[4 KiB, end)``.
+
+    ``record`` is None for a corrupt stretch (counted once per stretch that sits where
+    a record was expected). Reads 1 MiB windows; large records are hopped over.
+    """
+    win = mmap.mmap(-1, SCAN_WINDOW)
+    wv = memoryview(win)
+    try:
+        w0, w1 = 0, 0  # window covers file bytes [w0, w1)
+        pos, expected = BLOCK, BLOCK
+        while pos + REC_FIXED <= end:
+            if not (w0 <= pos and pos + BLOCK <= w1):
+                w0 = pos
+                n = min(SCAN_WINDOW, align(end - pos))
+                _pread_into(fd, wv[:n], pos)
+                w1 = pos + n
+            hl = _peek_hdr_len(wv[pos - w0:w1 - w0])
+            if pos + hl > w1 and w1 < end:  # a long header straddles the window: refill
+                w0 = w1 = 0
+                continue
+            rec = parse_header(wv[pos - w0:w1 - w0], salt, seg_id, pos, end)
+            if rec is None:
+                if pos == expected and bytes(wv[pos - w0:pos - w0 + REC_FIXED]) != _ZEROS[:REC_FIXED]:
+                    yield pos, None
+                pos += BLOCK
+                continue
+            ns, key, e, nchunks = rec
+            yield pos, ScannedRecord(ns, key, e, nchunks)
+            pos += e.rec_len
+            expected = pos
+    finally:
+        wv.release()
+        win.close()
+
+
+def segment_paths(root: str) -> list[tuple[int, str]]:
+    """``[(seg_id, path)]`` of the segment files in a tier directory, oldest first."""
+    out = []
+    for name in os.listdir(root):
+        m = _SEG_RE.fullmatch(name)
+        if m:
+            out.append((int(m[1]), os.path.join(root, name)))
+    return sorted(out)
+
+
+def tier_root(disk_dir: str, name: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    return os.path.join(disk_dir, f"gcache-{safe}")
+
+
+class SegmentLog:
+    """The disk tier's records, index and segments. See the module docstring."""
+
+    def __init__(self, disk_dir: str, name: str, *, capacity_bytes: int, segment_bytes: int,
+                 max_value_bytes: int, max_key_bytes: int = 512, max_namespace_bytes: int = 128,
+                 direct_io: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+        if segment_bytes % BLOCK or segment_bytes < (1 << 20):
+            raise DiskError(f"segment_bytes {segment_bytes} must be a multiple of 4KiB and "
+                            ">= 1MiB; fix --segment-bytes")
+        hdr_max = record_geometry(max_namespace_bytes, max_key_bytes, max_value_bytes)[0]
+        self.max_record = align(hdr_max + max_value_bytes)
+        if segment_bytes < BLOCK + 2 * self.max_record:
+            raise DiskError(f"segment_bytes {segment_bytes} cannot hold two of the largest "
+                            f"records ({self.max_record} bytes); raise --segment-bytes to at "
+                            f"least {align(BLOCK + 2 * self.max_record, 1 << 20)} or lower "
+                            "--slab-bytes")
+        self.segment_bytes = segment_bytes
+        self.max_segments = capacity_bytes // segment_bytes
+        if self.max_segments < 4:
+            raise DiskError(f"disk capacity {capacity_bytes} holds fewer than 4 segments of "
+                            f"{segment_bytes} bytes; raise --disk or lower --segment-bytes")
+        self.capacity = self.max_segments * segment_bytes
+        self.dead_bytes = segment_bytes // BLOCK * DEAD.size
+        self.clock = clock
+        self.root = tier_root(disk_dir, name)
+        try:
+            os.makedirs(self.root, mode=0o700, exist_ok=True)
+            self._lock_fd = os.open(os.path.join(self.root, "LOCK"), os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise DiskError(f"cannot use disk directory {self.root}: {exc.strerror}; check "
+                            "--disk-dir and its permissions") from None
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._lock_fd)
+            raise DiskError(f"disk directory {self.root} is in use by another gcache-server; "
+                            "give this server a different --name or --disk-dir") from None
+        self.direct = direct_io and hasattr(os, "O_DIRECT")
+        self.lock = threading.Lock()
+        self.index: dict[tuple[bytes, bytes], Entry] = {}
+        self.segments: dict[int, Segment] = {}
+        self.active: Segment | None = None
+        self.next_seg_id = 1
+        self.max_version = 0
+        self.live_bytes = 0
+        self.degraded = ""
+        self.pool = BufferPool()
+        wbuf_bytes = max(8 << 20, align(self.max_record, 1 << 20))
+        self._wbuf = mmap.mmap(-1, wbuf_bytes)
+        self._wv = memoryview(self._wbuf)
+        self._wused = 0
+        self._hdr_block = mmap.mmap(-1, BLOCK)
+        self.counters = {"disk_hits": 0, "disk_read_bytes": 0, "disk_written_bytes": 0,
+                         "disk_corrupt_dropped": 0, "disk_read_errors": 0,
+                         "disk_write_errors": 0, "disk_evictions": 0, "disk_carried_over": 0,
+                         "disk_compactions": 0, "disk_recovered": 0, "disk_dead_unpersisted": 0}
+        self.recovery = self._recover()
+
+    # ------------------------------------------------------------------ files
+    def _open_flags(self) -> int:
+        return os.O_RDWR | (os.O_DIRECT if self.direct else 0)
+
+    def _open(self, path: str, create: bool) -> int:
+        flags = self._open_flags() | (os.O_CREAT | os.O_EXCL if create else 0)
+        try:
+            return os.open(path, flags, 0o600)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL or not self.direct:
+                raise
+        log.warning("O_DIRECT is not supported on %s; the disk tier uses buffered IO",
+                    self.root)
+        self.direct = False
+        return os.open(path, self._open_flags() | (os.O_CREAT if create else 0), 0o600)
+
+    def _seg_path(self, seg_id: int) -> str:
+        return os.path.join(self.root, f"seg-{seg_id:08d}.log")
+
+    def _write_seg_header(self, seg: Segment, sealed_len: int) -> None:
+        hb = self._hdr_block
+        hb[:] = _ZEROS
+        SEG_HDR.pack_into(hb, 0, SEG_MAGIC, LAYOUT_VERSION, 0, seg.id, seg.salt,
+                          self.segment_bytes, seg.created_ns, sealed_len, 0)
+        struct.pack_into("<I", hb, SEG_HDR.size - 4, zlib.crc32(hb[:SEG_HDR.size - 4]))
+        mv = memoryview(hb)
+        try:
+            _pwrite_all(seg.fd, mv, 0)
+        finally:
+            mv.release()
+
+    def _open_segment(self) -> bool:
+        """Create the next segment and make it active. False (and degraded) on failure."""
+        if len(self.segments) >= self.max_segments:
+            return False
+        seg_id = self.next_seg_id
+        path = self._seg_path(seg_id)
+        fd = dead_fd = -1
+        try:
+            os_error("disk_full", "enospc", "allocating a segment")
+            fd = self._open(path, create=True)
+            os.posix_fallocate(fd, 0, self.segment_bytes)
+            dead_fd = os.open(path[:-4] + ".dead", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.posix_fallocate(dead_fd, 0, self.dead_bytes)
+            seg = Segment(seg_id, path, fd, dead_fd, int.from_bytes(os.urandom(8), "little"),
+                          BLOCK, time.time_ns())
+            os_error("disk_write", "eio", "writing a segment header")
+            self._write_seg_header(seg, 0)
+        except OSError as exc:
+            for f in (fd, dead_fd):
+                if f >= 0:
+                    os.close(f)
+            for p in (path, path[:-4] + ".dead"):
+                try:
+                    os.unlink(p)
+                except OSError:
+                    pass
+            self._count("disk_write_errors")
+            self._degrade(f"cannot allocate segment {path} ({exc.strerror or exc})")
+            return False
+        self.next_seg_id += 1
+        with self.lock:
+            self.segments[seg_id] = seg
+        self.active = seg
+        return True
+
+    def _seal_active(self) -> None:
+        seg = self.active
+        self.active = None
+        if seg is None:
+            return
+        seg.sealed = True
+        try:
+            self._write_seg_header(seg, seg.write_off)
+        except OSError as exc:  # the scan then reads to the segment's end; not fatal
+            self._count("disk_write_errors")
+            log.warning("could not seal segment %s: %s", seg.path, exc)
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self.lock:
+            self.counters[name] += n
+
+    def _degrade(self, why: str) -> None:
+        if not self.degraded:
+            log.error("disk tier degraded to memory-only: %s; free space on %s or replace the "
+                      "device; gcache keeps serving from memory and retries every second",
+                      why, self.root)
+        self.degraded = why
+
+    def probe(self) -> bool:
+        """Mover: try to leave the degraded state. True when the tier can write again."""
+        if not self.degraded:
+            return True
+        why = self.degraded
+        self.degraded = ""
+        if self.active is not None:
+            self._seal_active()  # never append after a failed write
+        if len(self.segments) < self.max_segments:
+            ok = self._open_segment()
+        else:
+            ok = self._probe_write()
+        if ok and not self.degraded:
+            log.info("disk tier recovered: writes resume (was: %s)", why)
+            return True
+        if not self.degraded:
+            self.degraded = why
+        return False
+
+    def _probe_write(self) -> bool:
+        path = os.path.join(self.root, "probe")
+        try:
+            os_error("disk_write", "eio", "probing")
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, BLOCK)
+                os.pwrite(fd, _ZEROS, 0)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+                os.unlink(path)
+            return True
+        except OSError as exc:
+            self._degrade(f"probe write failed ({exc.strerror or exc})")
+            return False
+
+    # ------------------------------------------------------------------ index
+    def exists(self, ns: bytes, key: bytes) -> bool:
+        return (ns, key) in self.index
+
+    def do_get(self, ns: bytes, key: bytes) -> Entry | None:
+        return self.index.get((ns, key))
+
+    def do_has(self, ns: bytes, key: bytes, version: int) -> bool:
+        e = self.index.get((ns, key))
+        return e is not None and e.version == version
+
+    def has(self, ns: bytes, key: bytes, version: int) -> bool:
+        with self.lock:
+            return self.do_has(ns, key, version)
+
+    def do_insert(self, ns: bytes, key: bytes, e: Entry) -> bool:
+        """Publish a written record. The higher version wins; the loser dies. True if live."""
+        k = (ns, key)
+        old = self.index.get(k)
+        seg = self.segments.get(e.seg)
+        if seg is None or seg.retired:
+            return False
+        if old is not None:
+            if old.version > e.version:
+                self.do_kill(ns, key, e, indexed=False)
+                return False
+            self.do_kill(ns, key, old)
+        self.index[k] = e
+        seg.keys.add(k)
+        seg.live_bytes += e.rec_len
+        self.live_bytes += e.rec_len
+        return True
+
+    def do_kill(self, ns: bytes, key: bytes, e: Entry, indexed: bool = True) -> None:
+        """Forget a record and persist its death (so a restart cannot resurrect it)."""
+        k = (ns, key)
+        seg = self.segments.get(e.seg)
+        if indexed:
+            if self.index.get(k) is e:
+                del self.index[k]
+            if seg is not None and k in seg.keys:
+                seg.keys.discard(k)
+                seg.live_bytes -= e.rec_len
+                self.live_bytes -= e.rec_len
+        if seg is None or seg.retired:
+            return
+        if seg.dead_next + DEAD.size > self.dead_bytes:
+            self.counters["disk_dead_unpersisted"] += 1
+            return
+        off4k = e.off // BLOCK
+        ent = DEAD.pack(off4k, zlib.crc32(struct.pack("<IQQ", off4k, e.version, seg.salt)),
+                        e.version)
+        try:
+            os_error("disk_dead_write", "eio", "recording a death")
+            os.pwrite(seg.dead_fd, ent, seg.dead_next)
+            seg.dead_next += DEAD.size
+        except OSError as exc:
+            self.counters["disk_dead_unpersisted"] += 1
+            self.counters["disk_write_errors"] += 1
+            log.warning("could not record a deletion in %s (%s); a crash before the next "
+                        "clean stop may bring the old object back", seg.dead_path, exc)
+
+    def do_invalidate_below(self, ns: bytes, key: bytes, version: int) -> bool:
+        """A newer object now lives in memory: kill any older disk copy."""
+        e = self.index.get((ns, key))
+        if e is not None and e.version < version:
+            self.do_kill(ns, key, e)
+            return True
+        return False
+
+    def delete(self, ns: bytes, key: bytes) -> bool:
+        with self.lock:
+            e = self.index.get((ns, key))
+            if e is None:
+                return False
+            self.do_kill(ns, key, e)
+            return True
+
+    def delete_version(self, ns: bytes, key: bytes, version: int) -> bool:
+        with self.lock:
+            e = self.index.get((ns, key))
+            if e is None or e.version != version:
+                return False
+            self.do_kill(ns, key, e)
+            return True
+
+    def touch(self, ns: bytes, key: bytes) -> bool:
+        e = self.index.get((ns, key))
+        if e is None:
+            return False
+        e.ref = True
+        return True
+
+    # ------------------------------------------------------------------ reads
+    def read(self, ns: bytes, key: bytes, offset: int, max_len: int,
+             expect_version: int, internal: bool = False) -> Pinned:
+        """Read and verify (part of) a record. The view is over a private, verified buffer.
+
+        Status: OK, MISS, CONFLICT (version differs), CORRUPT (checksum failed: dropped
+        and counted), ERROR (the device failed the read: dropped and counted).
+        ``internal`` reads (promotion, compaction) neither count as hits nor mark the
+        record hot.
+        """
+        with self.lock:
+            e = self.index.get((ns, key))
+            if e is None:
+                return Pinned(Status.MISS)
+            if expect_version and e.version != expect_version:
+                return Pinned(Status.CONFLICT, e.length, e.version)
+            seg = self.segments[e.seg]
+            seg.readers += 1
+            if not internal:
+                e.ref = True
+                if offset == 0:
+                    self.counters["disk_hits"] += 1
+        start = min(offset, e.length)
+        end = min(e.length, start + max_len)
+        lease = ReadLease(None, ns, key, e.version, e.length, e.checksum, first=offset == 0)
+        try:
+            if end <= start:
+                return Pinned(Status.OK, e.length, e.version, memoryview(b""), lease)
+            nchunks = (e.length + (1 << e.chunk_shift) - 1) >> e.chunk_shift
+            if nchunks <= 1 or (start == 0 and end == e.length):
+                view, why = self._read_whole(seg, e, ns, key, lease, start, end)
+            else:
+                view, why = self._read_chunks(seg, e, ns, key, lease, start, end, nchunks)
+        except OSError as exc:
+            self._release_seg(seg, 0)
+            self._drop(ns, key, e, "disk_read_errors", f"read failed: {exc}", lease)
+            return Pinned(Status.ERROR)
+        self._release_seg(seg, len(view) if view is not None and not internal else 0)
+        if view is None:
+            self._drop(ns, key, e, "disk_corrupt_dropped", why, lease)
+            return Pinned(Status.CORRUPT)
+        return Pinned(Status.OK, e.length, e.version, view, lease)
+
+    def _release_seg(self, seg: Segment, served: int) -> None:
+        with self.lock:
+            seg.readers -= 1
+            if seg.retired and seg.readers == 0:
+                seg.close()
+            self.counters["disk_read_bytes"] += served
+
+    def _drop(self, ns: bytes, key: bytes, e: Entry, counter: str, why: str,
+              lease: ReadLease) -> None:
+        self.release(lease)
+        with self.lock:
+            self.counters[counter] += 1
+            if self.index.get((ns, key)) is e:
+                self.do_kill(ns, key, e)
+        log.error("dropped disk record: %s", why, extra={"fields": {
+            "ns": ns, "key": key, "segment": e.seg, "offset": e.off, "bytes": e.length}})
+
+    def _read_whole(self, seg: Segment, e: Entry, ns: bytes, key: bytes, lease: ReadLease,
+                    start: int, end: int) -> tuple[memoryview | None, str]:
+        mm = lease.mm = self.pool.get(e.rec_len)
+        mv = memoryview(mm)
+        try:
+            os_error("disk_read", "eio", "reading a record")
+            _pread_into(seg.fd, mv[:e.rec_len], e.off)
+            self._maybe_corrupt(mv, e.hdr_len, e.length)
+            why = self._check_fields(mv, e, ns, key)
+            if why:
+                return None, why
+            data = mv[e.hdr_len:e.hdr_len + e.length]
+            if checksum(data) != e.checksum:
+                data.release()
+                return None, "data checksum mismatch"
+            lease.whole = data
+            return mv[e.hdr_len + start:e.hdr_len + end], ""
+        finally:
+            mv.release()
+
+    def _read_chunks(self, seg: Segment, e: Entry, ns: bytes, key: bytes, lease: ReadLease,
+                     start: int, end: int, nchunks: int) -> tuple[memoryview | None, str]:
+        shift = e.chunk_shift
+        c0, c1 = start >> shift, (end + (1 << shift) - 1) >> shift
+        dlo = e.hdr_len + (c0 << shift)  # record-relative
+        dhi = e.hdr_len + min(c1 << shift, e.length)
+        alo, ahi = dlo // BLOCK * BLOCK, align(dhi)
+        hdr_pages = align(e.hdr_len)
+        sep = alo > (64 << 10)  # far from the header: read it separately
+        base = hdr_pages - alo if sep else 0  # buffer index = record offset + base
+        mm = lease.mm = self.pool.get((hdr_pages if sep else 0) + ahi - (alo if sep else 0))
+        mv = memoryview(mm)
+        try:
+            os_error("disk_read", "eio", "reading a record")
+            if sep:
+                _pread_into(seg.fd, mv[:hdr_pages], e.off)
+                _pread_into(seg.fd, mv[hdr_pages:hdr_pages + ahi - alo], e.off + alo)
+            else:
+                _pread_into(seg.fd, mv[:ahi], e.off)
+            self._maybe_corrupt(mv, dlo + base, dhi - dlo)
+            why = self._check_header(mv, e, ns, key, seg)
+            if why:
+                return None, why
+            p = REC_FIXED + align(len(ns) + len(key), 8)
+            sums = struct.unpack_from(f"<{nchunks}Q", mv, p)
+            for c in range(c0, c1):
+                a = base + e.hdr_len + (c << shift)
+                b = base + e.hdr_len + min((c + 1) << shift, e.length)
+                if checksum(mv[a:b]) != sums[c]:
+                    return None, f"chunk {c} checksum mismatch"
+            return mv[base + e.hdr_len + start:base + e.hdr_len + end], ""
+        finally:
+            mv.release()
+
+    @staticmethod
+    def _maybe_corrupt(mv: memoryview, data_at: int, length: int) -> None:
+        if length and failpoint("disk_read_corrupt"):
+            mv[data_at + length // 2] ^= 0x5A
+
+    @staticmethod
+    def _check_fields(mv: memoryview, e: Entry, ns: bytes, key: bytes) -> str:
+        """Whole-record read: the header names this object (the data checksum that
+        follows covers the bytes served; no header field beyond these is used)."""
+        (magic, _f, hdr_len, ns_len, key_len, _n, _s, version, length, csum, _c, pages, _p,
+         _crc, _p2) = REC_HDR.unpack_from(mv, 0)
+        if (magic != REC_MAGIC or hdr_len != e.hdr_len or version != e.version
+                or length != e.length or csum != e.checksum or pages * BLOCK != e.rec_len
+                or ns_len != len(ns) or key_len != len(key)
+                or mv[REC_FIXED:REC_FIXED + ns_len] != ns
+                or mv[REC_FIXED + ns_len:REC_FIXED + ns_len + key_len] != key):
+            return "record header names another object (or is corrupt)"
+        return ""
+
+    def _check_header(self, mv: memoryview, e: Entry, ns: bytes, key: bytes,
+                      seg: Segment) -> str:
+        """Sliced read: the chunk checksums come from the header, so its CRC must hold."""
+        rec = parse_header(mv, seg.salt, seg.id, e.off, self.segment_bytes)
+        if rec is None:
+            return "record header invalid (magic, geometry or CRC)"
+        rns, rkey, re_, _n = rec
+        if (rns, rkey) != (ns, key) or re_.version != e.version or re_.length != e.length \
+                or re_.checksum != e.checksum:
+            return "record header names another object"
+        return ""
+
+    def release(self, lease: ReadLease | None) -> None:
+        """Give a read's buffer back (after the reply was sent)."""
+        if lease is None or lease.mm is None:
+            return
+        if lease.whole is not None:
+            lease.whole.release()
+            lease.whole = None
+        mm, lease.mm = lease.mm, None
+        self.pool.put(mm)
+
+    def read_whole(self, ns: bytes, key: bytes, version: int) -> Pinned:
+        """A verified read of a whole object (promotion, compaction)."""
+        p = self.read(ns, key, 0, 1 << 62, version, internal=True)
+        if p.status == Status.OK and p.token is not None and p.token.whole is None:
+            p.token.whole = p.view  # zero-length object
+        return p
+
+    # ------------------------------------------------------------------ writes (mover)
+    def append(self, items: list[tuple[bytes, bytes, int, memoryview, int, int]]
+               ) -> list[Entry | Status]:
+        """Write records ``(ns, key, version, data, checksum, created_ns)``; mover thread only.
+
+        Returns per item the written (not yet published: see ``do_insert``) Entry, or
+        CORRUPT (the source did not match its checksum: never written), or NO_SPACE
+        (the tier is full or degraded).
+        """
+        out: list[Entry | Status] = []
+        pending: list[int] = []
+        for ns, key, version, data, csum, created in items:
+            if self.degraded:
+                out.append(Status.NO_SPACE)
+                continue
+            hdr_len, rec_len, nchunks, shift = record_geometry(len(ns), len(key), len(data))
+            seg = self.active
+            if seg is None or seg.write_off + self._wused + rec_len > self.segment_bytes:
+                self._flush(out, pending)
+                self._seal_active()
+                if self.degraded or not self._open_segment():
+                    out.append(Status.NO_SPACE)
+                    continue
+                seg = self.active
+            if self._wused + rec_len > len(self._wbuf):
+                if not self._flush(out, pending):
+                    out.append(Status.NO_SPACE)
+                    continue
+            off = seg.write_off + self._wused
+            if not self._build(self._wused, seg, off, ns, key, version, data, csum, created,
+                               hdr_len, rec_len, nchunks, shift):
+                out.append(Status.CORRUPT)
+                continue
+            self._wused += rec_len
+            out.append(Entry(seg.id, off, rec_len, hdr_len, len(data), version, csum, shift))
+            pending.append(len(out) - 1)
+            self.max_version = max(self.max_version, version)
+        self._flush(out, pending)
+        return out
+
+    def _build(self, pos: int, seg: Segment, off: int, ns: bytes, key: bytes, version: int,
+               data: memoryview, csum: int, created: int, hdr_len: int, rec_len: int,
+               nchunks: int, shift: int) -> bool:
+        """Lay one record out in the write buffer; False if the copied data fails ``csum``."""
+        wv = self._wv
+        length = len(data)
+        d = pos + hdr_len
+        for a in range(0, length, COPY_STEP):
+            b = min(length, a + COPY_STEP)
+            wv[d + a:d + b] = data[a:b]
+        if checksum(wv[d:d + length]) != csum:
+            return False
+        p = pos + REC_FIXED
+        wv[p:p + len(ns)] = ns
+        wv[p + len(ns):p + len(ns) + len(key)] = key
+        q = p + len(ns) + len(key)
+        sums_at = pos + REC_FIXED + align(len(ns) + len(key), 8)
+        wv[q:pos + hdr_len] = _ZEROS[:pos + hdr_len - q]
+        if nchunks > 1:
+            sums = [checksum(wv[d + (c << shift):d + min((c + 1) << shift, length)])
+                    for c in range(nchunks)]
+            struct.pack_into(f"<{nchunks}Q", wv, sums_at, *sums)
+        tail = pos + rec_len - (d + length)
+        wv[d + length:pos + rec_len] = _ZEROS[:tail]
+        REC_HDR.pack_into(wv, pos, REC_MAGIC, 0, hdr_len, len(ns), len(key), nchunks, shift,
+                          version, length, csum, created, rec_len // BLOCK, 0, 0, 0)
+        crc = header_crc(wv[pos:pos + hdr_len], hdr_len, seg.salt, seg.id, off)
+        struct.pack_into("<I", wv, pos + _CRC_OFF, crc)
+        return True
+
+    def _flush(self, out: list[Entry | Status], pending: list[int]) -> bool:
+        """Write the buffer with one pwrite. On failure the buffered records are NO_SPACE."""
+        n = self._wused
+        if n == 0:
+            return True
+        seg = self.active
+        try:
+            os_error("disk_write", "eio", "writing records")
+            _pwrite_all(seg.fd, self._wv[:n], seg.write_off)
+        except OSError as exc:
+            self._count("disk_write_errors")
+            for i in pending:
+                out[i] = Status.NO_SPACE
+            pending.clear()
+            self._wused = 0
+            self._degrade(f"write to {seg.path} failed ({exc.strerror or exc})")
+            self._seal_active()  # never append after a failed write
+            return False
+        seg.write_off += n
+        self._count("disk_written_bytes", n)
+        self._wused = 0
+        pending.clear()
+        return True
+
+    # ------------------------------------------------------------------ compaction (mover)
+    def needs_compaction(self) -> bool:
+        """True when only the reserve segment slot is left (and a sealed victim exists)."""
+        return (len(self.segments) >= self.max_segments - 1
+                and any(s is not self.active for s in self.segments.values()))
+
+    def compact_one(self, carry: Callable[[bytes, bytes, Entry], bool] | None = None
+                    ) -> dict[str, int]:
+        """Reclaim the sealed segment with the fewest live bytes (mover thread only).
+
+        Records for which ``carry`` (default: ``entry.ref``, read or touched since it was
+        written) is true are rewritten at the head of the log with their ``ref`` cleared;
+        the others are dropped (``disk_evictions``). Returns what happened.
+        """
+        carry = carry or (lambda ns, key, e: e.ref)
+        with self.lock:
+            sealed = [s for s in self.segments.values() if s is not self.active]
+            if not sealed:
+                return {"carried": 0, "dropped": 0}
+            victim = min(sealed, key=lambda s: (s.live_bytes, s.id))
+            live = [(k, self.index[k]) for k in victim.keys]
+        hot = [(k, e) for k, e in live if carry(k[0], k[1], e)]
+        carried = 0
+        for i in range(0, len(hot), 64):
+            if self.degraded:
+                break
+            reads = []
+            for (ns, key), e in hot[i:i + 64]:
+                p = self.read_whole(ns, key, e.version)
+                if p.status == Status.OK:
+                    reads.append((ns, key, e, p))
+            try:
+                res = self.append([(ns, key, e.version, p.token.whole, e.checksum, 0)
+                                   for ns, key, e, p in reads])
+                with self.lock:
+                    for (ns, key, e, _p), r in zip(reads, res):
+                        if isinstance(r, Entry) and self.index.get((ns, key)) is e:
+                            self.do_insert(ns, key, r)
+                            carried += 1
+                        elif isinstance(r, Entry):  # deleted or replaced meanwhile
+                            self.do_kill(ns, key, r, indexed=False)
+            finally:
+                for *_x, p in reads:
+                    p.view.release()
+                    self.release(p.token)
+        with self.lock:
+            dropped = 0
+            for k in list(victim.keys):
+                e = self.index.get(k)
+                if e is not None and e.seg == victim.id:
+                    del self.index[k]
+                    self.live_bytes -= e.rec_len
+                    dropped += 1
+            victim.keys.clear()
+            victim.live_bytes = 0
+            del self.segments[victim.id]
+            victim.retired = True
+            if victim.readers == 0:
+                victim.close()
+            self.counters["disk_evictions"] += dropped
+            self.counters["disk_carried_over"] += carried
+            self.counters["disk_compactions"] += 1
+        for p in (victim.path, victim.dead_path):
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+        return {"carried": carried, "dropped": dropped, "segment": victim.id}
+
+    # ------------------------------------------------------------------ startup
+    def _recover(self) -> dict:
+        t0 = time.monotonic()
+        files = segment_paths(self.root)
+        idx_path = os.path.join(self.root, "index")
+        source, reason = "scan", "no index file (first start or the last stop was a crash)"
+        counts = {"corrupt": 0, "superseded": 0, "dead": 0, "bad_segments": 0}
+        try:
+            raw = None
+            with open(idx_path, "rb") as f:
+                raw = f.read()
+            os.unlink(idx_path)  # consumed: a later crash must not reuse it
+        except FileNotFoundError:
+            pass
+        if raw is not None:
+            try:
+                self._load_index(raw, files)
+                source, reason = "index", "clean stop"
+            except (ValueError, OSError, struct.error) as exc:
+                reason = f"index file unusable ({exc})"
+                self._reset_state()
+        if source == "scan":
+            self._scan(files, counts)
+        self.counters["disk_recovered"] = len(self.index)
+        free = _free_bytes(self.root)
+        if free is not None and free + len(self.segments) * self.segment_bytes < self.capacity:
+            log.warning("disk tier capacity %d bytes exceeds what %s can hold (%d bytes free); "
+                        "the tier will degrade to memory-only when the filesystem fills; lower "
+                        "--disk", self.capacity, self.root, free)
+        return {"source": source, "reason": reason, "objects": len(self.index),
+                "segments": len(self.segments), "max_version": self.max_version,
+                "direct_io": self.direct, **counts, "seconds": time.monotonic() - t0}
+
+    def _reset_state(self) -> None:
+        for s in self.segments.values():
+            s.close()
+        self.segments.clear()
+        self.index.clear()
+        self.live_bytes = 0
+        self.max_version = 0
+
+    def _open_existing(self, seg_id: int, path: str) -> Segment | None:
+        try:
+            fd = self._open(path, create=False)
+        except OSError as exc:
+            log.error("cannot open segment %s (%s); skipping it", path, exc)
+            return None
+        hdr = read_segment_header(fd)
+        if hdr is None or hdr[0] != seg_id or hdr[2] != self.segment_bytes:
+            os.close(fd)
+            return None
+        try:
+            dead_fd = os.open(path[:-4] + ".dead", os.O_RDWR | os.O_CREAT, 0o600)
+            if os.fstat(dead_fd).st_size < self.dead_bytes:
+                os.posix_fallocate(dead_fd, 0, self.dead_bytes)
+        except OSError as exc:
+            log.error("cannot open %s.dead (%s); skipping segment", path[:-4], exc)
+            os.close(fd)
+            return None
+        seg = Segment(seg_id, path, fd, dead_fd, hdr[1], hdr[4] or self.segment_bytes, hdr[3])
+        seg.sealed = True
+        return seg
+
+    def _deaths(self, seg: Segment) -> set[tuple[int, int]]:
+        raw = os.pread(seg.dead_fd, self.dead_bytes, 0)
+        out = set()
+        n = 0
+        for off4k, crc, version in DEAD.iter_unpack(raw[:len(raw) // DEAD.size * DEAD.size]):
+            n += DEAD.size
+            if crc == zlib.crc32(struct.pack("<IQQ", off4k, version, seg.salt)):
+                out.add((off4k * BLOCK, version))
+                seg.dead_next = n
+        return out
+
+    def _scan(self, files: list[tuple[int, str]], counts: dict[str, int]) -> None:
+        best: dict[tuple[bytes, bytes], Entry] = {}
+        losers: list[tuple[bytes, bytes, Entry]] = []
+        for seg_id, path in files:
+            self.next_seg_id = max(self.next_seg_id, seg_id + 1)
+            seg = self._open_existing(seg_id, path)
+            if seg is None:
+                counts["bad_segments"] += 1
+                log.error("segment %s has no valid header (or another geometry); deleting it",
+                          path)
+                for p in (path, path[:-4] + ".dead"):
+                    try:
+                        os.unlink(p)
+                    except OSError:
+                        pass
+                continue
+            self.segments[seg_id] = seg
+            dead = self._deaths(seg)
+            end = seg.write_off  # sealed length, or the segment size when never sealed
+            last = BLOCK
+            for off, rec in scan_records(seg.fd, seg.id, seg.salt, end):
+                if rec is None:
+                    counts["corrupt"] += 1
+                    continue
+                e = rec.entry
+                last = off + e.rec_len
+                self.max_version = max(self.max_version, e.version)
+                if (off, e.version) in dead:
+                    counts["dead"] += 1
+                    continue
+                k = (rec.ns, rec.key)
+                old = best.get(k)
+                if old is not None:
+                    counts["superseded"] += 1
+                    if (old.version, old.seg, old.off) > (e.version, e.seg, e.off):
+                        losers.append((rec.ns, rec.key, e))
+                        continue
+                    losers.append((rec.ns, rec.key, old))
+                best[k] = e
+            seg.write_off = last
+        for k, e in best.items():
+            self.index[k] = e
+            seg = self.segments[e.seg]
+            seg.keys.add(k)
+            seg.live_bytes += e.rec_len
+            self.live_bytes += e.rec_len
+        for ns, key, e in losers:
+            self.do_kill(ns, key, e, indexed=False)
+        self.counters["disk_corrupt_dropped"] += counts["corrupt"]
+        for seg in self.segments.values():
+            if seg.write_off < self.segment_bytes:
+                try:  # record the length so the next scan stops there
+                    self._write_seg_header(seg, seg.write_off)
+                except OSError:
+                    pass
+
+    def _load_index(self, raw: bytes, files: list[tuple[int, str]]) -> None:
+        if len(raw) < IDX_HDR.size + 4 or zlib.crc32(raw[:-4]) != struct.unpack("<I", raw[-4:])[0]:
+            raise ValueError("CRC mismatch or truncated")
+        magic, layout, _p, seg_bytes, max_version, nsegs, n = IDX_HDR.unpack_from(raw, 0)
+        if magic != IDX_MAGIC or layout != LAYOUT_VERSION or seg_bytes != self.segment_bytes:
+            raise ValueError("layout or segment size changed")
+        pos = IDX_HDR.size
+        table = {}
+        for _ in range(nsegs):
+            sid, salt, woff = IDX_SEG.unpack_from(raw, pos)
+            pos += IDX_SEG.size
+            table[sid] = (salt, woff)
+        on_disk = dict(files)
+        if set(table) != set(on_disk):
+            raise ValueError("segment files differ from the index")
+        for sid, (salt, woff) in table.items():
+            self.next_seg_id = max(self.next_seg_id, sid + 1)
+            seg = self._open_existing(sid, on_disk[sid])
+            if seg is None or seg.salt != salt:
+                raise ValueError(f"segment {sid} header does not match the index")
+            seg.write_off = woff
+            self.segments[sid] = seg
+            self._deaths(seg)  # only to find where the next death entry goes
+        for _ in range(n):
+            (sid, off4k, pages, hdr_len, ns_len, key_len, shift, ref, length, version,
+             csum) = IDX_ENT.unpack_from(raw, pos)
+            pos += IDX_ENT.size
+            ns = raw[pos:pos + ns_len]
+            key = raw[pos + ns_len:pos + ns_len + key_len]
+            pos += ns_len + key_len
+            e = Entry(sid, off4k * BLOCK, pages * BLOCK, hdr_len, length, version, csum, shift,
+                      bool(ref))
+            seg = self.segments.get(sid)
+            if seg is None:
+                raise ValueError(f"entry names unknown segment {sid}")
+            k = (ns, key)
+            self.index[k] = e
+            seg.keys.add(k)
+            seg.live_bytes += e.rec_len
+            self.live_bytes += e.rec_len
+        if pos != len(raw) - 4:
+            raise ValueError("trailing bytes")
+        self.max_version = max_version
+
+    def _write_index(self) -> None:
+        parts = [b""]
+        segs = sorted(self.segments.values(), key=lambda s: s.id)
+        for s in segs:
+            parts.append(IDX_SEG.pack(s.id, s.salt, s.write_off))
+        for (ns, key), e in self.index.items():
+            parts.append(IDX_ENT.pack(e.seg, e.off // BLOCK, e.rec_len // BLOCK, e.hdr_len,
+                                      len(ns), len(key), e.chunk_shift, int(e.ref), e.length,
+                                      e.version, e.checksum))
+            parts.append(ns)
+            parts.append(key)
+        parts[0] = IDX_HDR.pack(IDX_MAGIC, LAYOUT_VERSION, 0, self.segment_bytes,
+                                self.max_version, len(segs), len(self.index))
+        body = b"".join(parts)
+        body += struct.pack("<I", zlib.crc32(body))
+        tmp = os.path.join(self.root, "index.tmp")
+        with open(tmp, "wb") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(self.root, "index"))
+        dfd = os.open(self.root, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    # ------------------------------------------------------------------ info / shutdown
+    def stats(self) -> dict[str, int]:
+        with self.lock:
+            return {"disk_capacity_bytes": self.capacity, "disk_used_bytes": self.live_bytes,
+                    "disk_allocated_bytes": len(self.segments) * self.segment_bytes,
+                    "disk_objects": len(self.index), "disk_segments": len(self.segments),
+                    "disk_degraded": int(bool(self.degraded)), "disk_direct_io": int(self.direct),
+                    **self.counters}
+
+    def close(self, clean: bool = True) -> None:
+        """Seal, sync and (clean) write the index file. Mover thread stopped first."""
+        if self._lock_fd < 0:
+            return
+        self._seal_active()
+        if clean and not self.degraded:
+            try:
+                for s in self.segments.values():
+                    os.fsync(s.fd)
+                    os.fsync(s.dead_fd)
+                self._write_index()
+            except OSError as exc:
+                log.error("could not write the disk index (%s); the next start scans the "
+                          "segments instead", exc)
+        with self.lock:
+            for s in self.segments.values():
+                s.close()
+        self._wv.release()
+        self._wbuf.close()
+        self._hdr_block.close()
+        os.close(self._lock_fd)  # releases the flock
+        self._lock_fd = -1
+
+
+def _free_bytes(path: str) -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize

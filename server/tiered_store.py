@@ -1,0 +1,411 @@
+"""TieredStore: the memory tier in front of the NVMe tier, behind the one Tier contract.
+
+Design. The service talks to one ``Tier``; with ``--disk-dir`` that is this
+store. Memory stays the front: every put lands in memory, reads try memory
+first and fall back to disk. One background thread, the mover, does all disk
+writes:
+
+* Demotion. Above the memory high watermark the mover claims the LRU-coldest
+  objects (pinned, so their bytes stay put), copies them into the segment
+  log's write buffer — checking each against its checksum on the way — flushes
+  with one large pwrite, then publishes each disk copy and drops the memory
+  copy in one step under memory lock -> disk lock. A reader therefore always
+  finds the object in one of the two. An object that changed meanwhile
+  (replaced, deleted) is not dropped and its new disk record dies at once. An
+  object that already has an identical disk copy (it was promoted and not
+  changed since) is dropped without a write. Only with the disk degraded (or
+  full beyond compaction) does memory evict to nothing; a put that finds
+  memory full waits up to ``room_wait_s`` for the mover before that happens.
+* Reads. A GET frame's items are pinned together (``pin_read_many``): memory
+  hits at once, disk hits read and verified in parallel on ``io_threads``
+  threads (plus the caller), so one frame keeps the device busy at a queue
+  depth above one and checksums overlap other reads.
+* Promotion. A disk hit is served from a buffer verified against the
+  record's checksums. After the reply is sent (``unpin``), the promote policy
+  (``tiering``) may copy the verified bytes into memory under the object's
+  own version (so a sliced read in flight sees no conflict); hits that read
+  only part of an object are queued and the mover re-reads them whole. The
+  disk copy stays as a clean backing copy.
+* One authoritative copy per key. Versions come from the memory tier and are
+  never reused (it starts above the disk's highest version). A put kills older
+  disk copies and a delete removes both, atomically with the memory index
+  change (the memory tier's hooks run under its lock); deaths are persisted,
+  so a restart cannot resurrect them. Promotion publishes only if the disk
+  copy is still current and memory has no newer object.
+* Compaction and recovery from a degraded disk also run on the mover, so the
+  segment log has one writer. ``touch`` refreshes recency on the tier that
+  holds the object.
+
+Threads: ``Tier`` methods from connection threads; ``step`` from the mover
+(or a test). Lock order: memory tier lock, then segment log lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+import itertools
+import queue
+from typing import Callable
+
+from gcache.server.arena import header_len
+from gcache.server.memory_tier import MemoryTier
+from gcache.server.segment_log import Entry, ReadLease, SegmentLog
+from gcache.server.tier import Pinned, PutSlot, Tier
+from gcache.server.tiering import PromotePolicy, carry_over
+from gcache.status import Status
+
+log = logging.getLogger("gcache.server.tiering")
+
+_PROMOTE_QUEUE = 1024
+_COMPACTIONS_PER_BATCH = 4
+
+
+class _Frame:
+    """One GET frame's disk reads, claimed item by item by the caller and IO threads."""
+
+    __slots__ = ("ns", "items", "out", "todo", "claim", "left", "lock", "done", "failed")
+
+    def __init__(self, ns: bytes, items: list, out: list[Pinned], todo: list[int]) -> None:
+        self.ns, self.items, self.out, self.todo = ns, items, out, todo
+        self.claim = itertools.count()  # next() is atomic under the GIL
+        self.left = len(todo)
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.failed: BaseException | None = None
+
+
+class TieredStore(Tier):
+    def __init__(self, memory: MemoryTier, disk: SegmentLog, promote: PromotePolicy, *,
+                 clock: Callable[[], float] = time.monotonic, room_wait_s: float = 0.5,
+                 probe_interval_s: float = 1.0, io_threads: int = 8) -> None:
+        self.memory, self.disk, self.promote = memory, disk, promote
+        self.clock = clock
+        self.room_wait = room_wait_s
+        self.probe_interval = probe_interval_s
+        self.capacity = memory.capacity
+        self.max_object = memory.max_object
+        self.counters = {"demoted": 0, "demoted_bytes": 0, "promoted": 0, "promoted_bytes": 0,
+                         "promote_skipped": 0, "demote_batches": 0}
+        self._stats_lock = threading.Lock()
+        self._room = threading.Condition()
+        self._queue: deque[tuple[bytes, bytes, int]] = deque()
+        self._queued: set[tuple[bytes, bytes]] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._demoting = False
+        self._want_room = 0  # bytes a waiting put needs (slab classes fragment memory)
+        self._no_wait_until = 0.0
+        self._next_probe = 0.0
+        self._io_q: queue.SimpleQueue[_Frame | None] = queue.SimpleQueue()
+        self._io_threads = [threading.Thread(target=self._io_loop, name=f"gcache-diskio-{i}",
+                                             daemon=True) for i in range(io_threads)]
+        for t in self._io_threads:
+            t.start()
+        memory.on_publish = self._on_publish
+        memory.on_delete = self._on_delete
+        memory.is_clean = disk.has
+        self.recovery = self._reconcile()
+
+    # ------------------------------------------------------------------ startup
+    def _reconcile(self) -> dict:
+        """After both tiers recovered: one version per key, versions never reused."""
+        mem = self.memory.versions()
+        stale_mem = []
+        killed = 0
+        with self.disk.lock:
+            for (ns, key), v in mem.items():
+                e = self.disk.do_get(ns, key)
+                if e is None or e.version == v:
+                    continue
+                if e.version < v:
+                    self.disk.do_kill(ns, key, e)
+                    killed += 1
+                else:
+                    stale_mem.append((ns, key, v))
+        for ns, key, v in stale_mem:
+            self.memory.delete_version(ns, key, v)
+        self.memory.bump_version(self.disk.max_version + 1)
+        return {"disk_superseded": killed, "memory_superseded": len(stale_mem)}
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="gcache-mover", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ hooks (memory lock held)
+    def _on_publish(self, ns: bytes, key: bytes, version: int) -> None:
+        with self.disk.lock:
+            self.disk.do_invalidate_below(ns, key, version)
+
+    def _on_delete(self, ns: bytes, key: bytes) -> bool:
+        return self.disk.delete(ns, key)
+
+    # ------------------------------------------------------------------ reads
+    def pin_read(self, ns: bytes, key: bytes, offset: int, max_len: int,
+                 expect_version: int) -> Pinned:
+        p = self.memory.pin_read(ns, key, offset, max_len, expect_version)
+        if p.status != Status.MISS:
+            return p
+        return self.disk.read(ns, key, offset, max_len, expect_version)
+
+    def pin_read_many(self, ns: bytes, items: list[tuple[bytes, int, int, int]]
+                      ) -> list[Pinned]:
+        """Memory hits at once; disk hits read in parallel: the caller claims and reads
+        items itself while idle IO threads claim the rest (no per-item futures)."""
+        out = [self.memory.pin_read(ns, k, off, mx, ev) for k, off, mx, ev in items]
+        todo = [i for i, p in enumerate(out) if p.status == Status.MISS]
+        if not todo:
+            return out
+        frame = _Frame(ns, items, out, todo)
+        for _ in range(min(len(todo) - 1, len(self._io_threads))):
+            self._io_q.put(frame)
+        self._drain(frame)
+        frame.done.wait()
+        if frame.failed is not None:  # never leak a pin: release what was pinned, then raise
+            for p in out:
+                if p.token is not None:
+                    self.unpin(p)
+            raise frame.failed
+        return out
+
+    def _drain(self, frame: _Frame) -> None:
+        read, items, out, todo = self.disk.read, frame.items, frame.out, frame.todo
+        while True:
+            j = next(frame.claim)
+            if j >= len(todo):
+                return
+            i = todo[j]
+            try:
+                out[i] = read(frame.ns, *items[i])
+            except BaseException as exc:  # noqa: B036 - handed to the caller, who raises it
+                frame.failed = frame.failed or exc
+            with frame.lock:
+                frame.left -= 1
+                if frame.left == 0:
+                    frame.done.set()
+
+    def _io_loop(self) -> None:
+        while (frame := self._io_q.get()) is not None:
+            self._drain(frame)
+
+    def unpin(self, pinned: Pinned) -> None:
+        lease = pinned.token
+        if not isinstance(lease, ReadLease):
+            self.memory.unpin(pinned)
+            return
+        if pinned.view is not None:
+            pinned.view.release()
+            pinned.view = None
+        try:
+            if lease.first and self.promote.on_hit(lease.ns, lease.key):
+                if lease.whole is not None:
+                    self._admit(lease.ns, lease.key, lease.whole, lease.version, lease.checksum)
+                else:
+                    self._enqueue(lease.ns, lease.key, lease.version)
+        finally:
+            self.disk.release(lease)
+
+    def _admit(self, ns: bytes, key: bytes, data: memoryview, version: int, csum: int) -> bool:
+        ok = self.memory.admit(ns, key, data, version, csum,
+                               still_valid=lambda: self.disk.has(ns, key, version))
+        with self._stats_lock:
+            if ok:
+                self.counters["promoted"] += 1
+                self.counters["promoted_bytes"] += len(data)
+            else:
+                self.counters["promote_skipped"] += 1
+        return ok
+
+    def _enqueue(self, ns: bytes, key: bytes, version: int) -> None:
+        with self._stats_lock:
+            if (ns, key) in self._queued or len(self._queue) >= _PROMOTE_QUEUE:
+                return
+            self._queued.add((ns, key))
+            self._queue.append((ns, key, version))
+        self.memory.pressure.set()
+
+    def exists(self, ns: bytes, key: bytes) -> bool:
+        return self.memory.exists(ns, key) or self.disk.exists(ns, key)
+
+    def touch(self, ns: bytes, key: bytes) -> bool:
+        return self.memory.touch(ns, key) or self.disk.touch(ns, key)
+
+    def delete(self, ns: bytes, key: bytes) -> bool:
+        return self.memory.delete(ns, key)  # on_delete removes the disk copy in the same step
+
+    # ------------------------------------------------------------------ writes
+    def begin_put(self, ns: bytes, key: bytes, total_len: int, offset: int, length: int,
+                  put_id: int) -> PutSlot:
+        """Memory full: wait up to ``room_wait_s`` for the mover to demote, and only then
+        let memory evict to nothing (a bounded backpressure, never a hang)."""
+        mem = self.memory
+        slot = mem.begin_put(ns, key, total_len, offset, length, put_id, evict=False)
+        if slot.status != Status.NO_SPACE:
+            return slot
+        need = header_len(len(ns), len(key)) + total_len
+        now = time.monotonic()
+        # waiting only helps if the mover can free something: not with the disk degraded,
+        # not when memory is all puts in flight, not right after a wait ran out
+        if (not self.disk.degraded and now >= self._no_wait_until
+                and mem.live_bytes - mem.uncommitted_bytes >= need):
+            end = now + self.room_wait
+            while time.monotonic() < end and not self.disk.degraded:
+                self._wait_for_room(need, end)
+                slot = mem.begin_put(ns, key, total_len, offset, length, put_id, evict=False)
+                if slot.status != Status.NO_SPACE:
+                    return slot
+            self._no_wait_until = time.monotonic() + 1.0  # behind: evict for a while
+        return mem.begin_put(ns, key, total_len, offset, length, put_id)
+
+    def _wait_for_room(self, need: int, end: float) -> None:
+        with self._room:
+            while not self.memory.has_room(need) and not self.disk.degraded:
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                # announce every round: another put may have taken the room the mover made
+                self._want_room = max(self._want_room, need)
+                self.memory.pressure.set()
+                self._room.wait(min(left, 0.05))
+
+    def finish_put(self, slot: PutSlot) -> Status:
+        return self.memory.finish_put(slot)  # on_publish kills older disk copies
+
+    def abort_put(self, slot: PutSlot) -> None:
+        self.memory.abort_put(slot)
+
+    # ------------------------------------------------------------------ the mover
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.memory.pressure.wait(0.1)
+            self.memory.pressure.clear()
+            try:
+                self.step()
+            except Exception:  # the mover must survive anything; the tier degrades instead
+                log.exception("tiering mover step failed")
+                time.sleep(0.1)
+
+    def step(self) -> None:
+        """One mover pass: expire stalled puts, recover the disk, promote, demote."""
+        mem, disk = self.memory, self.disk
+        mem.expire_pending()
+        if disk.degraded and self._next_probe == 0.0:  # newly degraded: probe a bit later
+            self._next_probe = self.clock() + self.probe_interval
+        elif disk.degraded and self.clock() >= self._next_probe:
+            self._next_probe = self.clock() + self.probe_interval
+            if disk.probe():
+                self._next_probe = 0.0
+        if disk.degraded:
+            mem.evict_to_low()  # memory-only: evict to nothing
+            self._notify_room()
+            return
+        self._promote_queued()
+        high, low = mem.high * mem.capacity, mem.low * mem.capacity
+        if mem.live_bytes > high or self._want_room:
+            self._demoting = True
+        while self._demoting and not self._stop.is_set():
+            want = self._want_room  # a waiting put's size: its slab class must get room
+            if mem.live_bytes <= low and (not want or mem.has_room(want)):
+                self._demoting = False
+                self._want_room = 0
+                break
+            for _ in range(_COMPACTIONS_PER_BATCH):
+                if not disk.needs_compaction() or disk.degraded:
+                    break
+                disk.compact_one(carry_over)
+            moved = self._demote_batch(max(int(mem.live_bytes - low), want))
+            self._notify_room()
+            mem.expire_pending()  # a long demotion run must not keep stalled puts alive
+            if not moved:  # disk degraded or full beyond compaction: fall back to eviction
+                mem.evict_to_low()
+                self._demoting = False
+                self._want_room = 0
+                self._notify_room()
+                break
+
+    def _notify_room(self) -> None:
+        with self._room:
+            self._room.notify_all()
+
+    def _demote_batch(self, excess: int) -> int:
+        mem, disk = self.memory, self.disk
+        budget = max(1, min(excess, disk.max_record * 2, 16 << 20))
+        objs = mem.claim_cold(budget)
+        if not objs:
+            return 0
+        clean, dirty = [], []
+        for o in objs:
+            (clean if disk.has(o.ns, o.key, o.version) else dirty).append(o)
+        views = [mem.data_view(o) for o in dirty]
+        try:
+            res = disk.append([(o.ns, o.key, o.version, v, o.checksum, 0)
+                               for o, v in zip(dirty, views)])
+        finally:
+            for v in views:
+                v.release()
+        moved = moved_bytes = 0
+        for o in clean:
+            if mem.finish_demotion(o, lambda o=o: disk.has(o.ns, o.key, o.version)):
+                moved += 1
+                moved_bytes += o.length
+        for o, r in zip(dirty, res):
+            if isinstance(r, Entry):
+                if mem.finish_demotion(o, lambda o=o, r=r: self._publish(o.ns, o.key, r)):
+                    moved += 1
+                    moved_bytes += o.length
+                else:
+                    with disk.lock:
+                        if disk.index.get((o.ns, o.key)) is not r:
+                            disk.do_kill(o.ns, o.key, r, indexed=False)  # changed meanwhile
+            else:
+                mem.finish_demotion(o, None, corrupt=r == Status.CORRUPT)
+        with self._stats_lock:
+            self.counters["demoted"] += moved
+            self.counters["demoted_bytes"] += moved_bytes
+            self.counters["demote_batches"] += 1
+        return moved
+
+    def _publish(self, ns: bytes, key: bytes, e: Entry) -> bool:
+        with self.disk.lock:  # memory lock held by finish_demotion
+            return self.disk.do_insert(ns, key, e)
+
+    def _promote_queued(self) -> None:
+        while True:
+            with self._stats_lock:
+                if not self._queue:
+                    return
+                ns, key, version = self._queue.popleft()
+                self._queued.discard((ns, key))
+            p = self.disk.read_whole(ns, key, version)
+            try:
+                if p.status == Status.OK:
+                    self._admit(ns, key, p.token.whole, version, p.token.checksum)
+            finally:
+                if p.view is not None:
+                    p.view.release()
+                if isinstance(p.token, ReadLease):
+                    self.disk.release(p.token)
+
+    # ------------------------------------------------------------------ info / shutdown
+    def stats(self) -> dict[str, int | float]:
+        s = self.memory.stats()
+        s.update(self.disk.stats())
+        with self._stats_lock:
+            s.update(self.counters)
+        return s
+
+    def close(self, clean: bool = True) -> None:
+        self._stop.set()
+        self.memory.pressure.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        for _ in self._io_threads:
+            self._io_q.put(None)
+        for t in self._io_threads:
+            t.join(timeout=5)
+        with self._room:
+            self._room.notify_all()
+        self.disk.close(clean)
+        self.memory.close(clean)

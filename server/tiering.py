@@ -1,0 +1,96 @@
+"""Tiering policy: when a disk hit goes back to memory, which disk records stay hot.
+
+Design. Policy is kept apart from mechanism: ``segment_log`` moves records and
+``tiered_store`` moves objects between tiers; the decisions live here so a
+smarter policy (prefix-chain aware, S3-FIFO ghost lists) replaces a class, not
+the movers. Demotion order is the memory tier's LRU order (its eviction
+policy); this module decides the two other questions:
+
+* ``PromotePolicy.on_hit`` — called on each object-level disk hit (a read at
+  offset 0, so the slices of one sliced get count once), from connection
+  threads, many at once; it must not block. ``never`` keeps disk hits on disk
+  (the bench's disk mode), ``first`` promotes every hit, ``second-hit``
+  promotes a key hit twice within ``promote_window_ms`` (one-hit wonders stay
+  on disk, like a doorkeeper filter). The second-hit table is bounded: the
+  oldest entries are forgotten first, which only delays a promotion.
+* ``carry_over`` — compaction keeps a record whose ``ref`` bit says it was
+  read or touched since it was written (second chance); cold records are
+  dropped with their segment. The bit is cleared when the record is carried,
+  so every record gets one more round and compaction always makes progress.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+import time
+from collections import OrderedDict
+from typing import Callable
+
+from gcache.config import PROMOTE_POLICIES
+from gcache.server.segment_log import Entry
+
+__all__ = ["PromotePolicy", "NeverPromote", "PromoteOnFirstHit", "PromoteOnSecondHit",
+           "make_promote_policy", "carry_over"]
+
+
+class PromotePolicy(abc.ABC):
+    name = ""
+
+    @abc.abstractmethod
+    def on_hit(self, ns: bytes, key: bytes) -> bool:
+        """A disk hit on (ns, key): True if it should be copied back to memory now."""
+
+
+class NeverPromote(PromotePolicy):
+    name = "never"
+
+    def on_hit(self, ns: bytes, key: bytes) -> bool:
+        return False
+
+
+class PromoteOnFirstHit(PromotePolicy):
+    name = "first"
+
+    def on_hit(self, ns: bytes, key: bytes) -> bool:
+        return True
+
+
+class PromoteOnSecondHit(PromotePolicy):
+    name = "second-hit"
+
+    def __init__(self, window_ms: int, clock: Callable[[], float] = time.monotonic,
+                 max_tracked: int = 1 << 16) -> None:
+        self.window = window_ms / 1000.0
+        self.clock = clock
+        self.max_tracked = max_tracked
+        self._first: OrderedDict[tuple[bytes, bytes], float] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def on_hit(self, ns: bytes, key: bytes) -> bool:
+        now = self.clock()
+        k = (ns, key)
+        with self._lock:
+            t = self._first.pop(k, None)
+            if t is not None and now - t <= self.window:
+                return True
+            self._first[k] = now
+            while len(self._first) > self.max_tracked:
+                self._first.popitem(last=False)
+            return False
+
+
+def make_promote_policy(name: str, window_ms: int,
+                        clock: Callable[[], float] = time.monotonic) -> PromotePolicy:
+    if name == "never":
+        return NeverPromote()
+    if name == "first":
+        return PromoteOnFirstHit()
+    if name == "second-hit":
+        return PromoteOnSecondHit(window_ms, clock)
+    raise ValueError(f"unknown promote_policy {name!r}; use one of {', '.join(PROMOTE_POLICIES)}")
+
+
+def carry_over(ns: bytes, key: bytes, e: Entry) -> bool:
+    """Compaction: keep a record that was read or touched since it was written."""
+    return e.ref

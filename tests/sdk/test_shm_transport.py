@@ -1,0 +1,212 @@
+"""The co-located shared-memory transport against real servers: round trips, automatic
+choice, leases vs eviction, connection-owned leases and slots, forged ids, dead servers."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from gcache.protocol import Limits, Op
+from gcache.sdk import Client, Status
+from gcache.sdk import shm_transport
+from gcache.sdk.shm_transport import ShmTransport, make_transport
+from gcache.sdk.transport import TcpTransport, TransportTimeout, Work
+
+pytestmark = pytest.mark.integration
+
+SIZES = [1, 7, 4096, 65536, 65537, 1 << 20, (3 << 20) + 5, 4 << 20]
+
+
+@pytest.fixture
+def srv(make_cluster):
+    return make_cluster(1, "96MiB", slab="8MiB")
+
+
+def _raw(addr: str, mode: str = "shm") -> ShmTransport:
+    t = ShmTransport(addr, "", Limits(), 2.0, mode)
+    t.connect(time.monotonic() + 5)
+    return t
+
+
+def _value(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+def test_shm_round_trip_every_form(srv):
+    before = dict(shm_transport.STATS)
+    with Client(srv.addresses, namespace="shm", transport="shm", timeout_ms=10_000) as c:
+        vals = [_value(n, i) for i, n in enumerate(SIZES)]
+        keys = [f"k{n}" for n in SIZES]
+        for k, v in zip(keys, vals):  # single put/get, bytes
+            assert c.put(k, v.tobytes()) == Status.OK
+            assert c.get(k) == v.tobytes()
+        assert c.get("absent") is None
+        # batch forms straight from / into numpy buffers
+        vals2 = [_value(n, 100 + i) for i, n in enumerate(SIZES)]
+        assert all(s == Status.OK for s in c.put_batch_from(keys, vals2))
+        bufs = [np.zeros(n, dtype=np.uint8) for n in SIZES]
+        st = c.get_batch_into(keys, bufs)
+        assert all(s == Status.OK for s in st), st
+        for b, v in zip(bufs, vals2):
+            assert np.array_equal(b, v)
+        got = c.get_batch(keys + ["absent"])
+        assert [bytes(g) for g in got[:-1]] == [v.tobytes() for v in vals2] and got[-1] is None
+        # the plain ops still run over the control connection
+        assert c.exists("k1") is True
+        assert c.delete("k1") == Status.OK
+        assert c.get("k1") is None
+    after = shm_transport.STATS
+    assert after["shm_get_items"] > before["shm_get_items"]
+    assert after["shm_put_items"] > before["shm_put_items"]
+    assert after["tcp_fallback_items"] == before["tcp_fallback_items"]
+
+
+def test_auto_picks_shm_and_tcp_when_forced(srv, monkeypatch):
+    addr = srv.addresses[0]
+    assert isinstance(make_transport("tcp", addr, "", Limits(), 1.0), TcpTransport)
+    t = make_transport("auto", addr, "", Limits(), 1.0)
+    t.connect(time.monotonic() + 5)
+    assert t.kind == "shm"
+    t.close()
+    before = shm_transport.STATS["shm_get_items"]
+    with Client(srv.addresses, transport="tcp") as c:
+        assert c.put("x", b"abc") == Status.OK and c.get("x") == b"abc"
+    assert shm_transport.STATS["shm_get_items"] == before
+    with Client(srv.addresses) as c:  # auto is the default
+        assert c.get("x") == b"abc"
+    assert shm_transport.STATS["shm_get_items"] == before + 1
+    # not co-located (the arena cannot be mapped): auto falls back, shm refuses
+    monkeypatch.setattr(shm_transport, "_acquire", lambda info: None)
+    t = make_transport("auto", addr, "", Limits(), 1.0)
+    t.connect(time.monotonic() + 5)
+    assert t.kind == "tcp"
+    w = Work(Op.GET, b"default", [(b"x", 0, 100, 0, None)], time.monotonic() + 5, None)
+    assert bytes(t.execute(w)[0].data) == b"abc"
+    t.close()
+    with pytest.raises(ConnectionError):
+        _raw(addr, "shm")
+
+
+def _fill(addr: str, total: int) -> None:
+    with Client([addr], transport="tcp", timeout_ms=10_000) as c:
+        blob = np.ones(1 << 20, dtype=np.uint8)
+        for i in range(total // (1 << 20)):
+            c.put(f"fill{i}", blob)
+
+
+def test_lease_blocks_eviction_and_close_releases(srv):
+    addr = srv.addresses[0]
+    with Client([addr], transport="tcp") as c:
+        v = _value(1 << 20, 7).tobytes()
+        assert c.put("held", v) == Status.OK
+        assert c.put("free", v) == Status.OK
+    t = _raw(addr)
+    rep = t._call(Op.LEASE, {"ns": b"default", "items": [[b"held", 0]]}, time.monotonic() + 5)
+    st, total, _ver, off, lid = rep["items"][0]
+    assert st == Status.OK and total == len(v) and lid
+    t2 = _raw(addr)
+    rep2 = t2._call(Op.LEASE, {"ns": b"default", "items": [[b"free", 0]]}, time.monotonic() + 5)
+    assert rep2["items"][0][0] == Status.OK
+    t2.close()  # the server releases t2's lease when its connection closes
+    time.sleep(0.2)
+    _fill(addr, 300 << 20)  # ~3x the arena: everything unpinned is evicted
+    assert bytes(t.map.mm[off:off + total]) == v  # the leased bytes were never reused
+    with Client([addr], transport="tcp") as c:
+        assert c.exists("free") is False
+        assert c.get("held") == v
+    rel = t._call(Op.RELEASE, {"leases": [lid]}, time.monotonic() + 5)
+    assert rel["st"] == [Status.OK]
+    t.close()
+
+
+def test_forged_ids_are_rejected(srv):
+    addr = srv.addresses[0]
+    with Client([addr]) as c:
+        assert c.put("a", b"x" * 5000) == Status.OK
+    a, b = _raw(addr), _raw(addr)
+    dl = time.monotonic() + 5
+    lid = a._call(Op.LEASE, {"ns": b"default", "items": [[b"a", 0]]}, dl)["items"][0][4]
+    sid = a._call(Op.ALLOC, {"ns": b"default", "items": [[b"n", 10, 0, 10, 0]]}, dl)["items"][0][2]
+    # another connection cannot release or commit them; unknown ids are refused
+    assert b._call(Op.RELEASE, {"leases": [lid, 999_999, -3]}, dl)["st"] == [
+        Status.BAD_REQUEST] * 3
+    assert b._call(Op.COMMIT, {"slots": [sid, 424242], "abort": [sid]}, dl)["st"] == [
+        Status.BAD_REQUEST] * 2
+    # the owner still can
+    assert a._call(Op.RELEASE, {"leases": [lid]}, dl)["st"] == [Status.OK]
+    assert a._call(Op.RELEASE, {"leases": [lid]}, dl)["st"] == [Status.BAD_REQUEST]
+    assert a._call(Op.COMMIT, {"slots": [sid], "abort": []}, dl)["st"] == [Status.OK]
+    # malformed control headers are frame errors: that connection closes, the server lives
+    with pytest.raises(shm_transport._FrameStatus):
+        b._call(Op.RELEASE, {"leases": "nope"}, dl)
+    with pytest.raises(shm_transport._FrameStatus):
+        _raw(addr)._call(Op.LEASE, {"ns": b"default", "items": [[b"a", -1]]}, dl)
+    a.close()
+    b.close()
+    with Client([addr]) as c:
+        assert c.get("a") == b"x" * 5000
+        assert c.get("n") is not None  # committed by its owner
+
+
+def test_uncommitted_alloc_is_never_visible_and_close_aborts(srv):
+    addr = srv.addresses[0]
+    t = _raw(addr)
+    dl = time.monotonic() + 5
+    st, off, sid = t._call(Op.ALLOC, {"ns": b"default", "items": [[b"p", 4, 0, 4, 0]]},
+                           dl)["items"][0]
+    assert st == Status.OK
+    t.map.mm[off:off + 4] = b"abcd"
+    with Client([addr]) as c:
+        assert c.get("p") is None and c.exists("p") is False
+        t.close()  # abort on close
+        time.sleep(0.2)
+        assert c.get("p") is None
+
+
+def test_lease_expires(make_cluster, monkeypatch):
+    monkeypatch.setenv("GCACHE_SHM_LEASE_MS", "300")
+    c = make_cluster(1, "32MiB", slab="4MiB")
+    addr = c.addresses[0]
+    with Client([addr]) as cl:
+        assert cl.put("a", b"v" * 100) == Status.OK
+    t = _raw(addr)
+    dl = time.monotonic() + 5
+    lid = t._call(Op.LEASE, {"ns": b"default", "items": [[b"a", 0]]}, dl)["items"][0][4]
+    time.sleep(1.2)
+    assert t._call(Op.RELEASE, {"leases": [lid]}, time.monotonic() + 5)["st"] == [
+        Status.TIMEOUT]
+    t.close()
+
+
+def test_dead_or_hung_server_is_a_timely_miss(srv):
+    addr = srv.addresses[0]
+    with Client([addr], transport="shm", timeout_ms=800) as c:
+        v = _value(2 << 20, 3)
+        assert c.put("k", v) == Status.OK
+        srv.servers[0].pause()  # hung: the control RPC times out
+        t0 = time.monotonic()
+        assert c.get("k") is None
+        assert c.put("k2", v) != Status.OK
+        assert time.monotonic() - t0 < 4
+        srv.servers[0].resume()
+        out: list = []
+        th = threading.Thread(target=lambda: out.append(
+            c.get_batch_into(["k"] * 8, [np.zeros(2 << 20, np.uint8) for _ in range(8)])))
+        th.start()
+        srv.servers[0].kill9()  # dies mid-operation
+        th.join(5)
+        assert not th.is_alive()
+        t0 = time.monotonic()
+        assert c.get("k") is None
+        assert time.monotonic() - t0 < 2
+
+
+def test_transport_timeout_before_copy(srv):
+    t = _raw(srv.addresses[0])
+    w = Work(Op.GET, b"default", [(b"zz", 0, 10, 0, None)], time.monotonic() - 1, None)
+    with pytest.raises(TransportTimeout):
+        t.execute(w)
+    t.close()
