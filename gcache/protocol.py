@@ -276,6 +276,24 @@ def check_items(meta: Any, limits: Limits) -> list:
     return items
 
 
+def parse_put_items(items: list, limits: Limits, op: str = "PUT"
+                    ) -> list[tuple[bytes, int, int, int, int]]:
+    """Validate ``[key, total_len, offset, length, put_id]`` items (PUT and ALLOC)."""
+    parsed = []
+    for it in items:
+        if not (isinstance(it, list) and len(it) == 5
+                and all(isinstance(x, int) for x in it[1:])):
+            raise ProtocolError(f"{op} item must be [key, total_len, offset, length, put_id]",
+                                Status.BAD_REQUEST)
+        key = check_key(it[0], limits)
+        tl, off, ln, pid = it[1], it[2], it[3], it[4]
+        if tl < 0 or off < 0 or ln < 0 or off + ln > tl or pid < 0:
+            raise ProtocolError(f"{op} item has inconsistent lengths (total {tl}, offset "
+                                f"{off}, length {ln})", Status.BAD_REQUEST)
+        parsed.append((key, tl, off, ln, pid))
+    return parsed
+
+
 def auth_mac(token: str, nonce: bytes) -> bytes:
     """HMAC-SHA256 of the server nonce under the shared token."""
     import hmac

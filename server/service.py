@@ -29,7 +29,8 @@ from gcache.errors import ProtocolError
 from gcache.network import check_bind
 from gcache.protocol import (FLAG_RESPONSE, PREFIX_SIZE, Limits, Op, auth_mac, check_items,
                              check_key, check_namespace, discard_views, encode_frame,
-                             read_frame, recv_into_many, sendmsg_all)
+                             parse_put_items, read_frame, recv_into_many,
+                             sendmsg_all)
 from gcache.status import Status
 from gcache.server.metrics import ServerMetrics
 from gcache.server.tier import Tier
@@ -286,19 +287,9 @@ class _Connection:
         lim = self.limits
         ns = check_namespace(meta.get("ns", b""), lim)
         items = check_items(meta, lim)
-        parsed = []
-        total = 0
-        for it in items:  # validate everything before reading a single payload byte
-            if not (isinstance(it, list) and len(it) == 5 and all(isinstance(x, int) for x in it[1:])):
-                raise ProtocolError("PUT item must be [key, total_len, offset, length, put_id]",
-                                    Status.BAD_REQUEST)
-            key = check_key(it[0], lim)
-            tl, off, ln, pid = it[1], it[2], it[3], it[4]
-            if tl < 0 or off < 0 or ln < 0 or off + ln > tl or pid < 0:
-                raise ProtocolError(f"PUT item has inconsistent lengths (total {tl}, offset "
-                                    f"{off}, length {ln})", Status.BAD_REQUEST)
-            parsed.append((key, tl, off, ln, pid))
-            total += ln
+        # validate everything before reading a single payload byte
+        parsed = parse_put_items(items, lim)
+        total = sum(p[3] for p in parsed)
         if total != plen:
             raise ProtocolError(f"PUT items describe {total} payload bytes but the frame "
                                 f"carries {plen}", Status.BAD_REQUEST)

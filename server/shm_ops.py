@@ -40,7 +40,7 @@ import weakref
 from typing import Any
 
 from gcache.errors import ProtocolError
-from gcache.protocol import Op, check_items, check_key, check_namespace
+from gcache.protocol import Op, check_items, check_key, check_namespace, parse_put_items
 from gcache.status import Status
 
 log = logging.getLogger("gcache.server.shm")
@@ -274,18 +274,7 @@ def _alloc(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
     lim = conn.limits
     ns = check_namespace(meta.get("ns", b""), lim)
     items = check_items(meta, lim)
-    parsed = []
-    for it in items:  # same item shape as PUT, minus the payload
-        if not (isinstance(it, list) and len(it) == 5
-                and all(isinstance(x, int) for x in it[1:])):
-            raise ProtocolError("ALLOC item must be [key, total_len, offset, length, put_id]",
-                                Status.BAD_REQUEST)
-        key = check_key(it[0], lim)
-        tl, off, ln, pid = it[1], it[2], it[3], it[4]
-        if tl < 0 or off < 0 or ln < 0 or off + ln > tl or pid < 0:
-            raise ProtocolError(f"ALLOC item has inconsistent lengths (total {tl}, offset "
-                                f"{off}, length {ln})", Status.BAD_REQUEST)
-        parsed.append((key, tl, off, ln, pid))
+    parsed = parse_put_items(items, lim, "ALLOC")  # PUT's item shape, no payload
     wrong_owner = conn.misplaced(meta, len(parsed))
     out = []
     now = time.monotonic()
