@@ -839,6 +839,7 @@ class SegmentLog:
         for a in range(0, length, COPY_STEP):
             b = min(length, a + COPY_STEP)
             wv[d + a:d + b] = data[a:b]
+            time.sleep(0)  # hand the GIL to a waiting serving thread now, not in 5 ms
         if checksum(wv[d:d + length]) != csum:
             return False
         p = pos + REC_FIXED
