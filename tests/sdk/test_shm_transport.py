@@ -210,3 +210,19 @@ def test_transport_timeout_before_copy(srv):
     with pytest.raises(TransportTimeout):
         t.execute(w)
     t.close()
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_hot_set_read_through_leases_survives_put_pressure(make_cluster, transport):
+    """A LEASE is a read: it refreshes recency, so a hot set read over shm stays cached
+    under write pressure exactly as it does when read over TCP."""
+    c = make_cluster(1, "64MiB", slab="1MiB")
+    v = _value(256 << 10, 3).tobytes()
+    hot = [f"hot{i}" for i in range(8)]
+    with Client(c.addresses, transport=transport, timeout_ms=10_000) as cl:
+        assert cl.put_batch(hot, [v] * 8) == [Status.OK] * 8
+        for r in range(40):  # 40 x 16 x 256 KiB = 160 MiB of cold puts, 2.5x the arena
+            cl.put_batch([f"cold{r}_{i}" for i in range(16)], [v] * 16)
+            got = cl.get_batch(hot)
+        assert got == [v] * 8
+        assert cl.exists("cold0_0") is False  # the pressure did evict
