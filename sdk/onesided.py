@@ -1,0 +1,230 @@
+"""One-sided data paths: the server says *where* the bytes are, the client moves them.
+
+``OneSidedTransport`` is a ``TcpTransport`` (it reuses the handshake and the plain
+ops) that serves GET and PUT through the control ops of docs/protocol.md
+("Shared-memory ops"), and leaves the byte movement to a subclass:
+
+* GET: ``LEASE`` (one per distinct key in the frame; the server pins each object and
+  answers its arena offset) -> ``move_in`` copies each slice into its destination ->
+  ``RELEASE``. A RELEASE that answers non-OK means the lease expired mid-copy: that
+  item is a miss. Keys the server cannot lease (``BUSY``: on disk only, or too many
+  leases) are read with a plain GET on the same connection.
+* PUT: ``ALLOC`` (same items as a PUT: sliced puts work unchanged) -> ``move_out``
+  copies into the slots -> ``COMMIT``; the server checksums and publishes exactly as
+  for a TCP put.
+* EXISTS / DELETE / TOUCH, and everything when ``kind`` is "tcp": the plain TCP ops.
+
+The movers are the shared-memory mapping (``ShmTransport``: memmove) and NIXL
+(``NixlTransport``: one-sided RDMA READ/WRITE, or CMA between processes of one host).
+Deadlines follow the Transport contract: no copy starts past the deadline (or past
+half the server's lease bound), the control RPCs run under socket timeouts, and a
+timeout closes the connection, which makes the server drop its leases and slots.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gcache.errors import ProtocolError
+from gcache.protocol import Op, encode_frame, read_frame
+from gcache.status import Status, status_of
+from gcache.sdk.transport import (AuthFailed, ItemResult, TcpTransport, TransportTimeout,
+                                  Work, _rids)
+
+# process-wide counters (tests and benchmarks read them): items moved one-sided, items
+# that fell back to a TCP GET, connections per chosen data path
+STATS = {"shm_get_items": 0, "shm_put_items": 0, "tcp_fallback_items": 0,
+         "shm_connections": 0, "tcp_connections": 0,
+         "nixl_get_items": 0, "nixl_put_items": 0, "nixl_connections": 0,
+         "nixl_staged_bytes": 0}
+
+
+class _FrameStatus(Exception):
+    """The server refused a control frame (then closes): a status for every item."""
+
+    def __init__(self, status: Status, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Copy:
+    """One slice to move: ``local`` (a memoryview, a DeviceView, or None = allocate
+    ``data``) <-> ``n`` bytes at arena offset ``remote``."""
+
+    __slots__ = ("local", "remote", "n", "data")
+
+    def __init__(self, local: Any, remote: int, n: int) -> None:
+        self.local, self.remote, self.n, self.data = local, remote, n, None
+
+
+class OneSidedTransport(TcpTransport):
+    kind = ""  # the data path once connected: a subclass's name, or "tcp"
+    lease_s = 10.0
+    span = (0, 0)  # [lo, hi) of arena offsets the server may hand out
+
+    # ------------------------------------------------------------------ movers
+    def move_in(self, copies: list[Copy], t0: float, deadline: float) -> None:
+        """Copy every ``Copy`` from the arena into its ``local`` (or a new ``data``)."""
+        raise NotImplementedError
+
+    def move_out(self, copies: list[Copy], t0: float, deadline: float) -> None:
+        """Copy every ``local`` (a read-only view) into the arena."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ requests
+    def _execute(self, work: Work) -> list[ItemResult]:
+        # TcpTransport.execute wraps this: timeouts and protocol errors close the channel
+        if self.kind in ("", "tcp") or work.op not in (Op.GET, Op.PUT):
+            return super()._execute(work)
+        try:
+            return self._get(work) if work.op == Op.GET else self._put(work)
+        except _FrameStatus as exc:  # as TcpTransport: a frame-level refusal is per-item
+            self.close()
+            if exc.status == Status.AUTH:
+                raise AuthFailed(str(exc)) from None
+            return [ItemResult(exc.status) for _ in work.items]
+
+    def _call(self, op: int, meta: dict, deadline: float) -> Any:
+        rid = next(_rids)
+        self._settimeout(deadline)
+        self.sock.sendall(encode_frame(op, rid, meta))
+        self._settimeout(deadline)
+        fh, rmeta = read_frame(self.sock, self.limits, self.prefix)
+        if fh.request_id != rid or fh.opcode != op:
+            raise ProtocolError(f"reply for request {fh.request_id}/op {fh.opcode}, "
+                                f"expected {rid}/op {op}")
+        if fh.status:
+            err = rmeta.get("error", "") if isinstance(rmeta, dict) else ""
+            raise _FrameStatus(status_of(fh.status), f"{self.address} refused "
+                               f"{Op.NAMES.get(op, op)}: {err}")
+        if fh.payload_len:
+            raise ProtocolError(f"{Op.NAMES.get(op, op)} reply carries a payload")
+        if not isinstance(rmeta, dict):
+            raise ProtocolError("reply header is not a map")
+        return rmeta
+
+    def _check_span(self, off: int, n: int) -> None:
+        lo, hi = self.span
+        if not (isinstance(off, int) and lo <= off and off + n <= hi):
+            raise ProtocolError(f"server gave arena span [{off}, {off + n}) outside the "
+                                f"arena data [{lo}, {hi})")
+
+    def copy_window(self, t0: float, deadline: float) -> None:
+        """No copy may start past the deadline or past half the lease bound."""
+        now = time.monotonic()
+        if now >= deadline or now - t0 > self.lease_s / 2:
+            raise TransportTimeout()
+
+    def _get(self, work: Work) -> list[ItemResult]:
+        items = work.items
+        first: dict[tuple[bytes, int], int] = {}
+        which = []
+        for it in items:
+            which.append(first.setdefault((it[0], it[3]), len(first)))
+        uniq = list(first)
+        extra = dict(work.extra or {})
+        if "ph" in extra and isinstance(extra["ph"], list) and len(extra["ph"]) == len(items):
+            ph = [0] * len(uniq)
+            for i, j in enumerate(which):
+                ph[j] = extra["ph"][i]
+            extra["ph"] = ph
+        t0 = time.monotonic()
+        rmeta = self._call(Op.LEASE, {"ns": work.ns, "items": [[k, ev] for k, ev in uniq],
+                                      **extra}, work.deadline)
+        leases = rmeta.get("items")
+        if not isinstance(leases, list) or len(leases) != len(uniq):
+            raise ProtocolError("LEASE reply items do not match the request")
+        out: list[ItemResult | None] = [None] * len(items)
+        fallback = []
+        held: list[int] = []
+        try:  # any failure before RELEASE closes the connection: the server drops the leases
+            for ls in leases:
+                if not (isinstance(ls, list) and len(ls) == 5
+                        and all(isinstance(x, int) for x in ls)):
+                    raise ProtocolError("malformed LEASE reply item")
+                if ls[0] == Status.OK:
+                    held.append(ls[4])
+                    self._check_span(ls[3], ls[1])
+            copies: list[tuple[int, Copy]] = []
+            for i, it in enumerate(items):
+                st, total, ver, off, _lid = leases[which[i]]
+                if st == Status.BUSY:
+                    fallback.append(i)
+                    continue
+                if st != Status.OK:
+                    out[i] = ItemResult(status_of(st), total, ver, 0)
+                    continue
+                start = min(it[1], total)
+                n = min(total - start, it[2])
+                if it[4] is not None and n > len(it[4]):
+                    raise ProtocolError(f"{n} bytes for a {len(it[4])}-byte destination")
+                copies.append((i, Copy(it[4], off + start, n)))
+                out[i] = ItemResult(Status.OK, total, ver, n)
+            if copies:
+                self.move_in([c for _, c in copies], t0, work.deadline)
+            for i, c in copies:
+                if c.local is None:
+                    out[i].data = c.data
+        except BaseException:
+            self.close()
+            raise
+        if held:
+            # released even past the deadline (bounded): a lease must not outlive its use
+            rel = self._call(Op.RELEASE, {"leases": held},
+                             max(work.deadline, time.monotonic() + 0.2))
+            st = rel.get("st")
+            if not isinstance(st, list) or len(st) != len(held):
+                raise ProtocolError("RELEASE reply does not match the request")
+            lost = {lid for lid, s in zip(held, st) if s != Status.OK}
+            if lost:  # expired mid-copy: the bytes may be torn
+                for i in range(len(items)):
+                    r = leases[which[i]]
+                    if r[0] == Status.OK and r[4] in lost and out[i] is not None:
+                        out[i] = ItemResult(Status.TIMEOUT, r[1], r[2], 0)
+        STATS[self.kind + "_get_items"] += len(items) - len(fallback)
+        if fallback:
+            STATS["tcp_fallback_items"] += len(fallback)
+            sub_extra = dict(work.extra or {})
+            if "ph" in sub_extra and isinstance(sub_extra["ph"], list) \
+                    and len(sub_extra["ph"]) == len(items):
+                sub_extra["ph"] = [sub_extra["ph"][i] for i in fallback]
+            sub = Work(Op.GET, work.ns, [items[i] for i in fallback], work.deadline, None,
+                       sub_extra or None)
+            for i, r in zip(fallback, TcpTransport._execute(self, sub)):
+                out[i] = r
+        return out  # type: ignore[return-value]
+
+    def _put(self, work: Work) -> list[ItemResult]:
+        items = work.items
+        t0 = time.monotonic()
+        rmeta = self._call(Op.ALLOC, {"ns": work.ns, "items": [[it[0], it[1], it[2], it[3],
+                                                                it[4]] for it in items],
+                                      **(work.extra or {})}, work.deadline)
+        slots = rmeta.get("items")
+        if not isinstance(slots, list) or len(slots) != len(items):
+            raise ProtocolError("ALLOC reply items do not match the request")
+        out = [ItemResult(Status.OK) for _ in items]
+        ok = []
+        for i, (it, s) in enumerate(zip(items, slots)):
+            if not (isinstance(s, list) and len(s) == 3 and all(isinstance(x, int) for x in s)):
+                raise ProtocolError("malformed ALLOC reply item")
+            if s[0] != Status.OK:
+                out[i] = ItemResult(status_of(s[0]))
+                continue
+            self._check_span(s[1], it[3])
+            if len(it[5]) != it[3]:
+                raise ValueError(f"put slice has {len(it[5])} bytes, item says {it[3]}")
+            ok.append(i)
+        if ok:
+            self.move_out([Copy(items[i][5], slots[i][1], items[i][3]) for i in ok], t0,
+                          work.deadline)
+            rmeta = self._call(Op.COMMIT, {"slots": [slots[i][2] for i in ok], "abort": []},
+                               work.deadline)
+            st = rmeta.get("st")
+            if not isinstance(st, list) or len(st) != len(ok):
+                raise ProtocolError("COMMIT reply does not match the request")
+            for i, s in zip(ok, st):
+                out[i] = ItemResult(status_of(s))
+        STATS[self.kind + "_put_items"] += len(ok)
+        return out
