@@ -10,7 +10,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
 	# torch is pinned: 2.13.0 is the CPU wheel on local disk; any other spec pulls CUDA builds.
-	$(BIN)/pip install -q 'torch==2.13.0'
+	# nixl-cu12 (the nixl transport) depends on torch: install it in the same command, or
+	# pip resolves it against a 5.7 GB CUDA torch.
+	$(BIN)/pip install -q 'torch==2.13.0' 'nixl-cu12==1.5.1'
 	$(BIN)/pip install -q -e '.[test]'
 	# SGLang for tests/sglang: --no-deps, because its declared deps pull a CUDA torch and
 	# kernels; the `sglang` extra (inside `test`) holds the CPU-only set it needs. Idempotent.

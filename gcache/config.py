@@ -204,6 +204,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "parallel (queue depth on the NVMe tier).", "server"),
     Option("disk_direct_io", "bool", True, "Bypass the page cache (O_DIRECT) on the NVMe tier; "
            "falls back to buffered IO where unsupported.", "server"),
+    Option("nixl", "str", "auto", "NIXL agent over the arena for one-sided RDMA/CMA reads "
+           "and writes: auto (when an RDMA device and nixl-cu12 are present), on, off.",
+           "server"),
     Option("failpoints", "str", "", "Fault injection for tests, e.g. 'disk_write=eio:3x'; "
            "empty = off.", "server"),
     Option("timeout_ms", "duration_ms", 2000, "Deadline of one client operation.", "client"),
@@ -213,11 +216,17 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("frame_target_bytes", "size", 8 * _MIB, "Batch size the client aims for.", "client"),
     Option("probe_interval_ms", "duration_ms", 1000, "Health-probe interval.", "client"),
     Option("connect_timeout_ms", "duration_ms", 500, "Deadline to connect.", "client"),
-    Option("transport", "str", "auto", "Data path: auto (shm when co-located, else tcp), "
-           "tcp, or shm (co-located only).", "client"),
+    Option("transport", "str", "auto", "Data path: auto (shm when co-located, else nixl "
+           "when the server offers it and this host has an RDMA device, else tcp), tcp, shm "
+           "(co-located only) or nixl (servers started with --nixl on/auto).", "client"),
+    Option("nixl_bounce_bytes", "size", 8 * _MIB, "Registered staging buffer per nixl "
+           "connection, used for destinations not registered with register_buffer.",
+           "client"),
 ]}
 _SECRETS = frozenset({"token"})
 PROMOTE_POLICIES = ("never", "first", "second-hit")
+NIXL_MODES = ("auto", "on", "off")
+TRANSPORTS = ("auto", "tcp", "shm", "nixl")
 
 
 def scope_options(scope: str) -> list[Option]:
@@ -254,6 +263,10 @@ def _check(opt: Option, value: Any) -> str | None:
         return "must be 'json' or 'text'"
     if opt.name == "promote_policy" and value not in PROMOTE_POLICIES:
         return "must be one of " + ", ".join(PROMOTE_POLICIES)
+    if opt.name == "nixl" and value not in NIXL_MODES:
+        return "must be one of " + ", ".join(NIXL_MODES)
+    if opt.name == "transport" and value not in TRANSPORTS:
+        return "must be one of " + ", ".join(TRANSPORTS)
     if opt.name == "segment_bytes" and (value % 4096 or value < _MIB):
         return "must be a multiple of 4KiB and at least 1MiB"
     if opt.name == "failpoints":

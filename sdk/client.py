@@ -36,7 +36,7 @@ from gcache.status import Status
 from gcache.view import View
 from gcache.sdk.dispatcher import Lane, Reaper
 from gcache.sdk.transport import ItemResult, TcpTransport, Work
-from gcache.sdk.shm_transport import MODES as TRANSPORTS, make_transport
+from gcache.sdk.shm_transport import MODES as TRANSPORTS, make_transport, nixl_usable
 
 if TYPE_CHECKING:
     import numpy as np
@@ -51,17 +51,24 @@ KeyCallback = Callable[[int, bytes, Any], None]
 BatchCallback = Callable[[list], None]
 
 
-def as_view(buf: Any, writable: bool) -> memoryview:
-    """A flat byte view of memoryview / bytes / numpy / torch CPU tensor, no copy."""
+def as_view(buf: Any, writable: bool, device: bool = False) -> Any:
+    """A flat byte view of memoryview / bytes / numpy / torch tensor, no copy.
+
+    CUDA tensors become a ``DeviceView`` when ``device`` (the nixl transport) allows it.
+    """
     mod = type(buf).__module__
     if mod.startswith("torch"):
-        if buf.device.type != "cpu":
-            raise ValueError("CUDA tensors need the nixl transport; pass a CPU tensor")
         if not buf.is_contiguous():
             raise ValueError("tensor must be contiguous")
         import torch
 
         flat = buf.reshape(-1).view(torch.uint8) if buf.numel() else buf.reshape(-1)
+        if buf.device.type != "cpu":
+            if not device:
+                raise ValueError("CUDA tensors need transport='nixl'; pass a CPU tensor")
+            from gcache.sdk.nixl_transport import DeviceView
+
+            return DeviceView(flat)
         mv = memoryview(flat.numpy())
     else:
         mv = memoryview(buf)
@@ -142,8 +149,10 @@ class Client:
             ``servers`` given as well only bootstrap routing until a master answers.
         slice_bytes, conns_per_server, queue_depth, frame_target_bytes,
         probe_interval_ms, connect_timeout_ms: dispatch tuning (see docs).
-        transport: ``auto`` (shared memory when the server is on this host, else TCP),
-            ``tcp``, or ``shm`` (co-located servers only).
+        transport: ``auto`` (shared memory when the server is on this host, else nixl
+            when this host has an RDMA device and the server offers it, else TCP),
+            ``tcp``, ``shm`` (co-located servers only) or ``nixl`` (one-sided
+            READ/WRITE through NIXL; CUDA tensors allowed).
         config_file: TOML file with ``[client]`` keys; env ``GCACHE_*`` overrides it,
             and explicit arguments override both.
 
@@ -157,7 +166,8 @@ class Client:
                  conns_per_server: int | None = None, queue_depth: int | None = None,
                  frame_target_bytes: int | None = None, probe_interval_ms: int | None = None,
                  connect_timeout_ms: int | None = None, config_file: str | None = None,
-                 limits: Limits | None = None, transport: str | None = None) -> None:
+                 limits: Limits | None = None, transport: str | None = None,
+                 nixl_bounce_bytes: int | None = None) -> None:
         if isinstance(servers, str):
             servers = servers.split(",")
         if isinstance(masters, str):
@@ -168,7 +178,8 @@ class Client:
             "timeout_ms": timeout_ms, "token": token, "slice_bytes": slice_bytes,
             "conns_per_server": conns_per_server, "queue_depth": queue_depth,
             "frame_target_bytes": frame_target_bytes, "probe_interval_ms": probe_interval_ms,
-            "connect_timeout_ms": connect_timeout_ms, "transport": transport})
+            "connect_timeout_ms": connect_timeout_ms, "transport": transport,
+            "nixl_bounce_bytes": nixl_bounce_bytes})
         self.config = cfg
         self.namespace = namespace.encode() if isinstance(namespace, str) else bytes(namespace)
         self.limits = limits or Limits()
@@ -183,6 +194,7 @@ class Client:
         if self.transport not in TRANSPORTS:
             raise ConfigError(f"transport must be one of {', '.join(TRANSPORTS)}, "
                               f"not {self.transport!r}")
+        self._device_ok = self.transport == "nixl"  # CUDA buffers need one-sided transfers
         self._state_lock = threading.Lock()
         self._lanes: dict[str, Lane] = {}
         self._lanes_lock = threading.Lock()
@@ -204,6 +216,36 @@ class Client:
         for m in self._view.members:
             self._lane(m.address)
 
+    # ------------------------------------------------------------------ registration
+    def register_buffer(self, buf: Any) -> bool:
+        """Register ``buf`` (host memory, or a CUDA tensor) for zero-copy nixl transfers.
+
+        Gets into and puts from registered memory move by one-sided READ/WRITE with no
+        copy on this host (GPUDirect for CUDA memory where the NIC supports it);
+        anything else goes through a per-connection bounce buffer. Returns False (and
+        does nothing) when this client does not use nixl. Register long-lived pools
+        (KV host/device buffers), not per-request buffers: registration pins memory.
+        """
+        if self.transport not in ("nixl", "auto"):
+            return False
+        from gcache.nixl_lib import NixlUnavailable
+        from gcache.sdk.nixl_transport import REGISTRY
+
+        if self.transport == "auto" and not nixl_usable():
+            return False
+        try:
+            return REGISTRY.add(buf)
+        except NixlUnavailable as exc:
+            raise ConfigError(str(exc)) from None
+
+    def unregister_buffer(self, buf: Any) -> bool:
+        """Undo ``register_buffer``; no transfer may be using ``buf``."""
+        if self.transport not in ("nixl", "auto"):
+            return False
+        from gcache.sdk.nixl_transport import REGISTRY
+
+        return REGISTRY.remove(buf)
+
     # ------------------------------------------------------------------ plumbing
     def _lane(self, address: str) -> Lane:
         lane = self._lanes.get(address)
@@ -214,7 +256,7 @@ class Client:
                     cfg = self.config
                     lane = Lane(address, lambda: make_transport(
                         self.transport, address, self._token, self.limits,
-                        cfg.connect_timeout_ms / 1000.0),
+                        cfg.connect_timeout_ms / 1000.0, int(cfg.nixl_bounce_bytes)),
                         threads=self.conns, queue_depth=cfg.queue_depth,
                         probe_interval=cfg.probe_interval_ms / 1000.0,
                         state_lock=self._state_lock)
@@ -414,7 +456,7 @@ class Client:
         if len(keys) != len(buffers):
             raise ValueError("keys and buffers differ in length")
         ks = [self._key(k) for k in keys]
-        views = [as_view(b, writable=False) for b in buffers]
+        views = [as_view(b, writable=False, device=self._device_ok) for b in buffers]
         batch = _Batch(ks, Status.ERROR, lambda i, st: st, callback, on_key)
         if self._closed:
             return self._closed_batch(batch).future
@@ -478,7 +520,7 @@ class Client:
         if len(keys) != len(buffers):
             raise ValueError("keys and buffers differ in length")
         ks = [self._key(k) for k in keys]
-        views = [as_view(b, writable=True) for b in buffers]
+        views = [as_view(b, writable=True, device=self._device_ok) for b in buffers]
 
         def finalize(i: int, st: Status) -> Status:
             if st == Status.OK and batch.totals[i] != len(views[i]):

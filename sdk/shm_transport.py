@@ -29,7 +29,7 @@ from gcache.protocol import Limits
 from gcache.sdk.onesided import STATS, Copy, OneSidedTransport, _FrameStatus  # noqa: F401
 from gcache.sdk.transport import TcpTransport, Transport
 
-MODES = ("auto", "tcp", "shm")
+MODES = ("auto", "tcp", "shm", "nixl")
 
 
 def boot_id() -> str:
@@ -116,14 +116,25 @@ class ShmTransport(OneSidedTransport):
     def __init__(self, address: str, token: str, limits: Limits, connect_timeout: float,
                  mode: str = "auto") -> None:
         super().__init__(address, token, limits, connect_timeout)
-        if mode not in ("auto", "shm"):
+        if mode not in ("auto", "shm", "nixl"):
             raise ValueError(f"ShmTransport mode must be auto or shm, not {mode!r}")
         self.mode = mode
         self.map: _Mapping | None = None
 
     # ------------------------------------------------------------------ connection
     def connect(self, deadline: float) -> None:
-        super().connect(deadline)
+        TcpTransport.connect(self, deadline)
+        if self.try_map():
+            return
+        if self.mode == "shm":
+            super().close()
+            raise ConnectionError(f"{self.address} is not co-located (cannot map its "
+                                  "arena); use transport='tcp' or 'auto'")
+        self.kind = "tcp"
+        STATS["tcp_connections"] += 1
+
+    def try_map(self) -> bool:
+        """After the handshake: map the server's arena if it is on this host (kind shm)."""
         info = self.hello.get("shm") if isinstance(self.hello, dict) else None
         m = self.map
         if m is not None and isinstance(info, dict):
@@ -137,17 +148,12 @@ class ShmTransport(OneSidedTransport):
         if m is None and isinstance(info, dict):
             self.map = m = _acquire(info)
         if m is None:
-            if self.mode == "shm":
-                super().close()
-                raise ConnectionError(f"{self.address} is not co-located (cannot map its "
-                                      "arena); use transport='tcp' or 'auto'")
-            self.kind = "tcp"
-            STATS["tcp_connections"] += 1
-            return
+            return False
         self.kind = "shm"
         STATS["shm_connections"] += 1
         self.lease_s = max(0.05, int(info.get("lease_ms", 10000)) / 1000.0)
         self.span = (int(info.get("data_off", 0)), m.size)
+        return True
 
     def release_mapping(self) -> None:
         if self.map is not None:
@@ -181,11 +187,29 @@ class ShmTransport(OneSidedTransport):
 
 
 def make_transport(mode: str, address: str, token: str, limits: Limits,
-                   connect_timeout: float) -> Transport:
-    """The transport for one dispatch thread: ``tcp`` -> TcpTransport, else ShmTransport
-    (``auto`` falls back to TCP by itself when the server is not co-located)."""
+                   connect_timeout: float, nixl_bounce_bytes: int = 8 << 20) -> Transport:
+    """The transport for one dispatch thread.
+
+    ``tcp`` -> TcpTransport; ``shm`` -> ShmTransport; ``nixl`` -> NixlTransport;
+    ``auto`` -> shm when co-located, else nixl when this host has an RDMA device and
+    the server offers NIXL, else TCP (decided per connection)."""
     if mode == "tcp":
         return TcpTransport(address, token, limits, connect_timeout)
     if mode not in MODES:
         raise ValueError(f"transport must be one of {', '.join(MODES)}, not {mode!r}")
+    if mode == "nixl" or (mode == "auto" and nixl_usable()):
+        from gcache.sdk.nixl_transport import NixlTransport
+
+        return NixlTransport(address, token, limits, connect_timeout, mode, nixl_bounce_bytes)
     return ShmTransport(address, token, limits, connect_timeout, mode)
+
+
+_usable: list[bool] = []
+
+
+def nixl_usable() -> bool:
+    if not _usable:
+        from gcache.nixl_lib import available, rdma_devices
+
+        _usable.append(bool(rdma_devices()) and not available())
+    return _usable[0]

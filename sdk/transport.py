@@ -93,6 +93,7 @@ class TcpTransport(Transport):
         self.prefix = bytearray(PREFIX_SIZE)
         self.server_name = ""
         self.hello: dict = {}
+        self.auth_reply: dict = {}  # what the server grants after AUTH (e.g. its NIXL agent)
 
     # ------------------------------------------------------------------ connection
     def _settimeout(self, deadline: float) -> None:
@@ -126,6 +127,7 @@ class TcpTransport(Transport):
                                  else "auth failed")
             if fh.status != 0:
                 raise ConnectionError(f"{self.address} refused the handshake: {meta}")
+            self.auth_reply = meta if isinstance(meta, dict) else {}
         except socket.timeout:
             self.close()
             raise TransportTimeout() from None

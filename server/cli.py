@@ -26,6 +26,7 @@ from gcache.server.arena import Arena, ArenaError, arena_path, header_len
 from gcache.server.memory_tier import MemoryTier
 from gcache.server.metrics import ServerMetrics, serve_http
 from gcache.network import check_bind
+from gcache.server import nixl_ops
 from gcache.server.service import Service
 
 log = logging.getLogger("gcache.server")
@@ -84,6 +85,13 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
     log.info("arena ready", extra={"fields": {k: v for k, v in memory_tier.recovery.items()}})
     limits = build_limits(cfg)
     tier = memory_tier if not cfg.disk_dir else _open_disk_tier(cfg, memory_tier, limits)
+    try:
+        nixl = nixl_ops.start(cfg.nixl, arena, cfg.name)
+    except Exception as exc:  # NixlUnavailable, or the backend refused the registration
+        tier.close(clean=True)
+        log.error("cannot start the nixl transport: %s", exc)
+        raise SystemExit(f"gcache-server: cannot start the nixl transport (--nixl on): {exc}"
+                         ) from None
 
     def stats() -> dict:
         s = tier.stats()
@@ -96,10 +104,13 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
         svc = Service(tier, listen=cfg.listen, name=cfg.name, token=cfg.token, limits=limits,
                       metrics=metrics, max_connections=cfg.max_connections)
     except (ValueError, OSError) as exc:
+        if nixl is not None:
+            nixl.close()
         tier.close(clean=True)
         log.error("cannot listen on %s: %s", cfg.listen, exc)
         raise SystemExit(f"gcache-server: cannot listen on {cfg.listen}: {exc}") from None
     metrics_holder["svc"] = svc
+    svc.nixl_info = nixl.info if nixl is not None else None
     agent = None
     if cfg.masters:
         from gcache.server.agent import MembershipAgent
@@ -135,6 +146,8 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
     svc.stop()
     if http is not None:
         http.shutdown()
+    if nixl is not None:
+        nixl.close()  # explicit: a NIXL agent left to interpreter exit can crash it
     tier.close(clean=True)
     if cfg.remove_arena_on_exit:
         try:

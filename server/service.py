@@ -53,6 +53,7 @@ class Service:
         self.metrics = metrics
         self.max_connections = max_connections
         self.ownership = None  # MembershipAgent when --masters is set: NOT_OWNER checks
+        self.nixl_info: dict | None = None  # arena registration, sent in the AUTH reply
         check_bind(listen, token)
         host, port = listen.rsplit(":", 1)
         host = host.strip("[]")
@@ -280,7 +281,9 @@ class _Connection:
             return False
         self.authed = True
         self.sock.settimeout(None)  # authenticated clients may keep idle pooled connections
-        self.reply(Op.AUTH, rid, {"ok": True})
+        info = self.svc.nixl_info
+        # the NIXL metadata carries memory keys: only authenticated peers get it
+        self.reply(Op.AUTH, rid, {"ok": True, **({"nixl": info} if info else {})})
         return True
 
     def put(self, rid: int, meta: Any, plen: int) -> None:
