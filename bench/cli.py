@@ -3,6 +3,9 @@
     gcache-bench --local 1 --memory 4GiB --size 64KiB --size 1MiB --batch 64
     gcache-bench --servers 10.0.0.1:7600,10.0.0.2:7600 --op get --concurrency 4
     gcache-bench --local 1 --tier disk --op get --size 1MiB --demotion-impact
+    gcache-bench --local 1 --op get --sweep --transport tcp --transport shm --transport nixl \
+        --plot bench/out/transports.png --json bench/out/transports.json
+    gcache-bench --local 1 --raw-transport --transport shm --transport nixl --size 1MiB
 
 Design: the CLI only wires things up. It starts a local ``Cluster`` (or uses
 ``--servers``), measures the raw-socket baseline once, then runs every case
@@ -10,6 +13,15 @@ Design: the CLI only wires things up. It starts a local ``Cluster`` (or uses
 progress bar, prints one table, and optionally writes the whole run as JSON.
 Any non-OK status (or oracle mismatch with ``--verify``) makes the exit code
 1, so a short run doubles as a CI smoke test.
+
+Transports: every case runs once per ``--transport`` (tcp, shm, nixl, auto) and
+per ``--threads`` (dispatch threads = connections per server), each with its own
+Client. ``--local`` servers get ``--nixl on`` when nixl is asked for (UCX over
+loopback). With nixl the bench registers its buffers (``register_buffer``) unless
+``--no-register``. ``--sweep`` sizes 64 KiB ... 64 MiB; ``--max-batch-bytes`` caps
+keys per call for large sizes. ``--raw-transport`` replaces the cases by the raw
+single-process transport reads of ``raw_transport``. ``--plot FILE.png`` draws GB/s
+against size, one line per transport and op (matplotlib).
 
 ``--tier disk`` (with ``--local``) gives the server an NVMe tier in
 ``--disk-dir``, a small memory tier (128 MiB unless ``--memory`` is given) and
@@ -50,6 +62,8 @@ from gcache.config import format_size, parse_size
 from gcache.errors import ConfigError
 from gcache.sdk import Client
 
+SWEEP_SIZES = tuple(64 << 10 << (2 * i) for i in range(6))  # 64 KiB ... 64 MiB
+
 
 def _size(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     """Click callback: parse_size for one value or a tuple of values."""
@@ -83,13 +97,14 @@ def render_table(cases: list[dict[str, Any]], baseline: dict[str, Any] | None) -
         title += f"  (raw TCP 64 B RTT p50 {rtt['p50_us']:.1f} µs, p99 {rtt['p99_us']:.1f} µs)"
     t = Table(title=title)
     disk = any("raw_disk" in c for c in cases)
-    cols = ["op", "size", "batch", "conc", "GB/s", "keys/s", "p50 µs", "p99 µs", "µs/key",
+    cols = ["transport", "threads", "op", "size", "batch", "conc", "GB/s", "keys/s", "p50 µs", "p99 µs", "µs/key",
             "errors"] + (["raw GB/s", "vs raw"] if baseline else []) + (
             ["from disk", "pread GB/s", "vs pread"] if disk else [])
     for col in cols:
-        t.add_column(col, justify="left" if col == "op" else "right")
+        t.add_column(col, justify="left" if col in ("op", "transport") else "right")
     for c in cases:
-        row = [c["op"], format_size(c["size"]), str(c["batch"]), str(c["concurrency"]),
+        row = [c.get("transport", "auto"), str(c.get("threads", "-")), c["op"],
+               format_size(c["size"]), str(c["batch"]), str(c["concurrency"]),
                _fmt(c["gbps"]), _fmt(c["keys_per_s"], ",.0f"), _fmt(c["p50_us"], ",.0f"),
                _fmt(c["p99_us"], ",.0f"), _fmt(c["key_p50_us"], ",.1f"),
                f"[red]{c['errors']}[/]" if c["errors"] else "0"]
@@ -158,6 +173,21 @@ def _wait_settled(client: Client, quiet_s: float = 0.5, timeout_s: float = 120.0
 @click.option("--token", default="", help="Shared secret of the servers.")
 @click.option("--namespace", default="bench", show_default=True)
 @click.option("--conns-per-server", type=click.IntRange(min=1), help="SDK connections/server.")
+@click.option("--transport", "transports", multiple=True,
+              type=click.Choice(["tcp", "shm", "nixl", "auto"]), default=("auto",),
+              show_default=True, help="Client data path (repeatable: one run per transport).")
+@click.option("--threads", "threads_list", multiple=True, type=click.IntRange(min=1),
+              help="Dispatch threads (connections) per server (repeatable sweep; "
+              "default --conns-per-server).")
+@click.option("--sweep", is_flag=True, help="Sizes 64KiB, 256KiB, 1MiB, 4MiB, 16MiB, 64MiB.")
+@click.option("--max-batch-bytes", default="256MiB", show_default=True, callback=_size,
+              help="Cap keys per call at this many bytes (large sizes use smaller batches).")
+@click.option("--raw-transport", is_flag=True, help="Measure raw single-process transport "
+              "reads (no SDK dispatch) per transport, size and --concurrency.")
+@click.option("--no-register", is_flag=True,
+              help="nixl: do not register bench buffers (measure the staged path).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True),
+              help="Write a PNG of GB/s against size per transport and op.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True),
               help="Write machine info, baseline and cases to this file.")
 @click.option("--no-baseline", is_flag=True, help="Skip the raw-socket baseline.")
@@ -191,7 +221,10 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
          conns_per_server: int | None, json_path: str | None, no_baseline: bool,
          verify: bool, tier: str, disk_dir: str | None, disk_bytes: int,
          disk_working_set: int, raw_threads: int | None, demotion_impact: bool,
-         bg_mbps: float, impact_size: int, impact_batch: int, impact_memory: int) -> None:
+         bg_mbps: float, impact_size: int, impact_batch: int, impact_memory: int,
+         transports: tuple[str, ...], threads_list: tuple[int, ...], sweep: bool,
+         max_batch_bytes: int, raw_transport: bool, no_register: bool,
+         plot_path: str | None) -> None:
     """Benchmark gcache put/get batches against a raw loopback-TCP baseline
     (and, with --tier disk, the disk tier against a raw pread of its files)."""
     if (servers is None) == (local is None):
@@ -203,12 +236,34 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
         raise click.UsageError("--demotion-impact needs --tier disk")
     if duration is None and iters is None:
         duration = 3.0
+    if sweep:
+        sizes = SWEEP_SIZES
+    transports = tuple(dict.fromkeys(transports))
+    if raw_transport and "auto" in transports:
+        raise click.UsageError("--raw-transport measures one transport at a time: give "
+                               "--transport tcp|shm|nixl")
+    if raw_transport and (tier == "disk" or duration is None):
+        raise click.UsageError("--raw-transport needs the memory tier and a --duration")
+    if "nixl" in transports:
+        from gcache.nixl_lib import available
+
+        why = available()
+        if why:
+            raise click.UsageError(f"--transport nixl: {why}")
+        os.environ.setdefault("UCX_NET_DEVICES", "lo")  # before any agent exists
+    need_slab = max(sizes) + (64 << 10)
+    if local is not None and slab_bytes < need_slab:
+        slab_bytes = 1 << (need_slab - 1).bit_length()
+        if memory < 4 * slab_bytes:
+            memory = 4 * slab_bytes
     if tier == "disk" and ctx.get_parameter_source("memory") == ParameterSource.DEFAULT:
         memory = 128 << 20
     err = Console(stderr=True)
     cases = list(itertools.product(dict.fromkeys(ops), dict.fromkeys(sizes),
                                    dict.fromkeys(batches), dict.fromkeys(concurrencies)))
+    runs = list(itertools.product(transports, dict.fromkeys(threads_list) or (conns_per_server,)))
     results: list[dict[str, Any]] = []
+    clients: dict[tuple[str, int | None], Client] = {}
     impact: list[dict[str, Any]] = []
     baseline = None
     disk_roots: list[str] = []
@@ -224,9 +279,12 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
                     stack.callback(shutil.rmtree, parent, True)
                 extra = ["--disk-dir", parent, "--disk", format_size(disk_bytes),
                          "--promote-policy", "never"]
+            if "nixl" in transports:
+                extra += ["--nixl", "on"]
             err.print(f"starting {local} local server(s): {format_size(memory)} arena, "
                       f"{format_size(slab_bytes)} slabs"
-                      + (f", {format_size(disk_bytes)} disk tier in {parent}" if extra else ""))
+                      + (f", {format_size(disk_bytes)} disk tier in {parent}"
+                         if tier == "disk" else ""))
             cluster = Cluster(local, format_size(memory), slab=format_size(slab_bytes),
                               token=token, prefix=f"bench{os.getpid()}", extra=extra)
             stack.callback(cluster.close)
@@ -238,7 +296,7 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
         else:
             addresses = [s.strip() for s in servers.split(",") if s.strip()]
         client = Client(addresses, namespace=namespace, timeout_ms=timeout_ms, token=token,
-                        conns_per_server=conns_per_server)
+                        conns_per_server=conns_per_server, transport="tcp")
         stack.callback(client.close)
         capacity = cluster_capacity(client)
         target = TARGET_BYTES
@@ -251,13 +309,23 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
         progress = stack.enter_context(Progress(
             TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
             "{task.total}"), TimeElapsedColumn(), console=err, transient=True))
-        task = progress.add_task("baseline", total=len(cases))
+        task = progress.add_task("baseline", total=len(cases) * len(runs))
         if not no_baseline:
             progress.update(task, description="raw-socket baseline")
             baseline = measure_baseline(list(dict.fromkeys(sizes)))
-        for i, (op, size, batch, conc) in enumerate(cases):
-            progress.update(task, description=f"{op} {format_size(size)} x{batch} c{conc}")
-            label = f"{op} {format_size(size)} x{batch} c{conc}"
+        if raw_transport:
+            progress.update(task, total=len(runs) * len(sizes) * len(concurrencies))
+        for i, ((transport, threads), (op, size, batch, conc)) in enumerate(
+                itertools.product(runs, [] if raw_transport else cases)):
+            run_client = clients.get((transport, threads))
+            if run_client is None:
+                run_client = clients[(transport, threads)] = Client(
+                    addresses, namespace=namespace, timeout_ms=timeout_ms, token=token,
+                    conns_per_server=threads, transport=transport)
+                stack.callback(run_client.close)
+            batch = min(batch, max(1, max_batch_bytes // size))
+            label = f"{transport} t{run_client.conns} {op} {format_size(size)} x{batch} c{conc}"
+            progress.update(task, description=label)
             before: dict[str, dict] = {}
             raws: list[dict[str, Any]] = []
             hook = round_hook = None
@@ -282,10 +350,12 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
                                             seconds=seconds, direct=direct[0])
                     raws.append(raw)
                     return raw["gbps"]
-            row = run_case(client, op, size, batch, conc, duration=duration, iters=iters,
+            row = run_case(run_client, op, size, batch, conc, duration=duration, iters=iters,
                            verify=verify, capacity=capacity, tag=str(i), target=target,
                            after_prefill=hook, rounds=rounds, before_round=round_hook,
-                           prefill_bytes=prefill_bytes)
+                           prefill_bytes=prefill_bytes,
+                           register=transport == "nixl" and not no_register)
+            row["transport"], row["threads"] = transport, run_client.conns
             raw = raw_gbps(baseline, op, size)
             row["vs_raw"] = row["gbps"] / raw if raw else None
             if raws:
@@ -301,6 +371,22 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
                 row["vs_pread"] = statistics.median(row["round_ratios"])
             results.append(row)
             progress.advance(task)
+        if raw_transport:
+            from gcache.bench.raw_transport import measure_raw_transport
+
+            for (transport, _threads), size, conc in itertools.product(
+                    runs, dict.fromkeys(sizes), dict.fromkeys(concurrencies)):
+                count = max(1, min(64, max_batch_bytes // size))
+                progress.update(task, description=f"raw {transport} {format_size(size)} "
+                                f"x{count} c{conc}")
+                row = measure_raw_transport(addresses[0], transport, size=size, count=count,
+                                            seconds=duration, threads=conc, token=token)
+                row.update(threads=1, errors=0, error_kinds={}, p50_us=None, p99_us=None,
+                           key_p50_us=None, vs_raw=None)
+                raw = raw_gbps(baseline, "get", size)
+                row["vs_raw"] = row["gbps"] / raw if raw else None
+                results.append(row)
+                progress.advance(task)
         if demotion_impact:
             # two fresh servers of the same size: one demotes to its disk tier, the control
             # (memory only) evicts; same hot set, same paced background put stream
@@ -325,6 +411,11 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
     if not out.is_terminal:  # piped / CI: do not squeeze the table into 80 columns
         out = Console(width=max(out.width, 132))
     out.print(render_table(results, baseline))
+    if plot_path:
+        from gcache.bench.plot import plot_gbps
+
+        plot_path = plot_gbps(results, plot_path, title=" ".join(sys.argv[1:]))
+        err.print(f"plot written to {plot_path}")
     if impact:
         out.print(render_impact(impact))
     if json_path:
@@ -334,6 +425,8 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
                          "tier": tier, "disk_bytes": disk_bytes if tier == "disk" else None}
                if local else None,
                "settings": {"duration": duration, "iters": iters, "verify": verify,
+                            "transports": list(transports), "raw_transport": raw_transport,
+                            "max_batch_bytes": max_batch_bytes,
                             "timeout_ms": timeout_ms, "capacity_bytes": capacity,
                             "conns_per_server": client.conns, "slice_bytes": client.slice},
                "baseline": baseline, "cases": results, "demotion_impact": impact}

@@ -86,8 +86,12 @@ def run_case(client: Client, op: str, size: int, batch: int, concurrency: int, *
              capacity: int | None = None, tag: str = "", target: int = TARGET_BYTES,
              after_prefill: Callable[[], dict[str, Any]] | None = None,
              rounds: int = 1, before_round: Callable[[], float] | None = None,
-             prefill_bytes: int = _CHUNK_BYTES) -> dict[str, Any]:
+             prefill_bytes: int = _CHUNK_BYTES, register: bool = False) -> dict[str, Any]:
     """Run one case and return its result row (see module docstring).
+
+    ``register`` registers the case's source (puts) and destination (gets) buffers with
+    the client (``Client.register_buffer``: the nixl transport then moves them with no
+    local copy) and unregisters them at the end.
 
     ``rounds`` > 1 splits ``duration`` into timed rounds; ``before_round`` runs before
     each (all workers wait) and returns a reference GB/s for that round (the raw pread
@@ -113,6 +117,10 @@ def run_case(client: Client, op: str, size: int, batch: int, concurrency: int, *
         src = rows = None
     prefill_errors = sum(kinds.values())
     extra = after_prefill() if after_prefill is not None else {}
+    registered: list[np.ndarray] = []
+    if register and op == "put":
+        client.register_buffer(src)
+        registered.append(src)
 
     groups = -(-n // batch)
     gkeys = [[keys[(g * batch + j) % n] for j in range(batch)] for g in range(groups)]
@@ -140,6 +148,9 @@ def run_case(client: Client, op: str, size: int, batch: int, concurrency: int, *
                 dst = np.empty((batch, size), dtype=np.uint8)
                 dst.fill(0)  # touch the pages before timing
                 bufs = list(dst)
+                if register:
+                    client.register_buffer(dst)
+                    registered.append(dst)
 
                 def call(g: int) -> list[Status]:
                     return client.get_batch_into(gkeys[g], bufs)
@@ -191,6 +202,8 @@ def run_case(client: Client, op: str, size: int, batch: int, concurrency: int, *
     if excs:  # prefer the root cause over the other threads' BrokenBarrierError
         raise next((e for e in excs if not isinstance(e, threading.BrokenBarrierError)), excs[0])
 
+    for buf in registered:
+        client.unregister_buffer(buf)
     for sl in _chunks(n, size):  # free the slab pages for the next case
         client.delete_batch(keys[sl])
 
