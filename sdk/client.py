@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gcache.sdk")
 
 Key = str | bytes
+ONE_SIDED_FRAME_BYTES = 4 << 20  # smallest frame target on shm/nixl lanes
 KeyCallback = Callable[[int, bytes, Any], None]
 BatchCallback = Callable[[list], None]
 
@@ -353,6 +354,10 @@ class Client:
             lane = self._lane(addr)
             total = sum(nbytes(it) for _, it in entries)
             target = max(self.slice, min(self.frame_target, -(-total // self.conns)))
+            if lane.kind in ("shm", "nixl"):
+                # one-sided: a frame costs two control RPCs and the copy itself is cheap,
+                # so pack small values into fewer, larger frames
+                target = max(target, min(self.frame_target, ONE_SIDED_FRAME_BYTES))
             cur_i: list[int] = []
             cur: list = []
             size = 0

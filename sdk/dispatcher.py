@@ -54,6 +54,7 @@ class Lane:
         self.generation = 0
         self._state_lock = state_lock
         self._closed = False
+        self.kind = ""  # data path of the last connection ("tcp", "shm", "nixl"), once known
         self.threads = [threading.Thread(target=self._run, name=f"gcache-dispatch-{address}-{i}",
                                          daemon=True) for i in range(threads)]
         for t in self.threads:
@@ -120,6 +121,7 @@ class Lane:
                     gen = self.generation
                 try:
                     results = transport.execute(work)
+                    self.kind = getattr(transport, "kind", "") or "tcp"
                 except TransportTimeout:
                     self.consecutive_timeouts += 1
                     if self.consecutive_timeouts >= 2:

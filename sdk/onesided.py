@@ -73,8 +73,25 @@ class OneSidedTransport(TcpTransport):
         raise NotImplementedError
 
     # ------------------------------------------------------------------ requests
+    unread = 0  # RELEASE frames sent without waiting for their replies
+
+    def close(self) -> None:
+        super().close()
+        self.unread = 0
+
+    def _drain(self, deadline: float) -> None:
+        """Read the replies of RELEASEs sent without waiting (in order, before any other)."""
+        while self.unread:
+            self._settimeout(deadline)
+            fh, _ = read_frame(self.sock, self.limits, self.prefix)
+            if fh.opcode != Op.RELEASE:
+                raise ProtocolError(f"expected a RELEASE reply, got op {fh.opcode}")
+            self.unread -= 1
+
     def _execute(self, work: Work) -> list[ItemResult]:
         # TcpTransport.execute wraps this: timeouts and protocol errors close the channel
+        if self.unread:
+            self._drain(work.deadline)
         if self.kind in ("", "tcp") or work.op not in (Op.GET, Op.PUT):
             return super()._execute(work)
         try:
@@ -86,6 +103,8 @@ class OneSidedTransport(TcpTransport):
             return [ItemResult(exc.status) for _ in work.items]
 
     def _call(self, op: int, meta: dict, deadline: float) -> Any:
+        if self.unread:
+            self._drain(deadline)
         rid = next(_rids)
         self._settimeout(deadline)
         self.sock.sendall(encode_frame(op, rid, meta))
@@ -169,7 +188,14 @@ class OneSidedTransport(TcpTransport):
         except BaseException:
             self.close()
             raise
-        if held:
+        if held and time.monotonic() - t0 < self.lease_s / 2:
+            # Every copy ended within half the lease bound of a moment before the grant, so
+            # no lease can have expired mid-copy: release without waiting for the answer
+            # (read before the next request on this connection).
+            self._settimeout(max(work.deadline, time.monotonic() + 0.2))
+            self.sock.sendall(encode_frame(Op.RELEASE, next(_rids), {"leases": held}))
+            self.unread += 1
+        elif held:
             # released even past the deadline (bounded): a lease must not outlive its use
             rel = self._call(Op.RELEASE, {"leases": held},
                              max(work.deadline, time.monotonic() + 0.2))
@@ -184,6 +210,7 @@ class OneSidedTransport(TcpTransport):
                         out[i] = ItemResult(Status.TIMEOUT, r[1], r[2], 0)
         STATS[self.kind + "_get_items"] += len(items) - len(fallback)
         if fallback:
+            self._drain(work.deadline)
             STATS["tcp_fallback_items"] += len(fallback)
             sub_extra = dict(work.extra or {})
             if "ph" in sub_extra and isinstance(sub_extra["ph"], list) \

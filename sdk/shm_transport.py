@@ -104,7 +104,10 @@ def _release(m: _Mapping) -> None:
 
 
 def _addr(view: memoryview) -> int:
-    return np.frombuffer(view, dtype=np.uint8).ctypes.data
+    try:  # writable buffers: ~0.2 us, the export ends with the temporary
+        return ctypes.addressof(ctypes.c_char.from_buffer(view))
+    except (TypeError, ValueError):  # read-only (bytes) or empty
+        return np.frombuffer(view, dtype=np.uint8).ctypes.data
 
 
 def _copy(dst_addr: int, src_addr: int, n: int) -> None:

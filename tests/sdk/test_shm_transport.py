@@ -226,3 +226,27 @@ def test_hot_set_read_through_leases_survives_put_pressure(make_cluster, transpo
             got = cl.get_batch(hot)
         assert got == [v] * 8
         assert cl.exists("cold0_0") is False  # the pressure did evict
+
+
+def test_release_without_waiting_then_other_ops_on_the_same_connection(srv):
+    """A GET whose copies end well within the lease bound sends RELEASE without waiting;
+    its reply is read before the next request, and the lease is really released."""
+    addr = srv.addresses[0]
+    v = _value(1 << 20, 11).tobytes()
+    with Client([addr], transport="tcp") as c:
+        assert c.put("r", v) == Status.OK
+    t = _raw(addr)
+    dst = bytearray(len(v))
+    res = t.execute(Work(Op.GET, b"default", [(b"r", 0, len(v), 0, memoryview(dst))],
+                         time.monotonic() + 5, None))
+    assert res[0].status == Status.OK and bytes(dst) == v
+    assert t.unread == 1  # the RELEASE reply is still on the wire
+    ex = t.execute(Work(Op.EXISTS, b"default", [b"r", b"nope"], time.monotonic() + 5, None))
+    assert [r.status for r in ex] == [Status.OK, Status.MISS] and t.unread == 0
+    res = t.execute(Work(Op.GET, b"default", [(b"r", 0, len(v), 0, None)],
+                         time.monotonic() + 5, None))
+    assert bytes(res[0].data) == v
+    _fill(addr, 300 << 20)  # ~3x the arena: an unreleased lease would keep "r" cached
+    with Client([addr], transport="tcp") as c:
+        assert c.exists("r") is False
+    t.close()
