@@ -196,6 +196,8 @@ class Client:
             raise ConfigError(f"transport must be one of {', '.join(TRANSPORTS)}, "
                               f"not {self.transport!r}")
         self._device_ok = self.transport == "nixl"  # CUDA buffers need one-sided transfers
+        self._watcher: Any = None  # StreamWatcher, made on the first stream= call
+        self._event_factory: Any = None  # None = torch.cuda.Event (tests may replace it)
         self._state_lock = threading.Lock()
         self._lanes: dict[str, Lane] = {}
         self._lanes_lock = threading.Lock()
@@ -451,15 +453,21 @@ class Client:
     def put_batch_from_async(self, keys: Sequence[Key], buffers: Sequence[Any], *,
                              group: Any = None, timeout_ms: int | None = None,
                              callback: BatchCallback | None = None,
-                             on_key: KeyCallback | None = None) -> Future:
+                             on_key: KeyCallback | None = None, stream: Any = None) -> Future:
         """Store ``buffers[i]`` under ``keys[i]``, reading the buffers in place.
 
         Returns a Future of ``list[Status]``. The buffers must stay unchanged until
         the future completes. Failure: per-key statuses (TOO_LARGE, NO_SPACE,
         TIMEOUT, UNAVAILABLE, ...); never raises for runtime faults.
+        ``stream`` (a torch.cuda.Stream): start only once the stream has reached this
+        call, so the caller need not synchronize the work that fills the buffers.
         """
         if len(keys) != len(buffers):
             raise ValueError("keys and buffers differ in length")
+        if stream is not None:
+            return self._put_after_stream(keys, buffers, stream, group=group,
+                                          timeout_ms=timeout_ms, callback=callback,
+                                          on_key=on_key)
         ks = [self._key(k) for k in keys]
         views = [as_view(b, writable=False, device=self._device_ok) for b in buffers]
         batch = _Batch(ks, Status.ERROR, lambda i, st: st, callback, on_key)
@@ -492,6 +500,58 @@ class Client:
         self._dispatch(Op.PUT, batch, routed, deadline, lambda t: t[3])
         return batch.future
 
+    def _put_after_stream(self, keys: Sequence[Key], buffers: Sequence[Any], stream: Any, *,
+                          timeout_ms: int | None, callback: BatchCallback | None,
+                          on_key: KeyCallback | None, **kw: Any) -> Future:
+        for b in buffers:  # argument errors raise now, not in the watcher thread
+            as_view(b, writable=False, device=self._device_ok)
+        outer: Future = Future()
+        deadline = self._deadline(timeout_ms)
+
+        def submit(reached: bool) -> None:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if not reached or left_ms < 1:  # the stream never got there in time
+                res = [Status.TIMEOUT] * len(keys)
+                for i, k in enumerate(keys):
+                    _safe(on_key, i, self._key(k), Status.TIMEOUT)
+                _safe(callback, res)
+                outer.set_result(res)
+                return
+            inner = self.put_batch_from_async(keys, buffers, timeout_ms=left_ms,
+                                              callback=callback, on_key=on_key, **kw)
+            inner.add_done_callback(lambda f: outer.set_result(f.result()))
+
+        self._streams().after(stream, submit, deadline)
+        return outer
+
+    def _streams(self) -> Any:
+        from gcache.sdk.cuda_events import StreamWatcher, cuda_event_factory
+
+        with self._state_lock:
+            if self._watcher is None:
+                # raises ValueError here, in the caller, when CUDA is not available
+                self._watcher = StreamWatcher(self._event_factory or cuda_event_factory())
+            return self._watcher
+
+    def _after_stream(self, stream: Any, callback: BatchCallback | None, timeout_ms: int | None
+                      ) -> tuple[BatchCallback, Future]:
+        """A batch callback that defers ``callback`` and the returned future until
+        ``stream`` passes the point where the batch completed."""
+        outer: Future = Future()
+        watcher = self._streams()
+        deadline = self._deadline(timeout_ms) + 1.0
+
+        def on_batch(results: list) -> None:
+            res = list(results)
+
+            def fire(_reached: bool) -> None:
+                _safe(callback, res)
+                outer.set_result(res)
+
+            watcher.after(stream, fire, deadline)
+
+        return on_batch, outer
+
     def put_batch_from(self, keys: Sequence[Key], buffers: Sequence[Any], **kw: Any
                        ) -> list[Status]:
         """Synchronous ``put_batch_from_async``: returns ``list[Status]``."""
@@ -515,15 +575,20 @@ class Client:
     def get_batch_into_async(self, keys: Sequence[Key], buffers: Sequence[Any], *,
                              group: Any = None, timeout_ms: int | None = None,
                              callback: BatchCallback | None = None,
-                             on_key: KeyCallback | None = None) -> Future:
+                             on_key: KeyCallback | None = None, stream: Any = None) -> Future:
         """Read each object straight into ``buffers[i]`` (exact size expected).
 
         Returns a Future of ``list[Status]``: OK, MISS, SIZE_MISMATCH (the object
         is not ``len(buffer)`` bytes), TIMEOUT, UNAVAILABLE, CONFLICT... A buffer
-        whose key is not OK may hold partial bytes.
+        whose key is not OK may hold partial bytes. ``stream`` (a torch.cuda.Stream):
+        the batch callback and the future complete once the stream has passed the
+        point where every key landed (per-key callbacks still fire per key).
         """
         if len(keys) != len(buffers):
             raise ValueError("keys and buffers differ in length")
+        outer = None
+        if stream is not None:
+            callback, outer = self._after_stream(stream, callback, timeout_ms)
         ks = [self._key(k) for k in keys]
         views = [as_view(b, writable=True, device=self._device_ok) for b in buffers]
 
@@ -534,7 +599,8 @@ class Client:
 
         batch = _Batch(ks, Status.ERROR, finalize, callback, on_key)
         if self._closed:
-            return self._closed_batch(batch).future
+            self._closed_batch(batch)
+            return batch.future if outer is None else outer
         routed: dict[str, list] = {}
         for i, (k, v, addr) in enumerate(zip(ks, views, self._owners(ks, group, batch))):
             n = len(v)
@@ -545,7 +611,7 @@ class Client:
                 ln = min(self.slice, n - off)
                 dest.append((i, (k, off, ln, 0, v[off:off + ln])))
         self._dispatch(Op.GET, batch, routed, self._deadline(timeout_ms), lambda t: t[2])
-        return batch.future
+        return batch.future if outer is None else outer
 
     def get_batch_into(self, keys: Sequence[Key], buffers: Sequence[Any], **kw: Any
                        ) -> list[Status]:
@@ -673,12 +739,23 @@ class Client:
         for lane in lanes:
             lane.join(self.timeout + 2)
         self._reaper.stop()
+        if self._watcher is not None:
+            self._watcher.close()
 
     def __enter__(self) -> "Client":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _safe(fn: Callable | None, *args: Any) -> None:
+    if fn is None:
+        return
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("callback raised")
 
 
 def _first(fut: Future) -> Future:
