@@ -670,7 +670,13 @@ class _GCacheStorageImpl:
                 return
             legacy = name == "kv" and not self.interface_v1
             spec = _pool_spec(name, pool, self.storage_config, legacy)
-            self._pools[name] = _PoolBinding(name, pool, spec, _regions(pool))
+            regions = _regions(pool)
+            self._pools[name] = _PoolBinding(name, pool, spec, regions)
+        for _, arr in regions:  # nixl: pages move by one-sided RDMA, no local copy
+            try:
+                self.client.register_buffer(arr)
+            except Exception as exc:  # staged through bounce buffers instead
+                log.warning("cannot register host pool %s with nixl: %s", name, exc)
 
     # ---- helpers
     def _guard(self, what: str, exc: BaseException) -> None:
@@ -917,6 +923,9 @@ class _GCacheStorageImpl:
         self._closed = True
         try:
             self.client.close()
+            for b in self._pools.values():  # after close: no transfer is using them
+                for arr in b._arrays:
+                    self.client.unregister_buffer(arr)
         except Exception as exc:
             self._guard("close", exc)
 

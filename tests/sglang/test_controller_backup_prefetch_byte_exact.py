@@ -106,3 +106,41 @@ def test_rewrite_is_idempotent_and_skips_stored_pages(l3):
         assert after["set_pages_skipped"] - before.get("set_pages_skipped", 0) == 5 + 2
     finally:
         s.close()
+
+
+def test_backup_then_prefetch_over_nixl_registers_the_host_pools(make_cluster, monkeypatch):
+    """GCACHE_TRANSPORT=nixl: SGLang's host pools are registered, so pages move by
+    one-sided NIXL READ/WRITE straight between pool and arena (nothing staged)."""
+    from gcache.nixl_lib import available
+
+    if available():
+        pytest.skip(available())
+    import os
+
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")
+    from sglang.srt.mem_cache.hicache_storage import PoolName
+    from sglang_harness import PAGE, build_stack, seq_of
+
+    from gcache.sdk import onesided
+
+    c = make_cluster(2, "64MiB", extra=["--nixl", "on"])
+    monkeypatch.setenv("GCACHE_TRANSPORT", "nixl")
+    before = dict(onesided.STATS)
+    prod = build_stack("mha", "page_first", c.addresses, seed=1)
+    cons = build_stack("mha", "page_first", c.addresses, seed=2)
+    try:
+        seq = seq_of(9000, 4)
+        hv, kv_slots, _swa, done = prod.backup(seq)
+        assert done == 4 * PAGE
+        cons.prefetch(seq, "r-nixl")
+        got_kv, _ = cons.restored(seq)
+        assert len(got_kv) == 4
+        for i in range(4):
+            assert cons.page_bytes(PoolName.KV, got_kv[i]) == prod.page_bytes(PoolName.KV,
+                                                                              kv_slots[i])
+    finally:
+        prod.close()
+        cons.close()
+    d = {k: v - before.get(k, 0) for k, v in onesided.STATS.items()}
+    assert d["nixl_put_items"] >= 4 and d["nixl_get_items"] >= 4
+    assert d["nixl_staged_bytes"] == 0
