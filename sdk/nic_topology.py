@@ -179,3 +179,23 @@ def choose_rdma_nic(gpu: int | None = None, sysfs: str = "/sys") -> Nic | None:
         log.info("no active RDMA device found: using the TCP transport")
         _warned = True
     return nic
+
+
+def ucx_net_devices(gpu: int | None = None, sysfs: str = "/sys") -> str:
+    """``UCX_NET_DEVICES`` for a process on ``gpu``: its same-rail NIC as ``mlx5_N:PORT``,
+    or '' when there is none (then UCX/NIXL is not used for RDMA; TCP it is)."""
+    nic = choose_rdma_nic(gpu, sysfs)
+    return f"{nic.name}:{nic.port}" if nic is not None else ""
+
+
+def current_gpu() -> int | None:
+    """The CUDA device this process works on, if torch is loaded and CUDA is present."""
+    import sys
+
+    torch = sys.modules.get("torch")  # never import torch just to ask
+    try:
+        if torch is not None and torch.cuda.is_available():
+            return int(torch.cuda.current_device())
+    except Exception:
+        pass
+    return None

@@ -55,8 +55,23 @@ def process_agent() -> Agent:
     global _agent
     with _agent_lock:
         if _agent is None or _agent.closed:
+            pin_rail()
             _agent = Agent(f"gcache-sdk-{os.getpid()}-{os.urandom(4).hex()}")
         return _agent
+
+
+def pin_rail(sysfs: str = "/sys") -> str:
+    """Before the first agent: point UCX at this process's same-rail NIC (nearest to its
+    GPU, GPU NICs before the front-end NIC) unless ``UCX_NET_DEVICES`` is set already."""
+    if os.environ.get("UCX_NET_DEVICES"):
+        return os.environ["UCX_NET_DEVICES"]
+    from gcache.sdk.nic_topology import current_gpu, ucx_net_devices
+
+    devs = ucx_net_devices(current_gpu(), sysfs)
+    if devs:
+        os.environ["UCX_NET_DEVICES"] = devs
+        log.info("nixl: UCX_NET_DEVICES=%s (same rail as this process's GPU)", devs)
+    return devs
 
 
 def close_agent() -> None:

@@ -19,6 +19,7 @@ never maps.
 from __future__ import annotations
 
 import ctypes
+import logging
 import mmap
 import os
 import threading
@@ -214,5 +215,10 @@ def nixl_usable() -> bool:
     if not _usable:
         from gcache.nixl_lib import available, rdma_devices
 
-        _usable.append(bool(rdma_devices()) and not available())
+        devs = rdma_devices()
+        why = "no RDMA device on this host" if not devs else available()
+        if why:
+            logging.getLogger("gcache.sdk").info(
+                "transport auto: nixl not used (%s); shm when co-located, else TCP", why)
+        _usable.append(not why)
     return _usable[0]

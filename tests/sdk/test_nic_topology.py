@@ -94,3 +94,19 @@ def test_this_machine_has_no_rdma_and_discovery_does_not_fail():
     assert all(isinstance(n, nt.Nic) for n in topo.nics)
     if not topo.nics:
         assert nt.choose_rdma_nic(0) is None
+
+
+def test_nixl_agent_is_pinned_to_the_gpus_rail(tmp_path, layout, monkeypatch):
+    from gcache.sdk.nixl_transport import pin_rail
+
+    root = str(build_sysfs(tmp_path, layout))
+    assert nt.ucx_net_devices(2, sysfs=root) == "mlx5_2:1"
+    monkeypatch.delenv("UCX_NET_DEVICES", raising=False)
+    assert pin_rail(root) == "mlx5_0:1"  # no GPU in this process: the first GPU-side NIC
+    assert os.environ["UCX_NET_DEVICES"] == "mlx5_0:1"
+    monkeypatch.setenv("UCX_NET_DEVICES", "lo")
+    assert pin_rail(root) == "lo"  # an operator's choice wins
+    empty = tmp_path / "none"
+    empty.mkdir()
+    monkeypatch.delenv("UCX_NET_DEVICES")
+    assert pin_rail(str(empty)) == "" and "UCX_NET_DEVICES" not in os.environ
