@@ -48,6 +48,7 @@ log = logging.getLogger("gcache.sdk.nixl")
 _agent: Agent | None = None
 _agent_lock = threading.Lock()
 _quarantine: list[Any] = []  # bounce buffers a transfer may still write: never freed
+_told: set[str] = set()  # servers whose "nixl not used" was logged
 
 
 def process_agent() -> Agent:
@@ -161,11 +162,10 @@ class _Registry:
 
     def covers(self, addr: int, n: int, mem: str, dev: int) -> bool:
         with self.lock:
-            i = bisect.bisect_right(self.spans, addr, key=lambda s: s[0]) - 1
-            if i < 0:
-                return False
-            s = self.spans[i]
-            return s[2] == mem and s[3] == dev and addr + n <= s[1]
+            i = bisect.bisect_right(self.spans, addr, key=lambda s: s[0])
+            # every span starting at or before addr (few: long-lived pools), nearest first
+            return any(s[2] == mem and s[3] == dev and addr + n <= s[1]
+                       for s in reversed(self.spans[:i]))
 
     def clear(self) -> None:
         with self.lock:
@@ -214,7 +214,9 @@ class NixlTransport(ShmTransport):
         if self.mode == "nixl":
             TcpTransport.close(self)
             raise ConnectionError(f"nixl transport to {self.address}: {why}")
-        log.info("nixl not used for %s: %s; using TCP", self.address, why)
+        if self.address not in _told:  # once per server, not per connection
+            _told.add(self.address)
+            log.info("nixl not used for %s: %s; using TCP", self.address, why)
         self.kind = "tcp"
         STATS["tcp_connections"] += 1
 
