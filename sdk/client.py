@@ -357,9 +357,9 @@ class Client:
             total = sum(nbytes(it) for _, it in entries)
             target = max(self.slice, min(self.frame_target, -(-total // self.conns)))
             if lane.kind in ("shm", "nixl"):
-                # one-sided: a frame costs two control RPCs and the copy itself is cheap,
-                # so pack small values into fewer, larger frames
-                target = max(target, min(self.frame_target, ONE_SIDED_FRAME_BYTES))
+                # one-sided: no bytes travel in the frame and each frame costs two control
+                # RPCs, so split the batch evenly over the lane's threads (no frame cap)
+                target = max(ONE_SIDED_FRAME_BYTES, -(-total // self.conns))
             cur_i: list[int] = []
             cur: list = []
             size = 0
