@@ -81,10 +81,14 @@ _open: "weakref.WeakSet[Agent]" = weakref.WeakSet()
 class Agent:
     """One NIXL agent with the UCX backend; thread-safe for concurrent transfers."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, progress_s: float = 0.0) -> None:
         mod = load()
         sync = getattr(mod.nixl_thread_sync_t, "NIXL_THREAD_SYNC_RW", None)
-        conf = mod.nixl_agent_config(enable_prog_thread=True, enable_listen_thread=False,
+        # NIXL's own progress thread busy-polls (the Python API fixes its delay at 0), a
+        # whole core per process. Initiators progress by polling their transfers; a
+        # target that must progress (UCX tcp emulates RMA with messages) gets a paced
+        # thread of ours instead: ``progress_s`` > 0.
+        conf = mod.nixl_agent_config(enable_prog_thread=False, enable_listen_thread=False,
                                      backends=[BACKEND], sync_mode=sync)
         try:
             self.nx = mod.nixl_agent(name, conf)
@@ -97,7 +101,23 @@ class Agent:
         self.lock = threading.Lock()  # registrations and remote-agent bookkeeping
         self.regs: list[Any] = []
         self.remotes: dict[str, int] = {}  # remote agent name -> users
+        self._stop = threading.Event()
+        self._progress: threading.Thread | None = None
+        if progress_s > 0:
+            self._progress = threading.Thread(target=self._progress_loop, args=(progress_s,),
+                                              name="gcache-nixl-progress", daemon=True)
+            self._progress.start()
         _open.add(self)
+
+    def _progress_loop(self, period: float) -> None:
+        while not self._stop.wait(period):
+            nx = self.nx
+            if nx is None:
+                return
+            try:
+                nx.get_new_notifs()  # drives the backend's workers
+            except Exception as exc:
+                log.debug("nixl progress: %s", exc)
 
     @property
     def closed(self) -> bool:
@@ -142,6 +162,9 @@ class Agent:
 
     def close(self) -> None:
         """Explicit teardown, in dependency order. Idempotent."""
+        self._stop.set()
+        if self._progress is not None and self._progress is not threading.current_thread():
+            self._progress.join(2.0)
         with self.lock:
             nx, self.nx = self.nx, None
             regs, self.regs = self.regs, []

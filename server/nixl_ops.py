@@ -29,11 +29,15 @@ from gcache.server.shm_ops import LEASE_MS
 
 log = logging.getLogger("gcache.server.nixl")
 
+# Target-side progress for UCX transports that emulate RMA with messages (tcp); RDMA and
+# CMA reads/writes never need it. 1 ms keeps an idle server at ~3 % of a core.
+PROGRESS_S = 0.001
+
 
 class ServerNixl:
     def __init__(self, arena, name: str) -> None:
         self.name = f"gcache-{name}-{os.getpid()}-{os.urandom(4).hex()}"
-        self.agent = Agent(self.name)
+        self.agent = Agent(self.name, progress_s=PROGRESS_S)
         try:
             view = np.frombuffer(arena.mm, dtype=np.uint8)
             self.base = int(view.ctypes.data)

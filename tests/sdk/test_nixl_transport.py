@@ -171,6 +171,35 @@ def test_processes_exit_cleanly(make_cluster, tmp_path):
     assert c.servers[0].terminate() == 0
 
 
+def test_idle_agent_does_not_spin_and_tcp_rma_is_progressed(srv, tmp_path):
+    """NIXL's own progress thread busy-polls a core; ours is paced. With UCX limited to
+    tcp (RMA emulated by messages: the server must progress), transfers still finish."""
+    pid = srv.servers[0].proc.pid
+
+    def cpu_s() -> float:
+        f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+    a = cpu_s()
+    time.sleep(2.0)
+    assert (cpu_s() - a) / 2.0 < 0.5  # a busy-polling agent shows ~1.0 (a whole core)
+    script = tmp_path / "tcp_only.py"
+    script.write_text(textwrap.dedent(f"""
+        import numpy as np
+        from gcache.sdk import Client, onesided
+        v = np.arange(3 << 20, dtype=np.uint32).view(np.uint8)[: 3 << 20]
+        with Client([{srv.addresses[0]!r}], transport="nixl", timeout_ms=20000) as c:
+            assert c.put_batch_from(["t"], [v])[0].name == "OK"
+            assert c.get("t") == v.tobytes()
+        assert onesided.STATS["nixl_get_items"] > 0
+        print("DONE")
+    """))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=90, env={**os.environ, "UCX_NET_DEVICES": "lo",
+                                        "UCX_TLS": "tcp"})
+    assert r.returncode == 0 and "DONE" in r.stdout, r.stderr[-2000:]
+
+
 @pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs CUDA")
 def test_cuda_tensors_round_trip(srv):  # pragma: no cover - no GPU on CI
     import torch
