@@ -285,16 +285,12 @@ class NixlTransport(ShmTransport):
     def move_in(self, copies: list[Copy], t0: float, deadline: float) -> None:
         if self.kind == "shm":
             return super().move_in(copies, t0, deadline)
-        for c in copies:
-            if c.local is None:
-                c.data = bytearray(c.n)
-        self._run("READ", [(c.local if c.local is not None else memoryview(c.data), c.remote,
-                            c.n) for c in copies if c.n], t0, deadline)
+        self._run("READ", copies, t0, deadline)
 
     def move_out(self, copies: list[Copy], t0: float, deadline: float) -> None:
         if self.kind == "shm":
             return super().move_out(copies, t0, deadline)
-        self._run("WRITE", [(c.local, c.remote, c.n) for c in copies if c.n], t0, deadline)
+        self._run("WRITE", copies, t0, deadline)
 
     def _run(self, op: str, moves: list[tuple[Any, int, int]], t0: float,
              deadline: float) -> None:

@@ -48,14 +48,11 @@ class _FrameStatus(Exception):
         self.status = status
 
 
-class Copy:
-    """One slice to move: ``local`` (a memoryview, a DeviceView, or None = allocate
-    ``data``) <-> ``n`` bytes at arena offset ``remote``."""
+# One slice to move: (local, remote, n) = a memoryview or DeviceView of at least ``n``
+# bytes <-> ``n`` bytes at arena offset ``remote``. Plain tuples: a frame holds thousands.
+Copy = tuple  # (local, remote, n)
 
-    __slots__ = ("local", "remote", "n", "data")
-
-    def __init__(self, local: Any, remote: int, n: int) -> None:
-        self.local, self.remote, self.n, self.data = local, remote, n, None
+_INT5 = (int, int, int, int, int)
 
 
 class OneSidedTransport(TcpTransport):
@@ -65,7 +62,7 @@ class OneSidedTransport(TcpTransport):
 
     # ------------------------------------------------------------------ movers
     def move_in(self, copies: list[Copy], t0: float, deadline: float) -> None:
-        """Copy every ``Copy`` from the arena into its ``local`` (or a new ``data``)."""
+        """Copy every ``(local, remote, n)`` from the arena into ``local``."""
         raise NotImplementedError
 
     def move_out(self, copies: list[Copy], t0: float, deadline: float) -> None:
@@ -125,7 +122,8 @@ class OneSidedTransport(TcpTransport):
 
     def _check_span(self, off: int, n: int) -> None:
         lo, hi = self.span
-        if not (isinstance(off, int) and lo <= off and off + n <= hi):
+        if not (isinstance(off, int) and isinstance(n, int) and n >= 0 and lo <= off
+                and off + n <= hi):
             raise ProtocolError(f"server gave arena span [{off}, {off + n}) outside the "
                                 f"arena data [{lo}, {hi})")
 
@@ -158,14 +156,15 @@ class OneSidedTransport(TcpTransport):
         fallback = []
         held: list[int] = []
         try:  # any failure before RELEASE closes the connection: the server drops the leases
+            lo, hi = self.span
             for ls in leases:
-                if not (isinstance(ls, list) and len(ls) == 5
-                        and all(isinstance(x, int) for x in ls)):
+                if type(ls) is not list or tuple(map(type, ls)) != _INT5:
                     raise ProtocolError("malformed LEASE reply item")
                 if ls[0] == Status.OK:
                     held.append(ls[4])
-                    self._check_span(ls[3], ls[1])
-            copies: list[tuple[int, Copy]] = []
+                    if not lo <= ls[3] <= ls[3] + ls[1] <= hi:
+                        self._check_span(ls[3], ls[1])  # raises
+            copies: list[Copy] = []
             for i, it in enumerate(items):
                 st, total, ver, off, _lid = leases[which[i]]
                 if st == Status.BUSY:
@@ -176,15 +175,17 @@ class OneSidedTransport(TcpTransport):
                     continue
                 start = min(it[1], total)
                 n = min(total - start, it[2])
-                if it[4] is not None and n > len(it[4]):
-                    raise ProtocolError(f"{n} bytes for a {len(it[4])}-byte destination")
-                copies.append((i, Copy(it[4], off + start, n)))
-                out[i] = ItemResult(Status.OK, total, ver, n)
+                res = out[i] = ItemResult(Status.OK, total, ver, n)
+                dst = it[4]
+                if dst is None:  # a byte get: the bytes land in a new buffer
+                    res.data = bytearray(n)
+                    dst = memoryview(res.data)
+                elif n > len(dst):
+                    raise ProtocolError(f"{n} bytes for a {len(dst)}-byte destination")
+                if n:
+                    copies.append((dst, off + start, n))
             if copies:
-                self.move_in([c for _, c in copies], t0, work.deadline)
-            for i, c in copies:
-                if c.local is None:
-                    out[i].data = c.data
+                self.move_in(copies, t0, work.deadline)
         except BaseException:
             self.close()
             raise
@@ -244,8 +245,8 @@ class OneSidedTransport(TcpTransport):
                 raise ValueError(f"put slice has {len(it[5])} bytes, item says {it[3]}")
             ok.append(i)
         if ok:
-            self.move_out([Copy(items[i][5], slots[i][1], items[i][3]) for i in ok], t0,
-                          work.deadline)
+            self.move_out([(items[i][5], slots[i][1], items[i][3]) for i in ok if items[i][3]],
+                          t0, work.deadline)
             rmeta = self._call(Op.COMMIT, {"slots": [slots[i][2] for i in ok], "abort": []},
                                work.deadline)
             st = rmeta.get("st")

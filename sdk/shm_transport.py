@@ -31,6 +31,7 @@ from gcache.sdk.onesided import STATS, Copy, OneSidedTransport, _FrameStatus  # 
 from gcache.sdk.transport import TcpTransport, Transport
 
 MODES = ("auto", "tcp", "shm", "nixl")
+CHECK_BYTES = 2 << 20  # deadline / lease-bound check at least this often while copying
 
 
 def boot_id() -> str:
@@ -172,22 +173,22 @@ class ShmTransport(OneSidedTransport):
 
     # ------------------------------------------------------------------ movers
     def move_in(self, copies: list[Copy], t0: float, deadline: float) -> None:
-        base = self.map.base
-        for c in copies:
-            self.copy_window(t0, deadline)
-            if c.local is None:
-                c.data = bytearray(c.n)
-                if c.n:
-                    _copy(_addr(memoryview(c.data)), base + c.remote, c.n)
-            elif c.n:
-                _copy(_addr(c.local[:c.n]), base + c.remote, c.n)
+        base, since = self.map.base, CHECK_BYTES
+        for local, remote, n in copies:
+            if since >= CHECK_BYTES:  # the clock is read every few MiB, not per slice
+                self.copy_window(t0, deadline)
+                since = 0
+            _copy(_addr(local), base + remote, n)
+            since += n
 
     def move_out(self, copies: list[Copy], t0: float, deadline: float) -> None:
-        base = self.map.base
-        for c in copies:
-            self.copy_window(t0, deadline)
-            if c.n:
-                _copy(base + c.remote, _addr(c.local), c.n)
+        base, since = self.map.base, CHECK_BYTES
+        for local, remote, n in copies:
+            if since >= CHECK_BYTES:
+                self.copy_window(t0, deadline)
+                since = 0
+            _copy(base + remote, _addr(local), n)
+            since += n
 
 
 def make_transport(mode: str, address: str, token: str, limits: Limits,
