@@ -37,7 +37,9 @@ def plot_gbps(rows: list[dict[str, Any]], path: str, title: str = "") -> str:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     if title:
-        ax.set_title(title, fontsize=8)
+        import textwrap
+
+        ax.set_title("\n".join(textwrap.wrap(title, 110)), fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
