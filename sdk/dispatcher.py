@@ -119,8 +119,20 @@ class Lane:
                 if gen != self.generation:
                     transport.close()  # reconnect: the server failed since we connected
                     gen = self.generation
+                reused = getattr(transport, "sock", None) is not None
                 try:
-                    results = transport.execute(work)
+                    try:
+                        results = transport.execute(work)
+                    except (OSError, ConnectionError) as exc:
+                        if not reused or isinstance(exc, TimeoutError) \
+                                or time.monotonic() >= work.deadline:
+                            raise
+                        # A pooled connection that died while idle (the server restarted,
+                        # a NAT dropped it): one fresh connection before calling the
+                        # server suspect. Every op is idempotent (a put rewrites the
+                        # same bytes), and a dead server refuses the connect at once.
+                        transport.close()
+                        results = transport.execute(work)
                     self.kind = getattr(transport, "kind", "") or "tcp"
                 except TransportTimeout:
                     self.consecutive_timeouts += 1

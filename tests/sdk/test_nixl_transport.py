@@ -215,3 +215,4 @@ def test_cuda_tensors_round_trip(srv):  # pragma: no cover - no GPU on CI
         assert c.get_batch_into(["g"], [pool[: 1 << 20]]) == [Status.OK]
         assert torch.equal(pool[: 1 << 20], v)
         c.unregister_buffer(pool)
+
