@@ -26,7 +26,7 @@ from gcache.server.arena import Arena, ArenaError, arena_path, header_len
 from gcache.server.memory_tier import MemoryTier
 from gcache.server.metrics import ServerMetrics, serve_http
 from gcache.network import check_bind
-from gcache.server import nixl_ops
+from gcache.server import nixl_ops, shm_ops
 from gcache.server.service import Service
 
 log = logging.getLogger("gcache.server")
@@ -97,6 +97,7 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
         s = tier.stats()
         svc = metrics_holder.get("svc")
         s["connections"] = svc.connections if svc else 0
+        s.update(shm_ops.transport_stats(nixl is not None))
         return s
 
     metrics = ServerMetrics(stats)

@@ -69,6 +69,13 @@ class _TierCollector:
                 c = CounterMetricFamily(f"gcache_memory_{name}", f"memory tier {name}")
                 c.add_metric([], s[name])
                 yield c
+        for name, text in (("shm_leases", "read leases held by shm/nixl clients"),
+                           ("shm_slots", "uncommitted put slots held by shm/nixl clients"),
+                           ("nixl", "1 when the arena is registered with a NIXL agent")):
+            if name in s:
+                g = GaugeMetricFamily(f"gcache_{name}", text)
+                g.add_metric([], s[name])
+                yield g
         g = GaugeMetricFamily("gcache_recovered_objects", "objects recovered at start")
         g.add_metric([], s.get("recovered", 0))
         yield g

@@ -248,7 +248,8 @@ class _Connection:
     def svc_stats(self) -> dict:
         s = dict(self.svc.tier.stats())
         s.update(name=self.svc.name, address=self.svc.address,
-                 connections=self.svc.connections, uptime_s=time.time() - self.svc.started)
+                 connections=self.svc.connections, uptime_s=time.time() - self.svc.started,
+                 **shm_ops.transport_stats(bool(self.svc.nixl_info)))
         return s
 
     def misplaced(self, meta: dict, n: int) -> list[bool]:

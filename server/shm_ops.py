@@ -157,6 +157,17 @@ def _state(conn: Any) -> ShmState:
     return st
 
 
+def transport_stats(nixl_on: bool) -> dict:
+    """Leases and put slots held right now over every connection, and whether the arena
+    is registered with NIXL (for STATS, /healthz and the metrics)."""
+    leases = slots = 0
+    for st in list(_states):
+        with st.lock:
+            leases += len(st.leases)
+            slots += len(st.slots)
+    return {"shm_leases": leases, "shm_slots": slots, "nixl": 1 if nixl_on else 0}
+
+
 def release_all(conn: Any) -> None:
     """Connection closed: release its leases and abort its slots."""
     st = getattr(conn, "shm_state", None)

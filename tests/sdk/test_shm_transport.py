@@ -110,6 +110,8 @@ def test_lease_blocks_eviction_and_close_releases(srv):
     t2 = _raw(addr)
     rep2 = t2._call(Op.LEASE, {"ns": b"default", "items": [[b"free", 0]]}, time.monotonic() + 5)
     assert rep2["items"][0][0] == Status.OK
+    with Client([addr], transport="tcp") as c:  # held leases show in the server's stats
+        assert c.stats()[addr]["shm_leases"] == 2
     t2.close()  # the server releases t2's lease when its connection closes
     time.sleep(0.2)
     _fill(addr, 300 << 20)  # ~3x the arena: everything unpinned is evicted

@@ -87,6 +87,7 @@ def test_metrics_and_health_endpoints(tmp_path):
         assert 'gcache_items_total{op="get",status="MISS"} 1.0' in text
         assert "gcache_memory_objects 1.0" in text
         assert "gcache_frame_seconds_bucket" in text
+        assert "gcache_shm_leases 0.0" in text and "gcache_nixl 0.0" in text
         health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz",
                                                    timeout=5).read())
         assert health["status"] == "ok" and health["objects"] == 1
