@@ -105,29 +105,42 @@ class _Batch:
             self.future.set_result([])
 
     def slice_done(self, i: int, st: Status, version: int = 0, total: int = -1) -> None:
+        self.slices_done(((i, st, version, total),))
+
+    def slices_done(self, done: Sequence[tuple[int, Status, int, int]]) -> None:
+        """Fold ``(key index, status, version, total_len)`` of finished slices. Every key
+        is finalized (result written, per-key callback run) before the batch counts it,
+        so the batch callback and the future always see every result."""
+        finished = []
         with self.lock:
-            if self.parts[i] <= 0:
-                return
-            if st != Status.OK and self.left[i] == Status.OK:
-                self.left[i] = st
-            if version:
-                if self.versions[i] and self.versions[i] != version and self.left[i] == Status.OK:
-                    self.left[i] = Status.CONFLICT
-                self.versions[i] = version
-            if total >= 0:
-                self.totals[i] = total
-            self.parts[i] -= 1
-            if self.parts[i]:
-                return
-            self.remaining -= 1
+            for i, st, version, total in done:
+                if self.parts[i] <= 0:
+                    continue
+                if st != Status.OK and self.left[i] == Status.OK:
+                    self.left[i] = st
+                if version:
+                    if self.versions[i] and self.versions[i] != version \
+                            and self.left[i] == Status.OK:
+                        self.left[i] = Status.CONFLICT
+                    self.versions[i] = version
+                if total >= 0:
+                    self.totals[i] = total
+                self.parts[i] -= 1
+                if not self.parts[i]:
+                    finished.append(i)
+        if not finished:
+            return
+        for i in finished:
+            res = self.finalize(i, self.left[i])
+            self.results[i] = res
+            if self.on_key is not None:
+                try:
+                    self.on_key(i, self.keys[i], res)
+                except Exception:
+                    log.exception("per-key callback raised")
+        with self.lock:
+            self.remaining -= len(finished)
             last = self.remaining == 0
-        res = self.finalize(i, self.left[i])
-        self.results[i] = res
-        if self.on_key is not None:
-            try:
-                self.on_key(i, self.keys[i], res)
-            except Exception:
-                log.exception("per-key callback raised")
         if last:
             if self.callback is not None:
                 try:
@@ -398,11 +411,15 @@ class Client:
             else:
                 done_idx, done_items = idx, items
             if op == Op.GET:
+                bulk = []
                 for i, it, r in zip(done_idx, done_items, results):
-                    self._get_part(batch, i, it, r, lane, deadline)
+                    if it[4] is None and r.status == Status.OK and batch.bufs[i] is None:
+                        self._get_part(batch, i, it, r, lane, deadline)  # may fan out
+                    else:
+                        bulk.append((i, _slice_status(it, r), r.version, r.total_len))
+                batch.slices_done(bulk)
             else:
-                for i, r in zip(done_idx, results):
-                    batch.slice_done(i, r.status)
+                batch.slices_done([(i, r.status, 0, -1) for i, r in zip(done_idx, results)])
 
         extra = None
         if self._master is not None:
@@ -441,8 +458,8 @@ class Client:
                 with batch.lock:
                     batch.parts[i] += len(rest)
                 self._dispatch(Op.GET, batch, {lane.address: rest}, deadline, lambda t: t[2])
-        elif st == Status.OK and it[4] is not None and r.nbytes != min(it[2], max(0, r.total_len - it[1])):
-            st = Status.SIZE_MISMATCH
+        else:
+            st = _slice_status(it, r)
         batch.slice_done(i, st, r.version, r.total_len)
 
     def _deadline(self, timeout_ms: int | None) -> float:
@@ -752,6 +769,15 @@ class Client:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _slice_status(it: tuple, r: ItemResult) -> Status:
+    """A get slice's status: SIZE_MISMATCH when the bytes that came are not what the
+    destination slice at ``it[1]`` of a ``r.total_len`` object should hold."""
+    if r.status == Status.OK and it[4] is not None \
+            and r.nbytes != min(it[2], max(0, r.total_len - it[1])):
+        return Status.SIZE_MISMATCH
+    return r.status
 
 
 def _safe(fn: Callable | None, *args: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -58,3 +59,33 @@ def test_callbacks_exactly_once(nixl_cluster, transport):
         res = fut.result(10)
         assert res[:2] == [vals[3].tobytes(), vals[4].tobytes()] and res[2] is None
         assert sorted(i for i, _ in got) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_batch_completion_sees_every_key_finalized(nixl_cluster, transport):
+    """Frames of one batch finish on different dispatch threads; the batch callback and
+    the future must still see every key's result, after every per-key callback."""
+    keys = [f"fin-{transport}-{i}" for i in range(12)]
+    vals = [os.urandom(3 << 20) for _ in range(12)]  # bytes() of 3 MiB: a slow finalize
+    with Client(nixl_cluster.addresses, transport=transport, timeout_ms=20_000,
+                conns_per_server=4, frame_target_bytes=4 << 20) as c:
+        assert c.put_batch(keys, vals) == [Status.OK] * 12
+        for _ in range(10):
+            calls = [0]
+            seen_at_batch: list[int] = []
+            fut = c.get_batch_async(keys, on_key=_counting(calls),
+                                    callback=lambda res, calls=calls, seen=seen_at_batch:
+                                    seen.append(calls[0]))
+            assert fut.result(20) == vals
+            assert seen_at_batch == [12]
+
+
+def _counting(calls: list[int]):
+    lock = threading.Lock()
+
+    def on_key(i, k, v):
+        if i == 0:
+            time.sleep(0.05)  # a slow callback on one dispatch thread
+        with lock:
+            calls[0] += 1
+    return on_key
