@@ -252,7 +252,8 @@ def status(masters: str, token: str, as_json: bool) -> None:
     for m in doc["members"]:
         st = m.get("stats") or {}
         hb = m.get("last_heartbeat_s")
-        t.add_row(m["id"], m["address"], f"[{colors.get(m['state'], 'white')}]{m['state']}[/]",
+        label = m["state"] + (" (drained)" if m.get("drained") and m["state"] == "down" else "")
+        t.add_row(m["id"], m["address"], f"[{colors.get(m['state'], 'white')}]{label}[/]",
                   str(m["incarnation"]), _human(m.get("capacity_bytes", 0)),
                   _human(st.get("used_bytes", 0)) if st else "-",
                   f"{st.get('objects', 0):,}" if st else "-", *tier_cells(st),

@@ -34,6 +34,11 @@ failed write leaves memory and disk at the old state.
 Routing: the ring is built from UP members only (``routable``). DRAINING members keep
 serving reads of what they already hold but take no new placements; DOWN and JOINING
 members are skipped.
+
+Drain intent. ``drain`` sets the record's ``drained`` flag, which only ``undrain``
+clears: a drained member that goes DOWN (crash, partition) and comes back, under the
+same or a new process, comes back DRAINING, not UP; draining a DOWN member records the
+intent for when it returns. Records written before the flag existed read as not drained.
 """
 
 from __future__ import annotations
@@ -98,15 +103,17 @@ def _check_address(value: object) -> str:
     return value
 
 
-def _check_keys(what: str, doc: Mapping[str, Any], required: tuple[str, ...]) -> None:
-    missing = [k for k in required if k not in doc]
+def _check_keys(what: str, doc: Mapping[str, Any], required: tuple[str, ...],
+                optional: tuple[str, ...] = ()) -> None:
+    missing = [k for k in required if k not in doc and k not in optional]
     extra = sorted(str(k) for k in doc if k not in required)
     if missing or extra:
         raise ValueError(f"{what}: missing fields {missing}, unknown fields {extra}")
 
 
 _RECORD_FIELDS = ("id", "address", "capacity_bytes", "incarnation", "state", "boot_id",
-                  "changed_epoch")
+                  "changed_epoch", "drained")
+_RECORD_OPTIONAL = ("drained",)  # absent in records written by older masters
 
 _OP_FIELDS: dict[OpKind, tuple[str, ...]] = {
     OpKind.REGISTER: ("op", "id", "address", "capacity_bytes", "boot_id"),
@@ -153,6 +160,7 @@ class MemberRecord:
     state: MemberState
     boot_id: str
     changed_epoch: int
+    drained: bool = False  # an admin drain not yet undone (survives down and restarts)
 
     def __post_init__(self) -> None:
         _check_text("id", self.id, MAX_ID_LEN)
@@ -163,6 +171,8 @@ class MemberRecord:
             raise ValueError(f"state must be a MemberState, got {self.state!r}")
         _check_text("boot_id", self.boot_id, MAX_BOOT_ID_LEN)
         _check_int("changed_epoch", self.changed_epoch, 0)
+        if not isinstance(self.drained, bool):
+            raise ValueError(f"drained must be a bool, got {self.drained!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -173,20 +183,21 @@ class MemberRecord:
             "state": self.state.value,
             "boot_id": self.boot_id,
             "changed_epoch": self.changed_epoch,
+            "drained": self.drained,
         }
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> MemberRecord:
         if not isinstance(doc, Mapping):
             raise ValueError(f"member record must be a mapping, got {type(doc).__name__}")
-        _check_keys("member record", doc, _RECORD_FIELDS)
+        _check_keys("member record", doc, _RECORD_FIELDS, _RECORD_OPTIONAL)
         try:
             state = MemberState(doc["state"])
         except ValueError:
             raise ValueError(f"unknown member state {doc['state']!r}") from None
         return cls(id=doc["id"], address=doc["address"], capacity_bytes=doc["capacity_bytes"],
                    incarnation=doc["incarnation"], state=state, boot_id=doc["boot_id"],
-                   changed_epoch=doc["changed_epoch"])
+                   changed_epoch=doc["changed_epoch"], drained=doc.get("drained", False))
 
 
 def routable(view_members: Iterable[MemberRecord | Mapping[str, Any]]) -> list[MemberRecord]:
@@ -325,14 +336,18 @@ class Membership:
                 return None
             return _Change(replace(cur, state=MemberState.DOWN, changed_epoch=new_epoch))
         if kind is OpKind.DRAIN:
-            if cur.state not in (MemberState.UP, MemberState.JOINING):
+            if cur.state in (MemberState.UP, MemberState.JOINING):
+                return _Change(replace(cur, state=MemberState.DRAINING, drained=True,
+                                       changed_epoch=new_epoch))
+            if cur.drained:
                 return None
-            return _Change(replace(cur, state=MemberState.DRAINING, changed_epoch=new_epoch))
+            # DOWN (or a DRAINING record from before the flag): keep the intent for later
+            return _Change(replace(cur, drained=True, changed_epoch=new_epoch))
         if kind is OpKind.UNDRAIN:
             if cur.state not in (MemberState.DRAINING, MemberState.DOWN):
                 return None
             inc = cur.incarnation + (1 if cur.state is MemberState.DOWN else 0)
-            return _Change(replace(cur, state=MemberState.UP, incarnation=inc,
+            return _Change(replace(cur, state=MemberState.UP, incarnation=inc, drained=False,
                                    changed_epoch=new_epoch))
         if kind is OpKind.REMOVE:
             return _Change(None, removed=cur)
@@ -346,14 +361,15 @@ class Membership:
             return _Change(MemberRecord(id=op["id"], address=address, capacity_bytes=capacity,
                                         incarnation=inc, state=MemberState.UP,
                                         boot_id=boot_id, changed_epoch=new_epoch))
+        back = (MemberState.DRAINING if cur.drained or cur.state is MemberState.DRAINING
+                else MemberState.UP)  # the state a returning member takes
         if cur.boot_id != boot_id:  # the server restarted
-            state = MemberState.DRAINING if cur.state is MemberState.DRAINING else MemberState.UP
             return _Change(replace(cur, address=address, capacity_bytes=capacity,
-                                   incarnation=cur.incarnation + 1, state=state,
+                                   incarnation=cur.incarnation + 1, state=back,
                                    boot_id=boot_id, changed_epoch=new_epoch))
         if cur.state is MemberState.DOWN:  # same process back from a partition
             return _Change(replace(cur, address=address, capacity_bytes=capacity,
-                                   incarnation=cur.incarnation + 1, state=MemberState.UP,
+                                   incarnation=cur.incarnation + 1, state=back,
                                    changed_epoch=new_epoch))
         if cur.address != address or cur.capacity_bytes != capacity:
             return _Change(replace(cur, address=address, capacity_bytes=capacity,

@@ -84,6 +84,26 @@ def test_dead_server_becomes_down_and_routing_skips_it(mcluster):
         assert rec["incarnation"] == 2
 
 
+def test_drained_server_that_crashes_comes_back_drained(mcluster):
+    """The drain intent survives down and a restart; only undrain (admin add) clears it."""
+    mc = MasterClient(mcluster.master_addresses)
+    victim = mcluster.servers[0]
+    mc.admin("drain", victim.name)
+    wait_for(lambda: states(mc)[victim.name] == "draining", 3)
+    victim.kill9()
+    wait_for(lambda: states(mc)[victim.name] == "down", 6)
+    victim.start()
+    wait_for(lambda: (m := next(x for x in mc.view()["members"] if x["id"] == victim.name))
+             and m["incarnation"] == 2, 10)
+    time.sleep(0.5)  # it registered: it must stay out of placement
+    rec = next(m for m in mc.view()["members"] if m["id"] == victim.name)
+    assert rec["state"] == "draining" and rec["drained"] is True
+    with Client(masters=mcluster.master_addresses) as c:
+        assert [m.id for m in c.view.members] == [mcluster.servers[1].name]
+    mc.admin("undrain", victim.name)
+    wait_for(lambda: states(mc)[victim.name] == "up", 3)
+
+
 def test_leader_kill9_under_io_new_leader_fast_and_io_never_stalls(mcluster):
     stop = threading.Event()
     lat: list[float] = []

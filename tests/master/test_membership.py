@@ -69,8 +69,11 @@ def test_register_new_member_is_up_at_incarnation_1():
     assert out["changed"] is True and out["epoch"] == 1 == m.epoch
     assert out["member"] == {"id": "s1", "address": "10.0.0.1:7400", "capacity_bytes": 1 << 30,
                              "incarnation": 1, "state": "up", "boot_id": "b1",
-                             "changed_epoch": 1}
+                             "changed_epoch": 1, "drained": False}
     assert m.get("s1") == MemberRecord.from_dict(out["member"])
+    # a record written by an older master (no "drained" field) still reads
+    old = {k: v for k, v in out["member"].items() if k != "drained"}
+    assert MemberRecord.from_dict(old) == m.get("s1")
 
 
 def test_register_same_boot_is_noop_but_updates_address_and_capacity():
@@ -96,7 +99,7 @@ def test_register_new_boot_is_a_restart():
         (2, MemberState.UP, "b2", "10.0.0.2:7400")
 
 
-def test_restart_keeps_draining_and_revives_down():
+def test_drain_intent_survives_down_and_restarts_until_undrain():
     m = Membership()
     m.apply(reg())
     m.apply(admin("drain"))
@@ -104,8 +107,27 @@ def test_restart_keeps_draining_and_revives_down():
     assert state_of(m) == (MemberState.DRAINING, 2)
     m.apply(down(incarnation=2))
     assert state_of(m) == (MemberState.DOWN, 2)
-    m.apply(reg(boot="b3"))
-    assert state_of(m) == (MemberState.UP, 3)
+    m.apply(reg(boot="b3"))  # a drained server that crashed and restarted stays drained
+    assert state_of(m) == (MemberState.DRAINING, 3)
+    m.apply(down(incarnation=3))
+    m.apply(reg(boot="b3"))  # same process back from a partition: still drained
+    assert state_of(m) == (MemberState.DRAINING, 4)
+    m.apply(admin("undrain"))
+    assert state_of(m) == (MemberState.UP, 4) and m.get("s1").drained is False
+    m.apply(down(incarnation=4))
+    m.apply(reg(boot="b4"))  # undrained: back up as before
+    assert state_of(m) == (MemberState.UP, 5)
+
+
+def test_drain_while_down_takes_effect_when_it_returns():
+    m = Membership()
+    m.apply(reg())
+    m.apply(down(incarnation=1))
+    out = m.apply(admin("drain"))
+    assert out["changed"] and out["member"]["state"] == "down" and out["member"]["drained"]
+    assert m.apply(admin("drain"))["changed"] is False
+    m.apply(reg(boot="b2"))
+    assert state_of(m) == (MemberState.DRAINING, 2)
 
 
 def test_same_boot_register_heals_down_with_a_new_incarnation():
@@ -159,10 +181,11 @@ def test_drain_and_undrain_transitions():
     assert m.apply(admin("undrain"))["changed"] is False
     assert state_of(m) == (MemberState.UP, 1)  # draining -> up keeps the incarnation
     m.apply(down(incarnation=1))
-    assert m.apply(admin("drain"))["changed"] is False  # down stays down
-    out = m.apply(admin("undrain"))  # admin "add" of a down member
-    assert out["changed"] and state_of(m) == (MemberState.UP, 2)
-    assert m.epoch == 5
+    out = m.apply(admin("drain"))  # down stays down, the intent is recorded
+    assert out["changed"] and state_of(m) == (MemberState.DOWN, 1) and m.get("s1").drained
+    out = m.apply(admin("undrain"))  # admin "add" of a down member clears it
+    assert out["changed"] and state_of(m) == (MemberState.UP, 2) and not m.get("s1").drained
+    assert m.epoch == 6
 
 
 def test_drain_from_joining():
@@ -503,7 +526,8 @@ class MembershipMachine(RuleBasedStateMachine):
         assert rec is not None and rec.boot_id == boot
         assert (rec.address, rec.capacity_bytes) == (address, capacity)
         if before is not None and before.boot_id == boot and before.state is MemberState.DOWN:
-            assert rec.state is MemberState.UP and rec.incarnation == before.incarnation + 1
+            back = MemberState.DRAINING if before.drained else MemberState.UP
+            assert rec.state is back and rec.incarnation == before.incarnation + 1
 
     @rule(member_id=IDS, address=ADDRS, capacity=CAPS)
     def restart(self, member_id: str, address: str, capacity: int) -> None:
@@ -516,8 +540,9 @@ class MembershipMachine(RuleBasedStateMachine):
         assert out["changed"] and rec is not None
         assert rec.incarnation > prev_max  # a new process always outranks every old one
         expected = (MemberState.DRAINING if before is not None
-                    and before.state is MemberState.DRAINING else MemberState.UP)
-        assert rec.state is expected
+                    and (before.state is MemberState.DRAINING or before.drained)
+                    else MemberState.UP)
+        assert rec.state is expected and rec.drained == (before is not None and before.drained)
 
     @rule(member_id=IDS, stale=st.booleans(), data=st.data())
     def mark_down(self, member_id: str, stale: bool, data: st.DataObject) -> None:
@@ -540,9 +565,12 @@ class MembershipMachine(RuleBasedStateMachine):
         self.do({"op": "drain", "id": member_id})
         after = self.m.get(member_id)
         if before is not None and before.state in (MemberState.UP, MemberState.JOINING):
-            assert after.state is MemberState.DRAINING
+            assert after.state is MemberState.DRAINING and after.drained
+        elif before is not None:  # down or draining: the intent is kept, the state is not
+            assert after.state is before.state and after.drained
+            assert after.incarnation == before.incarnation
         else:
-            assert after == before
+            assert after is None
 
     @rule(member_id=IDS)
     def undrain(self, member_id: str) -> None:
@@ -550,7 +578,7 @@ class MembershipMachine(RuleBasedStateMachine):
         self.do({"op": "undrain", "id": member_id})
         after = self.m.get(member_id)
         if before is not None and before.state in (MemberState.DRAINING, MemberState.DOWN):
-            assert after.state is MemberState.UP
+            assert after.state is MemberState.UP and not after.drained
         else:
             assert after == before
 
