@@ -219,6 +219,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("transport", "str", "auto", "Data path: auto (shm when co-located, else nixl "
            "when the server offers it and this host has an RDMA device, else tcp), tcp, shm "
            "(co-located only) or nixl (servers started with --nixl on/auto).", "client"),
+    Option("one_sided_min_bytes", "size", 256 << 10, "Frames smaller than this go as a "
+           "plain GET/PUT even on shm/nixl lanes (one round trip beats two control round "
+           "trips plus a copy); 1 = always one-sided.", "client"),
     Option("nixl_bounce_bytes", "size", 8 * _MIB, "Registered staging buffer per nixl "
            "connection, used for destinations not registered with register_buffer.",
            "client"),

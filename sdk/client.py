@@ -272,7 +272,8 @@ class Client:
                     cfg = self.config
                     lane = Lane(address, lambda: make_transport(
                         self.transport, address, self._token, self.limits,
-                        cfg.connect_timeout_ms / 1000.0, int(cfg.nixl_bounce_bytes)),
+                        cfg.connect_timeout_ms / 1000.0, int(cfg.nixl_bounce_bytes),
+                        int(cfg.one_sided_min_bytes)),
                         threads=self.conns, queue_depth=cfg.queue_depth,
                         probe_interval=cfg.probe_interval_ms / 1000.0,
                         state_lock=self._state_lock)

@@ -37,7 +37,7 @@ from gcache.sdk.transport import (AuthFailed, ItemResult, TcpTransport, Transpor
 STATS = {"shm_get_items": 0, "shm_put_items": 0, "tcp_fallback_items": 0,
          "shm_connections": 0, "tcp_connections": 0,
          "nixl_get_items": 0, "nixl_put_items": 0, "nixl_connections": 0,
-         "nixl_staged_bytes": 0}
+         "nixl_staged_bytes": 0, "small_frame_tcp_items": 0}
 
 
 class _FrameStatus(Exception):
@@ -57,6 +57,7 @@ _INT5 = (int, int, int, int, int)
 
 class OneSidedTransport(TcpTransport):
     kind = ""  # the data path once connected: a subclass's name, or "tcp"
+    min_bytes = 256 << 10  # smaller frames go as plain GET/PUT (``one_sided_min_bytes``)
     lease_s = 10.0
     span = (0, 0)  # [lo, hi) of arena offsets the server may hand out
 
@@ -76,6 +77,20 @@ class OneSidedTransport(TcpTransport):
         super().close()
         self.unread = 0
 
+    def _small(self, work: Work) -> bool:
+        """A frame this small costs less as one plain round trip (the bytes ride along)
+        than as two control round trips plus a copy: single-key gets and puts."""
+        if work.op == Op.GET:
+            total, idx = 0, 2
+        else:
+            total, idx = 0, 3
+        for it in work.items:
+            total += it[idx]
+            if total >= self.min_bytes or not isinstance(it[-1], memoryview):
+                return False  # large, or a byte get (size unknown) / device memory
+        STATS["small_frame_tcp_items"] += len(work.items)
+        return True
+
     def _drain(self, deadline: float) -> None:
         """Read the replies of RELEASEs sent without waiting (in order, before any other)."""
         while self.unread:
@@ -89,7 +104,7 @@ class OneSidedTransport(TcpTransport):
         # TcpTransport.execute wraps this: timeouts and protocol errors close the channel
         if self.unread:
             self._drain(work.deadline)
-        if self.kind in ("", "tcp") or work.op not in (Op.GET, Op.PUT):
+        if self.kind in ("", "tcp") or work.op not in (Op.GET, Op.PUT) or self._small(work):
             return super()._execute(work)
         try:
             return self._get(work) if work.op == Op.GET else self._put(work)

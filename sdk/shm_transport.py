@@ -192,7 +192,8 @@ class ShmTransport(OneSidedTransport):
 
 
 def make_transport(mode: str, address: str, token: str, limits: Limits,
-                   connect_timeout: float, nixl_bounce_bytes: int = 8 << 20) -> Transport:
+                   connect_timeout: float, nixl_bounce_bytes: int = 8 << 20,
+                   one_sided_min_bytes: int = 256 << 10) -> Transport:
     """The transport for one dispatch thread.
 
     ``tcp`` -> TcpTransport; ``shm`` -> ShmTransport; ``nixl`` -> NixlTransport;
@@ -205,8 +206,12 @@ def make_transport(mode: str, address: str, token: str, limits: Limits,
     if mode == "nixl" or (mode == "auto" and nixl_usable()):
         from gcache.sdk.nixl_transport import NixlTransport
 
-        return NixlTransport(address, token, limits, connect_timeout, mode, nixl_bounce_bytes)
-    return ShmTransport(address, token, limits, connect_timeout, mode)
+        t: OneSidedTransport = NixlTransport(address, token, limits, connect_timeout, mode,
+                                             nixl_bounce_bytes)
+    else:
+        t = ShmTransport(address, token, limits, connect_timeout, mode)
+    t.min_bytes = one_sided_min_bytes
+    return t
 
 
 _usable: list[bool] = []

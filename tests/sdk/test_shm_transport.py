@@ -252,3 +252,36 @@ def test_release_without_waiting_then_other_ops_on_the_same_connection(srv):
     with Client([addr], transport="tcp") as c:
         assert c.exists("r") is False
     t.close()
+
+
+def test_small_frames_go_as_plain_round_trips(srv):
+    """One control round trip + a copy costs more than one plain GET/PUT for a small
+    frame: below one_sided_min_bytes the shm lane sends the plain op."""
+    addr = srv.addresses[0]
+    v = _value(65536, 21)
+    with Client([addr], transport="shm", timeout_ms=10_000) as c:
+        before = dict(shm_transport.STATS)
+        assert c.put_batch_from(["s1"], [v]) == [Status.OK]
+        out = np.zeros(65536, np.uint8)
+        assert c.get_batch_into(["s1"], [out]) == [Status.OK] and np.array_equal(out, v)
+        d = {k: shm_transport.STATS[k] - before[k] for k in before}
+        assert d["small_frame_tcp_items"] == 2 and d["shm_get_items"] == 0 \
+            and d["shm_put_items"] == 0
+        keys = [f"b{i}" for i in range(8)]  # 8 x 64 KiB = 512 KiB: one-sided
+        assert c.put_batch_from(keys, [v] * 8) == [Status.OK] * 8
+        outs = [np.zeros(65536, np.uint8) for _ in keys]
+        assert c.get_batch_into(keys, outs) == [Status.OK] * 8
+        d = {k: shm_transport.STATS[k] - before[k] for k in before}
+        assert d["shm_get_items"] == 8 and d["shm_put_items"] == 8
+
+
+def test_one_sided_min_bytes_1_makes_every_frame_one_sided(srv, monkeypatch):
+    monkeypatch.setenv("GCACHE_ONE_SIDED_MIN_BYTES", "1")
+    with Client(srv.addresses, transport="shm", timeout_ms=10_000) as c:
+        before = dict(shm_transport.STATS)
+        assert c.put("tiny", b"x") == Status.OK and c.get("tiny") == b"x"
+        out = bytearray(1)
+        assert c.get_batch_into(["tiny"], [out]) == [Status.OK] and out == b"x"
+        d = {k: shm_transport.STATS[k] - before[k] for k in before}
+        assert d["small_frame_tcp_items"] == 0 and d["shm_put_items"] == 1 \
+            and d["shm_get_items"] == 2

@@ -125,6 +125,7 @@ def test_backup_then_prefetch_over_nixl_registers_the_host_pools(make_cluster, m
 
     c = make_cluster(2, "64MiB", extra=["--nixl", "on"])
     monkeypatch.setenv("GCACHE_TRANSPORT", "nixl")
+    monkeypatch.setenv("GCACHE_ONE_SIDED_MIN_BYTES", "1")  # small test pages: still one-sided
     before = dict(onesided.STATS)
     prod = build_stack("mha", "page_first", c.addresses, seed=1)
     cons = build_stack("mha", "page_first", c.addresses, seed=2)
