@@ -216,3 +216,31 @@ def test_cuda_tensors_round_trip(srv):  # pragma: no cover - no GPU on CI
         assert torch.equal(pool[: 1 << 20], v)
         c.unregister_buffer(pool)
 
+
+
+def test_device_view_staged_path_with_a_cpu_tensor(srv):
+    """The CUDA staging code (DeviceView slices, to_host/from_host through the bounce
+    buffer, split into rounds) runs here on CPU tensors: the same torch copies."""
+    import torch
+
+    from gcache.sdk.nixl_transport import DeviceView, NixlTransport
+    from gcache.sdk.transport import Work
+    from gcache.protocol import Op
+
+    t = NixlTransport(srv.addresses[0], "", Limits(), 5.0, "nixl", bounce_bytes=1 << 20)
+    t.connect(time.monotonic() + 10)
+    try:
+        n = (2 << 20) + 4097  # larger than the bounce: three rounds
+        src = torch.randint(0, 256, (n,), dtype=torch.uint8)
+        dv = DeviceView(src)
+        assert len(dv) == n and len(dv[4096:8192]) == 4096
+        res = t.execute(Work(Op.PUT, b"dv", [(b"dev", n, 0, n, 0, dv)],
+                             time.monotonic() + 10, None))
+        assert [r.status for r in res] == [Status.OK]
+        dst = torch.zeros(n, dtype=torch.uint8)
+        res = t.execute(Work(Op.GET, b"dv", [(b"dev", 0, n, 0, DeviceView(dst))],
+                             time.monotonic() + 10, None))
+        assert [r.status for r in res] == [Status.OK] and res[0].nbytes == n
+        assert torch.equal(dst, src)
+    finally:
+        t.close()
