@@ -1,0 +1,113 @@
+"""A hostile or buggy server cannot make the one-sided client copy outside the arena.
+
+The shm client maps the arena file named in HELLO and copies at offsets the server
+gives in LEASE/ALLOC replies; a memmove at a bad offset would crash the *engine*.
+A stand-in server replays a real server's HELLO (so the client maps a real arena),
+then answers LEASE/ALLOC with out-of-bounds, negative and malformed spans: every
+case must be a miss or failed put (no exception escapes, no crash), and the client
+keeps working against the real server afterwards.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from gcache.protocol import FLAG_RESPONSE, Limits, Op, encode_frame, read_frame
+from gcache.sdk import Client, Status
+from gcache.sdk.transport import TcpTransport
+
+pytestmark = pytest.mark.integration
+
+
+class Hostile:
+    """Accepts connections, sends the real HELLO, OKs AUTH, answers LEASE/ALLOC with
+    ``reply(op, meta)``."""
+
+    def __init__(self, hello: dict, reply) -> None:
+        self.hello, self.reply = hello, reply
+        self.ls = socket.socket()
+        self.ls.bind(("127.0.0.1", 0))
+        self.ls.listen(8)
+        self.address = "127.0.0.1:%d" % self.ls.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                c, _ = self.ls.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _serve(self, c: socket.socket) -> None:
+        lim = Limits()
+        try:
+            c.sendall(encode_frame(Op.HELLO, 0, self.hello, flags=FLAG_RESPONSE))
+            while True:
+                fh, meta = read_frame(c, lim)
+                if fh.opcode == Op.AUTH:
+                    out = {"ok": True}
+                else:
+                    out = self.reply(fh.opcode, meta)
+                c.sendall(encode_frame(fh.opcode, fh.request_id, out, flags=FLAG_RESPONSE))
+        except (OSError, Exception):
+            c.close()
+
+    def close(self) -> None:
+        self.ls.close()
+
+
+def _real_hello(addr: str) -> dict:
+    t = TcpTransport(addr, "", Limits(), 2.0)
+    import time
+    t.connect(time.monotonic() + 5)
+    hello = dict(t.hello)
+    t.close()
+    return hello
+
+
+BAD_LEASES = {
+    "past-the-end": lambda size: [[0, 4096, 7, size - 100, 1]],
+    "before-data": lambda size: [[0, 4096, 7, 0, 1]],
+    "negative-offset": lambda size: [[0, 4096, 7, -4096, 1]],
+    "negative-length": lambda size: [[0, -5, 7, 1 << 20, 1]],
+    "huge-length": lambda size: [[0, 1 << 62, 7, 1 << 20, 1]],
+    "not-ints": lambda size: [[0, "4096", 7, 1 << 20, 1]],
+    "wrong-arity": lambda size: [[0, 4096, 7]],
+    "wrong-count": lambda size: [[0, 64, 7, 1 << 20, 1], [0, 64, 7, 1 << 20, 2]],
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_LEASES))
+def test_bad_lease_spans_are_misses_not_crashes(cluster, case, monkeypatch):
+    monkeypatch.setenv("GCACHE_ONE_SIDED_MIN_BYTES", "1")  # small frames one-sided too
+    real = cluster.addresses[0]
+    hello = _real_hello(real)
+    size = hello["shm"]["size"]
+
+    seen: list[int] = []
+
+    def reply(op, meta):
+        seen.append(op)
+        if op == Op.LEASE:
+            return {"items": BAD_LEASES[case](size)}
+        if op == Op.ALLOC:
+            return {"items": [[0, size - 10, 1]]}  # a slot past the end of the arena
+        return {"st": [0] * len(meta.get("leases", meta.get("slots", [])))}
+
+    h = Hostile(hello, reply)
+    try:
+        with Client([h.address], transport="shm", timeout_ms=2000) as c:
+            out = bytearray(4096)
+            assert c.get_batch_into(["k"], [out]) != [Status.OK]
+        with Client([h.address], transport="shm", timeout_ms=2000) as c:  # not suspect yet
+            assert c.put("k", b"v" * 300_000) != Status.OK
+        assert Op.LEASE in seen and Op.ALLOC in seen  # the one-sided path was exercised
+        assert Op.COMMIT not in seen  # a bad slot is never written, never committed
+    finally:
+        h.close()
+    with Client([real], transport="shm", timeout_ms=5000) as c:  # the real one still works
+        assert c.put("ok", b"x" * 300_000) == Status.OK and c.get("ok") == b"x" * 300_000
