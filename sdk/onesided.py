@@ -12,7 +12,14 @@ ops) that serves GET and PUT through the control ops of docs/protocol.md
 * PUT: ``ALLOC`` (same items as a PUT: sliced puts work unchanged) -> ``move_out``
   copies into the slots -> ``COMMIT``; the server checksums and publishes exactly as
   for a TCP put.
-* EXISTS / DELETE / TOUCH, and everything when ``kind`` is "tcp": the plain TCP ops.
+* EXISTS / DELETE / TOUCH, everything when ``kind`` is "tcp", and frames smaller than
+  ``min_bytes`` (``one_sided_min_bytes``): the plain TCP ops. One round trip that
+  carries the bytes beats two control round trips plus a copy for small frames.
+
+A GET whose copies all ended within half the lease bound of a moment before the grant
+cannot have read an expired lease, so its RELEASE is sent without waiting; the reply
+is read before the connection's next request (``_drain``). Otherwise RELEASE waits,
+and a non-OK answer turns that item into a miss.
 
 The movers are the shared-memory mapping (``ShmTransport``: memmove) and NIXL
 (``NixlTransport``: one-sided RDMA READ/WRITE, or CMA between processes of one host).
@@ -80,10 +87,8 @@ class OneSidedTransport(TcpTransport):
     def _small(self, work: Work) -> bool:
         """A frame this small costs less as one plain round trip (the bytes ride along)
         than as two control round trips plus a copy: single-key gets and puts."""
-        if work.op == Op.GET:
-            total, idx = 0, 2
-        else:
-            total, idx = 0, 3
+        idx = 2 if work.op == Op.GET else 3  # a get's max_len, a put's slice length
+        total = 0
         for it in work.items:
             total += it[idx]
             if total >= self.min_bytes or not isinstance(it[-1], memoryview):
