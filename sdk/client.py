@@ -21,6 +21,7 @@ a reader never sees a mix of an old and a new object.
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import threading
 import time
@@ -48,6 +49,8 @@ log = logging.getLogger("gcache.sdk")
 
 Key = str | bytes
 ONE_SIDED_FRAME_BYTES = 4 << 20  # smallest frame target on shm/nixl lanes
+_GET_BYTES = operator.itemgetter(2)  # a GET item's max_len
+_PUT_BYTES = operator.itemgetter(3)  # a PUT item's slice length
 KeyCallback = Callable[[int, bytes, Any], None]
 BatchCallback = Callable[[list], None]
 
@@ -325,7 +328,7 @@ class Client:
                     t.close()
 
     def _key(self, key: Key) -> bytes:
-        k = key.encode() if isinstance(key, str) else bytes(key)
+        k = key if type(key) is bytes else key.encode() if isinstance(key, str) else bytes(key)
         if not k:
             raise ValueError("keys must be non-empty")
         if len(k) > self.limits.max_key_bytes:
@@ -368,7 +371,8 @@ class Client:
                     batch.slice_done(i, Status.UNAVAILABLE)
                 continue
             lane = self._lane(addr)
-            total = sum(nbytes(it) for _, it in entries)
+            sizes = [nbytes(it) for _, it in entries]
+            total = sum(sizes)
             target = max(self.slice, min(self.frame_target, -(-total // self.conns)))
             if lane.kind == "shm":
                 # one-sided: no bytes travel in the frame and each frame costs two control
@@ -382,8 +386,7 @@ class Client:
             cur_i: list[int] = []
             cur: list = []
             size = 0
-            for i, it in entries:
-                n = nbytes(it)
+            for (i, it), n in zip(entries, sizes):
                 if cur and (size + n > target or len(cur) >= self.limits.max_batch_items):
                     self._send(op, batch, lane, cur_i, cur, deadline, retried)
                     cur_i, cur, size = [], [], 0
@@ -417,7 +420,11 @@ class Client:
                     if it[4] is None and r.status == Status.OK and batch.bufs[i] is None:
                         self._get_part(batch, i, it, r, lane, deadline)  # may fan out
                     else:
-                        bulk.append((i, _slice_status(it, r), r.version, r.total_len))
+                        st = r.status
+                        if st == Status.OK and it[4] is not None and r.nbytes != min(
+                                it[2], max(0, r.total_len - it[1])):
+                            st = Status.SIZE_MISMATCH  # not what this slice should hold
+                        bulk.append((i, st, r.version, r.total_len))
                 batch.slices_done(bulk)
             else:
                 batch.slices_done([(i, r.status, 0, -1) for i, r in zip(done_idx, results)])
@@ -438,7 +445,7 @@ class Client:
         for i, it in moved:
             addr = ring.owners([batch.hashes[i]])[0].address if len(ring) else ""
             routed.setdefault(addr, []).append((i, it))
-        nbytes = {Op.PUT: lambda t: t[3], Op.GET: lambda t: t[2]}.get(op, lambda t: 64)
+        nbytes = {Op.PUT: _PUT_BYTES, Op.GET: _GET_BYTES}.get(op, lambda t: 64)
         self._dispatch(op, batch, routed, deadline, nbytes, retried=True)
 
     def _get_part(self, batch: _Batch, i: int, it: tuple, r: ItemResult, lane: Lane,
@@ -458,7 +465,7 @@ class Client:
                         for off in range(r.nbytes, r.total_len, self.slice)]
                 with batch.lock:
                     batch.parts[i] += len(rest)
-                self._dispatch(Op.GET, batch, {lane.address: rest}, deadline, lambda t: t[2])
+                self._dispatch(Op.GET, batch, {lane.address: rest}, deadline, _GET_BYTES)
         else:
             st = _slice_status(it, r)
         batch.slice_done(i, st, r.version, r.total_len)
@@ -520,7 +527,7 @@ class Client:
         for i in too_large:
             batch.parts[i] = 1
             batch.slice_done(i, Status.TOO_LARGE)
-        self._dispatch(Op.PUT, batch, routed, deadline, lambda t: t[3])
+        self._dispatch(Op.PUT, batch, routed, deadline, _PUT_BYTES)
         return batch.future
 
     def _put_after_stream(self, keys: Sequence[Key], buffers: Sequence[Any], stream: Any, *,
@@ -633,7 +640,7 @@ class Client:
             for off in offs:
                 ln = min(self.slice, n - off)
                 dest.append((i, (k, off, ln, 0, v[off:off + ln])))
-        self._dispatch(Op.GET, batch, routed, self._deadline(timeout_ms), lambda t: t[2])
+        self._dispatch(Op.GET, batch, routed, self._deadline(timeout_ms), _GET_BYTES)
         return batch.future if outer is None else outer
 
     def get_batch_into(self, keys: Sequence[Key], buffers: Sequence[Any], **kw: Any
@@ -660,7 +667,7 @@ class Client:
         for i, (k, addr) in enumerate(zip(ks, self._owners(ks, group, batch))):
             batch.parts[i] = 1
             routed.setdefault(addr, []).append((i, (k, 0, self.slice, 0, None)))
-        self._dispatch(Op.GET, batch, routed, self._deadline(timeout_ms), lambda t: t[2])
+        self._dispatch(Op.GET, batch, routed, self._deadline(timeout_ms), _GET_BYTES)
         return batch.future
 
     def get_batch(self, keys: Sequence[Key], **kw: Any) -> list[bytes | None]:
