@@ -212,6 +212,16 @@ class Client:
             raise ConfigError(f"transport must be one of {', '.join(TRANSPORTS)}, "
                               f"not {self.transport!r}")
         self._device_ok = self.transport == "nixl"  # CUDA buffers need one-sided transfers
+        if self.transport == "nixl" or (self.transport == "auto" and nixl_usable()):
+            # the agent takes ~0.4 s to start: here, not inside the first op's deadline
+            from gcache.nixl_lib import NixlUnavailable
+            from gcache.sdk.nixl_transport import process_agent
+
+            try:
+                process_agent()
+            except NixlUnavailable as exc:
+                if self.transport == "nixl":
+                    raise ConfigError(f"transport='nixl': {exc}") from None
         self._watcher: Any = None  # StreamWatcher, made on the first stream= call
         self._event_factory: Any = None  # None = torch.cuda.Event (tests may replace it)
         self._state_lock = threading.Lock()

@@ -244,3 +244,26 @@ def test_device_view_staged_path_with_a_cpu_tensor(srv):
         assert torch.equal(dst, src)
     finally:
         t.close()
+
+
+def test_nixl_without_the_library_is_a_clear_config_error(srv):
+    """A host without nixl-cu12: transport='nixl' fails at construction with what to
+    install; 'auto' just works (shm/tcp)."""
+    code = textwrap.dedent(f"""
+        import sys
+        sys.modules["nixl_cu12"] = None  # as if nixl-cu12 were not installed
+        from gcache.errors import ConfigError
+        from gcache.sdk import Client
+        try:
+            Client([{srv.addresses[0]!r}], transport="nixl")
+        except ConfigError as exc:
+            print("ERR", exc)
+        with Client([{srv.addresses[0]!r}], transport="auto") as c:
+            assert c.put("a", b"b").name == "OK" and c.get("a") == b"b"
+        print("DONE")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "ERR transport='nixl': nixl-cu12 is not importable" in r.stdout
+    assert "pip install torch==2.13.0 nixl-cu12==1.5.1" in r.stdout and "DONE" in r.stdout
