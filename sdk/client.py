@@ -170,6 +170,9 @@ class Client:
             when this host has an RDMA device and the server offers it, else TCP),
             ``tcp``, ``shm`` (co-located servers only) or ``nixl`` (one-sided
             READ/WRITE through NIXL; CUDA tensors allowed).
+        nixl_bounce_bytes: registered staging buffer per nixl connection, for buffers
+            not registered with ``register_buffer``. ``one_sided_min_bytes`` (config /
+            ``GCACHE_ONE_SIDED_MIN_BYTES``): smaller frames go as plain GET/PUT.
         config_file: TOML file with ``[client]`` keys; env ``GCACHE_*`` overrides it,
             and explicit arguments override both.
 
