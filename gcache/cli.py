@@ -245,9 +245,9 @@ def status(masters: str, token: str, as_json: bool) -> None:
         return
     t = Table(title=f"gcache: epoch {doc['epoch']}, leader {doc.get('leader')}")
     for col in ("id", "address", "state", "inc", "capacity", "used", "objects", "disk",
-                "moved", "heartbeat"):
+                "moved", "nixl", "leases", "heartbeat"):
         t.add_column(col, justify="right" if col in ("inc", "capacity", "used", "objects", "disk",
-                                                      "moved") else "left")
+                                                      "moved", "leases") else "left")
     colors = {"up": "green", "draining": "yellow", "down": "red", "joining": "cyan"}
     for m in doc["members"]:
         st = m.get("stats") or {}
@@ -257,6 +257,8 @@ def status(masters: str, token: str, as_json: bool) -> None:
                   str(m["incarnation"]), _human(m.get("capacity_bytes", 0)),
                   _human(st.get("used_bytes", 0)) if st else "-",
                   f"{st.get('objects', 0):,}" if st else "-", *tier_cells(st),
+                  ("on" if st.get("nixl") else "off") if "nixl" in st else "-",
+                  f"{st['shm_leases']:,}" if "shm_leases" in st else "-",
                   "-" if hb is None else f"{hb:.1f}s ago")
     # piped output (grep, logs) gets a wide table instead of rich's 80-column default
     Console(width=None if sys.stdout.isatty() else 160).print(t)

@@ -54,8 +54,12 @@ def test_status_json_and_table(tcluster):
     assert {m["id"] for m in doc["members"]} == {s.name for s in tcluster.servers}
     wait_for(lambda: all(m["stats"] for m in MasterClient(tcluster.master_addresses, "tok")
                          .status()["members"]), 5)
+    doc = MasterClient(tcluster.master_addresses, "tok").status()
+    assert all(m["stats"]["nixl"] == 0 and m["stats"]["shm_leases"] == 0
+               for m in doc["members"])  # fast-path state rides the heartbeats
     r = run_cli("status", "--masters", masters, "--token", "tok")
     assert r.returncode == 0 and "epoch" in r.stdout and tcluster.servers[0].name in r.stdout
+    assert "nixl" in r.stdout and "leases" in r.stdout
 
 
 def test_admin_drain_add_remove(tcluster):
