@@ -13,6 +13,7 @@ This module is the application layer: it may import the SDK and bench code
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -64,19 +65,31 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
               help="Also write the workload report as JSON.")
 @click.option("--keep-arenas", is_flag=True, help="Leave the arena files in /dev/shm on exit.")
+@click.option("--transport", type=click.Choice(["auto", "tcp", "shm", "nixl"]), default="auto",
+              show_default=True, help="The workload client's data path; nixl also starts the "
+              "servers with --nixl on (UCX over loopback unless UCX_NET_DEVICES is set).")
 def up(n: int, n_masters: int, memory: int, slab_bytes: int, token: str, workload: str,
        trace: str | None, page_bytes: int, sessions: int, turns: int, limit: int | None,
-       concurrency: int, json_out: str | None, keep_arenas: bool) -> None:
+       concurrency: int, json_out: str | None, keep_arenas: bool, transport: str) -> None:
     """Start a local cluster of N servers on 127.0.0.1 (foreground)."""
     from rich.console import Console
 
     from gcache.testing.cluster import Cluster
 
     console = Console(stderr=True)
+    extra: list[str] = []
+    if transport == "nixl":
+        from gcache.nixl_lib import available
+
+        if available():
+            raise click.UsageError(f"--transport nixl: {available()}")
+        os.environ.setdefault("UCX_NET_DEVICES", "lo")  # servers inherit it
+        extra = ["--nixl", "on"]
     logs = tempfile.mkdtemp(prefix="gcache-up-")
     cluster = Cluster(n, format_size(memory), slab=format_size(slab_bytes), token=token,
                       log_dir=logs, prefix=f"up{int(time.time()) % 100000}",
-                      keep_arenas=keep_arenas, masters=n_masters, heartbeat_timeout_ms=3000)
+                      keep_arenas=keep_arenas, masters=n_masters, heartbeat_timeout_ms=3000,
+                      extra=extra)
     console.print(f"starting {n_masters} gcache-master(s) and {n} gcache-server(s), "
                   f"{format_size(memory)} each; logs in {logs}")
     cluster.start()
@@ -91,7 +104,7 @@ def up(n: int, n_masters: int, memory: int, slab_bytes: int, token: str, workloa
     try:
         if workload != "none" or trace:
             code = _run_workload(console, cluster, token, workload, trace, page_bytes,
-                                 sessions, turns, limit, concurrency, json_out, stop)
+                                 sessions, turns, limit, concurrency, json_out, stop, transport)
         else:
             _serve_status(console, cluster, token, stop)
     finally:
@@ -151,7 +164,8 @@ def _client_for(cluster, token: str, **kw):
 
 def _run_workload(console, cluster, token: str, workload: str, trace: str | None,
                   page_bytes: int, sessions: int, turns: int, limit: int | None,
-                  concurrency: int, json_out: str | None, stop: threading.Event) -> int:
+                  concurrency: int, json_out: str | None, stop: threading.Event,
+                  transport: str = "auto") -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
     from rich.table import Table
@@ -167,7 +181,8 @@ def _run_workload(console, cluster, token: str, workload: str, trace: str | None
         total = min(limit or sessions * turns, sessions * turns)
     name = "mooncake trace" if trace else "sessions"
     servers = cluster.addresses
-    with _client_for(cluster, token, namespace=f"up-{name.split()[0]}", timeout_ms=5000) as c, \
+    with _client_for(cluster, token, namespace=f"up-{name.split()[0]}", timeout_ms=5000,
+                     transport=transport) as c, \
             Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                      TextColumn("hit {task.fields[hit]:.1%}"), console=console,
                      transient=True) as prog:
@@ -181,7 +196,8 @@ def _run_workload(console, cluster, token: str, workload: str, trace: str | None
         rep = replay(c, source, source=name, block_tokens=source.block_tokens,
                      page_bytes=page_bytes, concurrency=concurrency, limit=limit, on_step=on_step)
     s = rep.summary()
-    table = Table(title=f"gcache up: {name} workload over {len(servers)} servers")
+    table = Table(title=f"gcache up: {name} workload over {len(servers)} servers "
+                        f"({transport} transport)")
     table.add_column("metric")
     table.add_column("value", justify="right")
     rows = [

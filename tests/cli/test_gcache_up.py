@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -61,6 +62,25 @@ def test_up_sessions_workload_prints_table_and_json(tmp_path):
     assert rep["steps"] == 24 and rep["wrong_values"] == 0
     assert 0 < rep["token_hit_rate"] < 1  # shared system prompts and earlier turns hit
     assert rep["pages_put"] + rep["pages_hit"] == rep["pages"]
+
+
+@pytest.mark.parametrize("transport", ["shm", "nixl"])
+def test_up_workload_over_a_fast_path(tmp_path, transport):
+    from gcache.nixl_lib import available
+
+    if transport == "nixl" and available():
+        pytest.skip(available())
+    out = tmp_path / "report.json"
+    r = subprocess.run(UP + ["--servers", "2", "--masters", "0", "--memory", "128MiB",
+                             "--slab-bytes", "1MiB", "--workload", "sessions", "--sessions",
+                             "8", "--turns", "3", "--page-bytes", "64KiB", "--transport",
+                             transport, "--json", str(out)],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "UCX_NET_DEVICES": "lo"})
+    assert r.returncode == 0, r.stderr
+    assert f"{transport} transport" in " ".join(r.stdout.split())  # the table title
+    rep = json.loads(out.read_text())
+    assert rep["steps"] == 24 and rep["wrong_values"] == 0 and rep["pages_hit"] > 0
 
 
 def test_up_replays_a_mooncake_trace(tmp_path):
