@@ -188,6 +188,8 @@ def _wait_settled(client: Client, quiet_s: float = 0.5, timeout_s: float = 120.0
               help="nixl: do not register bench buffers (measure the staged path).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True),
               help="Write a PNG of GB/s against size per transport and op.")
+@click.option("--log-dir", type=click.Path(file_okay=False),
+              help="Write the --local servers' logs here (one file per server).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True),
               help="Write machine info, baseline and cases to this file.")
 @click.option("--no-baseline", is_flag=True, help="Skip the raw-socket baseline.")
@@ -224,7 +226,7 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
          bg_mbps: float, impact_size: int, impact_batch: int, impact_memory: int,
          transports: tuple[str, ...], threads_list: tuple[int, ...], sweep: bool,
          max_batch_bytes: int, raw_transport: bool, no_register: bool,
-         plot_path: str | None) -> None:
+         plot_path: str | None, log_dir: str | None) -> None:
     """Benchmark gcache put/get batches against a raw loopback-TCP baseline
     (and, with --tier disk, the disk tier against a raw pread of its files)."""
     if (servers is None) == (local is None):
@@ -236,6 +238,8 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
         raise click.UsageError("--demotion-impact needs --tier disk")
     if duration is None and iters is None:
         duration = 3.0
+    if log_dir:
+        os.makedirs(log_dir, exist_ok=True)
     if sweep:
         sizes = SWEEP_SIZES
     transports = tuple(dict.fromkeys(transports))
@@ -286,7 +290,8 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
                       + (f", {format_size(disk_bytes)} disk tier in {parent}"
                          if tier == "disk" else ""))
             cluster = Cluster(local, format_size(memory), slab=format_size(slab_bytes),
-                              token=token, prefix=f"bench{os.getpid()}", extra=extra)
+                              token=token, prefix=f"bench{os.getpid()}", extra=extra,
+                              log_dir=log_dir)
             stack.callback(cluster.close)
             addresses = cluster.start().addresses
             if tier == "disk":
@@ -398,7 +403,7 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
                        "--promote-policy", "never"] if with_disk else [])
                 srv = Cluster(1, format_size(impact_memory), slab=format_size(slab_bytes),
                               token=token, prefix=f"bench{os.getpid()}{'d' if with_disk else 'm'}",
-                              extra=ex)
+                              extra=ex, log_dir=log_dir)
                 try:
                     r = run_demotion_impact(srv.start().addresses, size=impact_size,
                                             batch=impact_batch, seconds=duration or 3.0,

@@ -20,10 +20,12 @@ def test_disk_tier_gets_raw_pread_and_demotion_impact(tmp_path) -> None:
         "--memory", "16MiB", "--slab-bytes", "1MiB", "--disk-bytes", "256MiB",
         "--disk-working-set", "48MiB", "--op", "get", "--size", "64KiB", "--batch", "8",
         "--duration", "2", "--no-baseline", "--verify", "--demotion-impact",
-        "--impact-memory", "32MiB", "--bg-mbps", "100", "--json", str(out)],
+        "--impact-memory", "32MiB", "--bg-mbps", "100", "--json", str(out),
+        "--log-dir", str(tmp_path / "logs")],
         catch_exceptions=False)
     assert res.exit_code == 0, res.output
     assert "pread" in res.output and "busy/idle" in res.output  # both tables printed
+    assert len(list((tmp_path / "logs").glob("*.log"))) == 3  # main + the two impact servers
     doc = json.loads(out.read_text())
     assert doc["local"]["tier"] == "disk"
     (case,) = doc["cases"]
@@ -36,7 +38,9 @@ def test_disk_tier_gets_raw_pread_and_demotion_impact(tmp_path) -> None:
     assert disk["server"].startswith("disk") and mem["server"].startswith("memory")
     assert disk["busy_demoted"] > 0 and disk["busy_evictions"] == 0
     assert mem["busy_demoted"] == 0 and mem["busy_evictions"] > 0
-    assert disk["idle"]["errors"] == 0 and disk["busy"]["errors"] == 0  # demoted, not lost
+    # demoted, not lost (the kinds say what went wrong if not)
+    assert disk["idle"]["errors"] == 0 and disk["busy"]["errors"] == 0, (
+        disk["idle"], disk["busy"], disk["bg_errors"], _log_tails(tmp_path / "logs"))
     # (at this toy size the memory-only control's LRU turns over in ~0.1 s, so a stalled
     # foreground read may find its hot key evicted: that is the control's job)
     for r in (disk, mem):
@@ -49,3 +53,12 @@ def test_disk_tier_needs_a_local_server() -> None:
     assert res.exit_code == 2 and "--tier disk needs --local" in res.output
     res = CliRunner().invoke(main, ["--local", "1", "--demotion-impact"])
     assert res.exit_code == 2 and "--demotion-impact needs --tier disk" in res.output
+
+
+def _log_tails(d) -> str:
+    """The last lines of every server log of the run (for a failure message)."""
+    out = []
+    for f in sorted(d.glob("*.log")):
+        lines = f.read_text(errors="replace").splitlines()
+        out.append(f"--- {f.name}\n" + "\n".join(lines[-15:]))
+    return "\n".join(out)
