@@ -17,7 +17,7 @@ def test_disk_tier_gets_raw_pread_and_demotion_impact(tmp_path) -> None:
     out = tmp_path / "out.json"
     res = CliRunner().invoke(main, [
         "--local", "1", "--tier", "disk", "--disk-dir", str(tmp_path / "disk"),
-        "--memory", "16MiB", "--slab-bytes", "1MiB", "--disk-bytes", "256MiB",
+        "--memory", "16MiB", "--slab-bytes", "1MiB", "--disk-bytes", "512MiB",
         "--disk-working-set", "48MiB", "--op", "get", "--size", "64KiB", "--batch", "8",
         "--duration", "2", "--no-baseline", "--verify", "--demotion-impact",
         "--impact-memory", "32MiB", "--bg-mbps", "100", "--json", str(out),
