@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test venv bench lint clean
+.PHONY: run test venv bench bench-transports lint clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/gcache-bench --local 1 --op get --op put --size 64KiB --size 1MiB --size 4MiB --batch 64 --json bench/out/latest.json
+
+## make bench-transports: tcp vs shm vs nixl over 64 KiB..64 MiB, table + PNG (bench/RESULTS.md)
+bench-transports: $(STAMP)
+	UCX_NET_DEVICES=$${UCX_NET_DEVICES:-lo} $(BIN)/gcache-bench --local 1 --memory 4GiB --op get --op put --sweep --batch 64 --transport tcp --transport shm --transport nixl --duration 2 --plot bench/out/transports.png --json bench/out/transports.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info
