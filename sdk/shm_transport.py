@@ -122,7 +122,7 @@ class ShmTransport(OneSidedTransport):
                  mode: str = "auto") -> None:
         super().__init__(address, token, limits, connect_timeout)
         if mode not in ("auto", "shm", "nixl"):
-            raise ValueError(f"ShmTransport mode must be auto or shm, not {mode!r}")
+            raise ValueError(f"ShmTransport mode must be auto, shm or nixl, not {mode!r}")
         self.mode = mode
         self.map: _Mapping | None = None
 
