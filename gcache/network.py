@@ -1,4 +1,5 @@
-"""Address helpers shared by every daemon: parsing and the loopback-without-token rule."""
+"""Host and address helpers shared by every daemon and the SDK: parsing, the
+loopback-without-token rule, and this host's boot id."""
 
 from __future__ import annotations
 
@@ -25,3 +26,13 @@ def check_bind(listen: str, token: str) -> None:
     if not token and not is_loopback(host):
         raise ValueError(f"refusing to bind non-loopback address {host} without a token: "
                          "set --token (or GCACHE_TOKEN) on every server and client")
+
+
+def boot_id() -> str:
+    """This kernel boot's id ('' when unknown): two processes see the same value only
+    when they run on the same host since the same boot."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""

@@ -19,6 +19,7 @@ never maps.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import mmap
 import os
@@ -26,20 +27,13 @@ import threading
 
 import numpy as np
 
+from gcache.network import boot_id
 from gcache.protocol import Limits
 from gcache.sdk.onesided import STATS, Copy, OneSidedTransport, _FrameStatus  # noqa: F401
 from gcache.sdk.transport import TcpTransport, Transport
 
 MODES = ("auto", "tcp", "shm", "nixl")
 CHECK_BYTES = 2 << 20  # deadline / lease-bound check at least this often while copying
-
-
-def boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 class _Mapping:
@@ -214,17 +208,13 @@ def make_transport(mode: str, address: str, token: str, limits: Limits,
     return t
 
 
-_usable: list[bool] = []
-
-
+@functools.cache
 def nixl_usable() -> bool:
-    if not _usable:
-        from gcache.nixl_lib import available, rdma_devices
+    """Whether ``auto`` considers nixl here (decided once per process, logged once)."""
+    from gcache.nixl_lib import available, rdma_devices
 
-        devs = rdma_devices()
-        why = "no RDMA device on this host" if not devs else available()
-        if why:
-            logging.getLogger("gcache.sdk").info(
-                "transport auto: nixl not used (%s); shm when co-located, else TCP", why)
-        _usable.append(not why)
-    return _usable[0]
+    why = "no RDMA device on this host" if not rdma_devices() else available()
+    if why:
+        logging.getLogger("gcache.sdk").info(
+            "transport auto: nixl not used (%s); shm when co-located, else TCP", why)
+    return not why

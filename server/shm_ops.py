@@ -40,6 +40,7 @@ import weakref
 from typing import Any
 
 from gcache.errors import ProtocolError
+from gcache.network import boot_id
 from gcache.protocol import Op, check_items, check_key, check_namespace, parse_put_items
 from gcache.status import Status
 
@@ -71,15 +72,7 @@ def hello_fields(tier: Any) -> dict:
         return {}
     return {"shm": {"path": arena.path, "size": arena.size, "dev": st.st_dev,
                     "ino": st.st_ino, "uid": st.st_uid, "data_off": arena.data_off,
-                    "lease_ms": LEASE_MS, "boot_id": _boot_id()}}
-
-
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
+                    "lease_ms": LEASE_MS, "boot_id": boot_id()}}
 
 
 class ShmState:
@@ -93,6 +86,16 @@ class ShmState:
         self.ids = itertools.count(1)
         self.max_held = max_held
         self.closed = False
+
+    def hold(self, table: dict, entry: tuple) -> int:
+        """File ``entry`` (a lease or a slot) under a fresh id; 0 once the connection closed
+        (the caller then releases what it pinned)."""
+        with self.lock:
+            if self.closed:
+                return 0
+            i = next(self.ids)
+            table[i] = entry
+            return i
 
     def expire(self, now: float) -> None:
         with self.lock:
@@ -239,12 +242,7 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
         if p.view is not None:
             p.view.release()
             p.view = None
-        with st.lock:
-            if st.closed:
-                lid = 0
-            else:
-                lid = next(st.ids)
-                st.leases[lid] = (mem, p, now + LEASE_MS / 1000.0)
+        lid = st.hold(st.leases, (mem, p, now + LEASE_MS / 1000.0))
         if not lid:
             mem.unpin(p)
             out.append([int(Status.CLOSED), 0, 0, 0, 0])
@@ -310,12 +308,7 @@ def _alloc(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
             tier.abort_put(slot)
             out.append([int(Status.BUSY), 0, 0])
             continue
-        with st.lock:
-            if st.closed:
-                sid = 0
-            else:
-                sid = next(st.ids)
-                st.slots[sid] = (tier, slot, now + LEASE_MS / 1000.0)
+        sid = st.hold(st.slots, (tier, slot, now + LEASE_MS / 1000.0))
         if not sid:
             tier.abort_put(slot)
             out.append([int(Status.CLOSED), 0, 0])
