@@ -215,7 +215,9 @@ class Client:
             raise ConfigError(f"transport must be one of {', '.join(TRANSPORTS)}, "
                               f"not {self.transport!r}")
         self._device_ok = self.transport == "nixl"  # CUDA buffers need one-sided transfers
-        if self.transport == "nixl" or (self.transport == "auto" and nixl_usable()):
+        # nixl is in play: asked for, or auto on a host with an RDMA device and the library
+        self._nixl = self.transport == "nixl" or (self.transport == "auto" and nixl_usable())
+        if self._nixl:
             # the agent takes ~0.4 s to start: here, not inside the first op's deadline
             from gcache.nixl_lib import NixlUnavailable
             from gcache.sdk.nixl_transport import process_agent
@@ -258,13 +260,11 @@ class Client:
         does nothing) when this client does not use nixl. Register long-lived pools
         (KV host/device buffers), not per-request buffers: registration pins memory.
         """
-        if self.transport not in ("nixl", "auto"):
+        if not self._nixl:
             return False
         from gcache.nixl_lib import NixlUnavailable
         from gcache.sdk.nixl_transport import REGISTRY
 
-        if self.transport == "auto" and not nixl_usable():
-            return False
         try:
             return REGISTRY.add(buf)
         except NixlUnavailable as exc:
@@ -272,7 +272,7 @@ class Client:
 
     def unregister_buffer(self, buf: Any) -> bool:
         """Undo ``register_buffer``; no transfer may be using ``buf``."""
-        if self.transport not in ("nixl", "auto"):
+        if not self._nixl:
             return False
         from gcache.sdk.nixl_transport import REGISTRY
 
@@ -433,11 +433,7 @@ class Client:
                     if it[4] is None and r.status == Status.OK and batch.bufs[i] is None:
                         self._get_part(batch, i, it, r, lane, deadline)  # may fan out
                     else:
-                        st = r.status
-                        if st == Status.OK and it[4] is not None and r.nbytes != min(
-                                it[2], max(0, r.total_len - it[1])):
-                            st = Status.SIZE_MISMATCH  # not what this slice should hold
-                        bulk.append((i, st, r.version, r.total_len))
+                        bulk.append((i, _slice_status(it, r), r.version, r.total_len))
                 batch.slices_done(bulk)
             else:
                 batch.slices_done([(i, r.status, 0, -1) for i, r in zip(done_idx, results)])
