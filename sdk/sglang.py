@@ -790,24 +790,21 @@ class _GCacheStorageImpl:
 
     def batch_get_v1(self, keys: list[str], host_indices: Any, extra_info: Any = None
                      ) -> list[bool]:
-        try:
-            b = self._pools.get("kv")
-            if b is None:
-                return [False] * len(keys)
-            return self._io(b, list(keys), host_indices, self._prefix(extra_info), False)
-        except Exception as exc:
-            self._guard("batch_get_v1", exc)
-            return [False] * len(keys)
+        return self._v1("batch_get_v1", keys, host_indices, extra_info, False)
 
     def batch_set_v1(self, keys: list[str], host_indices: Any, extra_info: Any = None
                      ) -> list[bool]:
+        return self._v1("batch_set_v1", keys, host_indices, extra_info, True)
+
+    def _v1(self, what: str, keys: list[str], host_indices: Any, extra_info: Any,
+            write: bool) -> list[bool]:
         try:
             b = self._pools.get("kv")
             if b is None:
                 return [False] * len(keys)
-            return self._io(b, list(keys), host_indices, self._prefix(extra_info), True)
+            return self._io(b, list(keys), host_indices, self._prefix(extra_info), write)
         except Exception as exc:
-            self._guard("batch_set_v1", exc)
+            self._guard(what, exc)
             return [False] * len(keys)
 
     # ---- v2 multi-pool
