@@ -7,16 +7,21 @@ a GET or EXISTS (prefix, header or payload), the reply of the shm control RPCs
 (LEASE / ALLOC), or read a PUT's payload one byte at a time. Every call must come
 back as a miss (TIMEOUT / None / False) within its deadline plus generous slack, and
 the admin STATS call and the suspect-lane probe are bounded the same way.
+
+The masters are peers too: an HTTP stand-in that trickles its answer cannot stretch
+one master call past its timeout, nor a NOT_OWNER re-route past the op's deadline.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
 
 import pytest
 
+from gcache.discovery import MasterClient, MasterUnavailable
 from gcache.protocol import (FLAG_RESPONSE, PREFIX_SIZE, Limits, Op, decode_prefix,
                              encode_frame, read_frame, recv_exact)
 from gcache.sdk import Client, Status
@@ -45,12 +50,15 @@ class Trickler:
     payload   answers AUTH and the reply header at once, then trickles a GET's payload
     slow_read answers AUTH, then reads a request's payload ``read_bytes`` per DRIP_S
     shm       sends a HELLO naming ``shm`` (a real arena), then trickles LEASE/ALLOC replies
+    not_owner answers at once, every GET item NOT_OWNER
+    http      an HTTP "master": reads a request, trickles a 200 answer with a view
     """
 
     def __init__(self, mode: str, hello: dict | None = None, auth: dict | None = None,
                  read_bytes: int = 1) -> None:
         self.mode, self.hello, self.auth = mode, hello or HELLO, auth or {"ok": True}
         self.read_bytes = read_bytes
+        self.view_doc: dict = {"epoch": 1, "members": []}  # what the "http" mode answers
         shm = self.hello.get("shm") or self.auth.get("shm") or {}
         self.data_off = int(shm.get("data_off", 0))
         self.stop = threading.Event()
@@ -76,6 +84,12 @@ class Trickler:
     def _serve(self, c: socket.socket) -> None:
         lim, stop = Limits(), self.stop
         try:
+            if self.mode == "http":
+                c.recv(65536)
+                body = json.dumps(self.view_doc).encode()
+                _drip(c, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body), stop)
+                return
             hello = encode_frame(Op.HELLO, 0, self.hello, flags=FLAG_RESPONSE)
             if self.mode == "hello":
                 _drip(c, hello, stop)
@@ -95,7 +109,7 @@ class Trickler:
                 out, payload = self._answer(fh.opcode, meta if self.mode != "slow_read" else {})
                 frame = encode_frame(fh.opcode, fh.request_id, out, len(payload),
                                      flags=FLAG_RESPONSE)
-                if fh.opcode == Op.AUTH or self.mode == "payload":
+                if fh.opcode == Op.AUTH or self.mode in ("payload", "not_owner"):
                     c.sendall(frame)
                     _drip(c, payload, stop)
                 else:
@@ -109,6 +123,8 @@ class Trickler:
         items = meta.get("items", []) if isinstance(meta, dict) else []
         if op == Op.AUTH:
             return self.auth, b""
+        if op == Op.GET and self.mode == "not_owner":
+            return {"items": [[Status.NOT_OWNER, 0, 0, 0] for _ in items]}, b""
         if op == Op.GET:
             n = 64
             return {"items": [[0, n, 1, n] for _ in items]}, b"x" * (n * len(items))
@@ -243,3 +259,34 @@ def test_shm_control_rpcs_are_bounded(cluster, trickler, monkeypatch):
     with Client([srv.address], transport="shm", timeout_ms=50, connect_timeout_ms=5000) as c:
         st, took = _timed(lambda: c.put("k", b"v" * 1000))
         assert st == Status.TIMEOUT and took < 0.05 + SLACK_S, f"ALLOC took {took:.2f} s"
+
+
+@pytest.mark.timeout(60)
+def test_master_call_ends_by_its_timeout(trickler):
+    master = trickler("http")
+    mc = MasterClient([master.address], timeout_s=0.2)
+    t0 = time.monotonic()
+    with pytest.raises(MasterUnavailable):
+        mc.request("GET", "/view", retry_s=0)
+    took = time.monotonic() - t0
+    assert took < 0.2 + SLACK_S, f"one master call took {took:.2f} s"
+    t0 = time.monotonic()
+    with pytest.raises(MasterUnavailable):
+        mc.view(deadline=time.monotonic() + 0.1)  # an op's deadline caps retries too
+    took = time.monotonic() - t0
+    assert took < 0.1 + SLACK_S, f"view under a deadline took {took:.2f} s"
+
+
+@pytest.mark.timeout(60)
+def test_not_owner_reroute_ends_by_the_op_deadline(trickler):
+    """A server answers NOT_OWNER, so the client refreshes its view from the masters
+    before re-routing; a master that trickles must not hold the get past its deadline."""
+    srv = trickler("not_owner")
+    master = trickler("http")
+    master.view_doc = {"epoch": 1, "members": [{"id": "s", "address": srv.address,
+                                                "state": "up", "capacity_bytes": 1}]}
+    with Client([srv.address], masters=[master.address], transport="tcp", timeout_ms=100,
+                connect_timeout_ms=1000) as c:  # bootstraps on servers=: no master answers
+        got, took = _timed(lambda: c.get("k"))
+        assert got is None
+        assert took < 0.1 + SLACK_S, f"get re-routed after NOT_OWNER took {took:.2f} s"
