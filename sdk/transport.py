@@ -3,7 +3,11 @@
 A ``Transport`` is one channel to one server, owned by exactly one dispatch
 thread, which calls ``execute`` for one ``Work`` (one request frame) at a
 time and may block in it until ``deadline`` (a ``time.monotonic`` value) —
-never longer. ``execute`` returns one ``ItemResult`` per item or raises:
+never longer, however slowly the server sends or reads: every blocking call
+(connect, handshake, send, receive) recomputes its socket timeout from the time
+left before each syscall (the ``deadline=`` of the gcache.protocol helpers). A
+socket timeout alone restarts on every byte and is not a deadline.
+``execute`` returns one ``ItemResult`` per item or raises:
 
 * ``TransportTimeout`` when the deadline passes mid-request; the channel is
   then closed, because the stream position is unknown;
