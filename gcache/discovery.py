@@ -7,18 +7,27 @@ answered. Every call has a short timeout and failures are values
 view when every master is down. ``watch`` long-polls ``/view?since=E`` and
 returns as soon as the epoch moves past ``E`` (or after ``wait_ms``).
 
+Timeouts are deadlines: one HTTP exchange (connect, request, status line,
+headers, body) ends by ``timeout_s`` after it starts however slowly a master
+trickles its answer, because the socket timeout is recomputed from the time
+left before every syscall. A call made on behalf of a data op (``deadline=``,
+e.g. the view refresh after ``NOT_OWNER``) ends by that op's deadline too.
+
 The token travels as ``Authorization: Bearer <token>``; run the masters on a
 trusted network or behind TLS termination.
 """
 
 from __future__ import annotations
 
+import http.client
+import io
 import json
+import socket
 import time
 import urllib.error
-import urllib.request
 from typing import Any, Sequence
 
+from gcache.protocol import arm
 from gcache.ring import Member
 from gcache.view import View
 
@@ -40,28 +49,39 @@ class MasterClient:
         self._good = 0
 
     def request(self, method: str, path: str, body: dict | None = None,
-                timeout_s: float | None = None, retry_s: float = 2.0) -> dict:
+                timeout_s: float | None = None, retry_s: float = 2.0,
+                deadline: float | None = None) -> dict:
         """Try every master; while none can answer (e.g. mid-election: HTTP 503),
-        retry for up to ``retry_s``. Client errors raise MasterError at once."""
-        deadline = time.monotonic() + retry_s
+        retry for up to ``retry_s``. Client errors raise MasterError at once.
+
+        ``deadline`` (``time.monotonic()``): nothing runs past it, retries included;
+        MasterUnavailable when it passes."""
+        retry_end = time.monotonic() + retry_s
+        if deadline is not None:
+            retry_end = min(retry_end, deadline)
         while True:
             try:
-                return self._request_once(method, path, body, timeout_s)
+                return self._request_once(method, path, body, timeout_s, deadline)
             except MasterUnavailable:
-                if time.monotonic() >= deadline:
+                if time.monotonic() + 0.1 >= retry_end:
                     raise
                 time.sleep(0.1)
 
     def _request_once(self, method: str, path: str, body: dict | None,
-                      timeout_s: float | None) -> dict:
+                      timeout_s: float | None, deadline: float | None = None) -> dict:
         last = ""
         n = len(self.masters)
         for i in range(n):
             idx = (self._good + i) % n
             addr = self.masters[idx]
+            t = timeout_s or self.timeout_s
+            if deadline is not None:
+                t = min(t, deadline - time.monotonic())
+                if t <= 0:
+                    last = last or "the caller's deadline passed"
+                    break
             try:
-                out = http_json(addr, method, path, body, self.token,
-                                timeout_s or self.timeout_s)
+                out = http_json(addr, method, path, body, self.token, t)
             except urllib.error.HTTPError as exc:
                 detail = _error_text(exc)
                 if exc.code in (401, 400, 404, 409):
@@ -76,9 +96,10 @@ class MasterClient:
         raise MasterUnavailable(f"no master answered {method} {path}: {last}")
 
     # ------------------------------------------------------------------ API
-    def view(self, since: int = -1, wait_ms: int = 0) -> dict:
+    def view(self, since: int = -1, wait_ms: int = 0, deadline: float | None = None) -> dict:
         timeout = self.timeout_s + wait_ms / 1000.0
-        return self.request("GET", f"/view?since={since}&wait_ms={wait_ms}", timeout_s=timeout)
+        return self.request("GET", f"/view?since={since}&wait_ms={wait_ms}", timeout_s=timeout,
+                            deadline=deadline)
 
     def register(self, member_id: str, address: str, capacity_bytes: int, boot_id: str) -> dict:
         return self.request("POST", "/register", {"id": member_id, "address": address,
@@ -102,17 +123,60 @@ class MasterError(Exception):
         self.code = code
 
 
+class _DeadlineSocket(socket.socket):
+    """A socket whose sends and receives all end by one deadline: http.client reads
+    through ``makefile``, which calls ``recv_into`` once per buffer fill."""
+
+    deadline = 0.0
+
+    def recv_into(self, *args: Any, **kw: Any) -> int:
+        arm(self, self.deadline)
+        return super().recv_into(*args, **kw)
+
+    def recv(self, *args: Any, **kw: Any) -> bytes:
+        arm(self, self.deadline)
+        return super().recv(*args, **kw)
+
+    def sendall(self, *args: Any, **kw: Any) -> None:
+        arm(self, self.deadline)  # sendall bounds its whole send by the timeout
+        return super().sendall(*args, **kw)
+
+
+class _DeadlineHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, addr: str, deadline: float) -> None:
+        super().__init__(addr, timeout=max(0.001, deadline - time.monotonic()))
+        self.deadline = deadline
+
+    def connect(self) -> None:
+        super().connect()  # create_connection under the time left
+        sock = _DeadlineSocket(fileno=self.sock.detach())
+        sock.deadline = self.deadline
+        self.sock = sock
+
+
 def http_json(addr: str, method: str, path: str, body: dict | None, token: str,
               timeout_s: float, headers: dict[str, str] | None = None) -> dict:
+    """One JSON request/response, ended by ``timeout_s`` from now whatever the peer does.
+
+    Raises ``urllib.error.HTTPError`` for a non-2xx answer, ``OSError`` (a
+    ``TimeoutError`` past the deadline) when the master is unreachable or too slow."""
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(f"http://{addr}{path}", data=data, method=method)
-    req.add_header("Content-Type", "application/json")
-    for k, v in (headers or {}).items():
-        req.add_header(k, v)
+    hdrs = {"Content-Type": "application/json", "Connection": "close", **(headers or {})}
     if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-        return json.loads(resp.read() or b"{}")
+        hdrs["Authorization"] = f"Bearer {token}"
+    conn = _DeadlineHTTPConnection(addr, time.monotonic() + timeout_s)
+    try:
+        conn.request(method, path, body=data, headers=hdrs)
+        resp = conn.getresponse()
+        raw = resp.read()
+    except http.client.HTTPException as exc:
+        raise ConnectionError(f"bad HTTP answer from {addr}: {exc!r}") from None
+    finally:
+        conn.close()
+    if not 200 <= resp.status < 300:
+        raise urllib.error.HTTPError(f"http://{addr}{path}", resp.status, resp.reason,
+                                     resp.headers, io.BytesIO(raw))
+    return json.loads(raw or b"{}")
 
 
 def _error_text(exc: urllib.error.HTTPError) -> str:

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import msgpack
 
@@ -138,14 +139,35 @@ def decode_meta(header: bytes | bytearray) -> Any:
 
 
 # ---------------------------------------------------------------- socket helpers
+#
+# Every helper takes an optional ``deadline`` (a ``time.monotonic()`` value). With one,
+# the socket timeout is recomputed from the time left before *every* blocking syscall
+# (``arm``), so a peer that trickles one byte at a time cannot stretch the call past the
+# deadline: a socket timeout alone restarts on every byte and is not a deadline. When
+# the time is gone they raise ``socket.timeout`` (``TimeoutError``), as a socket timeout
+# would. Without one they leave the socket's own timeout alone (the server sets its own).
 
 _IOV_MAX = 512
 
 
-def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
-    """Fill ``view`` completely from ``sock``; ConnectionError on EOF."""
+def arm(sock: socket.socket, deadline: float | None) -> None:
+    """Set ``sock``'s timeout to the time left before ``deadline`` (no-op for None).
+
+    Raises ``socket.timeout`` when the deadline has passed."""
+    if deadline is None:
+        return
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise socket.timeout("deadline passed")
+    sock.settimeout(left)
+
+
+def recv_exact_into(sock: socket.socket, view: memoryview, deadline: float | None = None
+                    ) -> None:
+    """Fill ``view`` completely from ``sock`` by ``deadline``; ConnectionError on EOF."""
     got, n = 0, len(view)
     while got < n:
+        arm(sock, deadline)
         k = sock.recv_into(view[got:], n - got)
         if k == 0:
             raise ConnectionError(f"peer closed the connection after {got} of {n} bytes")
@@ -153,18 +175,16 @@ def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
 
 
 def recv_into_many(sock: socket.socket, views: Sequence[memoryview],
-                   before_each: Callable[[], None] | None = None) -> None:
+                   deadline: float | None = None) -> None:
     """Fill every view in order with scatter reads (``recvmsg_into``): one syscall
     and one GIL round trip fill many buffers, e.g. 16 pages of a batch at once.
 
-    ``before_each`` runs before every syscall (the SDK re-arms its deadline there).
-    ConnectionError on EOF.
+    The whole read ends by ``deadline``. ConnectionError on EOF.
     """
     bufs = [v for v in views if len(v)]
     i = 0
     while i < len(bufs):
-        if before_each is not None:
-            before_each()
+        arm(sock, deadline)
         k = sock.recvmsg_into(bufs[i:i + _IOV_MAX])[0]
         if k == 0:
             raise ConnectionError("peer closed the connection in the middle of a payload")
@@ -185,27 +205,32 @@ def discard_views(n: int, scratch: memoryview) -> list[memoryview]:
     return out
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytearray:
+def recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytearray:
     buf = bytearray(n)
-    recv_exact_into(sock, memoryview(buf))
+    recv_exact_into(sock, memoryview(buf), deadline)
     return buf
 
 
-def discard(sock: socket.socket, n: int, scratch: memoryview) -> None:
+def discard(sock: socket.socket, n: int, scratch: memoryview,
+            deadline: float | None = None) -> None:
     """Read and drop ``n`` bytes through a bounded scratch buffer."""
     while n > 0:
+        arm(sock, deadline)
         k = sock.recv_into(scratch, min(n, len(scratch)))
         if k == 0:
             raise ConnectionError("peer closed the connection while draining a payload")
         n -= k
 
 
-def sendmsg_all(sock: socket.socket, buffers: Sequence[bytes | bytearray | memoryview]) -> None:
-    """Scatter-gather send of every buffer, handling partial writes."""
+def sendmsg_all(sock: socket.socket, buffers: Sequence[bytes | bytearray | memoryview],
+                deadline: float | None = None) -> None:
+    """Scatter-gather send of every buffer by ``deadline``, handling partial writes
+    (a peer that reads slowly cannot hold the sender past it)."""
     bufs = [memoryview(b).cast("B") for b in buffers if len(b)]
     i = 0
     while i < len(bufs):
         chunk = bufs[i:i + _IOV_MAX]
+        arm(sock, deadline)
         sent = sock.sendmsg(chunk)
         while chunk and sent >= len(chunk[0]):
             sent -= len(chunk[0])
@@ -218,13 +243,14 @@ def sendmsg_all(sock: socket.socket, buffers: Sequence[bytes | bytearray | memor
 _HEADER_STEP = 64 << 10
 
 
-def recv_header(sock: socket.socket, n: int) -> bytearray:
+def recv_header(sock: socket.socket, n: int, deadline: float | None = None) -> bytearray:
     """Receive an ``n``-byte header, growing the buffer as bytes arrive, so a prefix
     that merely claims a large header costs no memory until the bytes come."""
     if n <= _HEADER_STEP:
-        return recv_exact(sock, n)
+        return recv_exact(sock, n, deadline)
     buf, step = bytearray(), memoryview(bytearray(_HEADER_STEP))
     while len(buf) < n:
+        arm(sock, deadline)
         k = sock.recv_into(step, min(_HEADER_STEP, n - len(buf)))
         if k == 0:
             raise ConnectionError(f"peer closed the connection after {len(buf)} of {n} "
@@ -233,13 +259,13 @@ def recv_header(sock: socket.socket, n: int) -> bytearray:
     return buf
 
 
-def read_frame(sock: socket.socket, limits: Limits, prefix_buf: bytearray | None = None
-               ) -> tuple[FrameHeader, Any]:
-    """Read prefix + header (not the payload) and validate both."""
+def read_frame(sock: socket.socket, limits: Limits, prefix_buf: bytearray | None = None, *,
+               deadline: float | None = None) -> tuple[FrameHeader, Any]:
+    """Read prefix + header (not the payload) by ``deadline`` and validate both."""
     prefix = prefix_buf if prefix_buf is not None else bytearray(PREFIX_SIZE)
-    recv_exact_into(sock, memoryview(prefix))
+    recv_exact_into(sock, memoryview(prefix), deadline)
     fh = decode_prefix(prefix, limits)
-    header = recv_header(sock, fh.header_len) if fh.header_len else b""
+    header = recv_header(sock, fh.header_len, deadline) if fh.header_len else b""
     check_crc(prefix, header)
     return fh, decode_meta(header)
 

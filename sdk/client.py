@@ -306,10 +306,11 @@ class Client:
             self._view, self._ring = view, view.ring
         log.info("routing by view epoch %d (%d servers)", view.epoch, len(view.members))
 
-    def _refresh_view(self, wait_ms: int) -> bool:
-        """Fetch the masters' view (long-poll past our epoch when wait_ms > 0)."""
+    def _refresh_view(self, wait_ms: int, deadline: float | None = None) -> bool:
+        """Fetch the masters' view (long-poll past our epoch when wait_ms > 0), giving up
+        at ``deadline`` (an op's, when the refresh is on that op's path)."""
         try:
-            doc = self._master.view(since=self._view.epoch, wait_ms=wait_ms)
+            doc = self._master.view(since=self._view.epoch, wait_ms=wait_ms, deadline=deadline)
         except (MasterUnavailable, MasterError, OSError, ValueError) as exc:
             log.debug("view refresh failed: %s", exc)
             return False
@@ -447,8 +448,9 @@ class Client:
             self._reaper.watch(work)
 
     def _reroute(self, op: int, batch: _Batch, moved: list, deadline: float) -> None:
-        """NOT_OWNER: refresh the view from the masters, then send the items once more."""
-        self._refresh_view(wait_ms=0)
+        """NOT_OWNER: refresh the view from the masters, then send the items once more.
+        Both within the op's deadline: a slow master makes these items TIMEOUT misses."""
+        self._refresh_view(wait_ms=0, deadline=deadline)
         ring = self._ring
         routed: dict[str, list] = {}
         for i, it in moved:
@@ -745,19 +747,30 @@ class Client:
         return self.touch_batch([key], **kw)[0]
 
     def stats(self, timeout_ms: int = 2000) -> dict[str, dict]:
-        """Per-server STATS, fetched directly (not through the dispatch queues)."""
-        out = {}
-        for addr in list(self._lanes):
+        """Per-server STATS, fetched directly (not through the dispatch queues), from
+        every server at once. Returns within ``timeout_ms`` (plus scheduling noise); a
+        server that did not answer in time maps to ``{"error": ...}``."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        addrs = list(self._lanes)
+        out: dict[str, dict] = {}
+
+        def one(addr: str) -> None:
             t = TcpTransport(addr, self._token, self.limits, self.config.connect_timeout_ms / 1000)
             try:
-                t.connect(time.monotonic() + timeout_ms / 1000)
-                res = t.call_stats(time.monotonic() + timeout_ms / 1000)
-                out[addr] = res
+                t.connect(deadline)
+                out[addr] = t.call_stats(deadline)
             except Exception as exc:
                 out[addr] = {"error": str(exc) or type(exc).__name__}
             finally:
                 t.close()
-        return out
+
+        threads = [threading.Thread(target=one, args=(a,), name=f"gcache-stats-{a}",
+                                    daemon=True) for a in addrs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()) + 0.5)
+        return {a: out.get(a, {"error": "timed out"}) for a in addrs}
 
     # ------------------------------------------------------------------ lifecycle
     def _wait(self, fut: Future, n: int, fallback: Any) -> list:

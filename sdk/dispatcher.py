@@ -7,8 +7,8 @@ dispatch threads, each owning one ``Transport``. User threads only enqueue
 Exactly-once completion: ``Work.state`` moves queued -> running (a worker
 claims it) or queued -> done (the reaper expires it), under one lock, so a
 frame is completed by exactly one party. A running frame is bounded by its
-deadline inside the transport (socket timeouts follow the deadline), so no
-caller waits past its deadline plus scheduling noise.
+deadline inside the transport (every syscall's socket timeout is the time left
+before the deadline), so no caller waits past its deadline plus scheduling noise.
 
 Suspicion: a connection failure marks the lane suspect for
 ``probe_interval``; work for a suspect lane completes at once as

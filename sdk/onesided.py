@@ -24,8 +24,9 @@ and a non-OK answer turns that item into a miss.
 The movers are the shared-memory mapping (``ShmTransport``: memmove) and NIXL
 (``NixlTransport``: one-sided RDMA READ/WRITE, or CMA between processes of one host).
 Deadlines follow the Transport contract: no copy starts past the deadline (or past
-half the server's lease bound), the control RPCs run under socket timeouts, and a
-timeout closes the connection, which makes the server drop its leases and slots.
+half the server's lease bound), every send and receive of the control RPCs (RELEASE
+replies included) re-arms its socket timeout from the time left before each syscall,
+and a timeout closes the connection, which makes the server drop its leases and slots.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import time
 from typing import Any
 
 from gcache.errors import ProtocolError
-from gcache.protocol import Op, encode_frame, read_frame
+from gcache.protocol import Op, encode_frame, read_frame, sendmsg_all
 from gcache.status import Status, status_of
 from gcache.sdk.transport import (AuthFailed, ItemResult, TcpTransport, TransportTimeout,
                                   Work, _rids)
@@ -60,6 +61,7 @@ class _FrameStatus(Exception):
 Copy = tuple  # (local, remote, n)
 
 _INT5 = (int, int, int, int, int)
+RELEASE_GRACE_S = 0.01  # how long a no-wait RELEASE may block past the deadline
 
 
 class OneSidedTransport(TcpTransport):
@@ -99,8 +101,7 @@ class OneSidedTransport(TcpTransport):
     def _drain(self, deadline: float) -> None:
         """Read the replies of RELEASEs sent without waiting (in order, before any other)."""
         while self.unread:
-            self._settimeout(deadline)
-            fh, _ = read_frame(self.sock, self.limits, self.prefix)
+            fh, _ = read_frame(self.sock, self.limits, self.prefix, deadline=deadline)
             if fh.opcode != Op.RELEASE:
                 raise ProtocolError(f"expected a RELEASE reply, got op {fh.opcode}")
             self.unread -= 1
@@ -123,10 +124,8 @@ class OneSidedTransport(TcpTransport):
         if self.unread:
             self._drain(deadline)
         rid = next(_rids)
-        self._settimeout(deadline)
-        self.sock.sendall(encode_frame(op, rid, meta))
-        self._settimeout(deadline)
-        fh, rmeta = read_frame(self.sock, self.limits, self.prefix)
+        sendmsg_all(self.sock, [encode_frame(op, rid, meta)], deadline)
+        fh, rmeta = read_frame(self.sock, self.limits, self.prefix, deadline=deadline)
         if fh.request_id != rid or fh.opcode != op:
             raise ProtocolError(f"reply for request {fh.request_id}/op {fh.opcode}, "
                                 f"expected {rid}/op {op}")
@@ -212,14 +211,16 @@ class OneSidedTransport(TcpTransport):
         if held and time.monotonic() - t0 < self.lease_s / 2:
             # Every copy ended within half the lease bound of a moment before the grant, so
             # no lease can have expired mid-copy: release without waiting for the answer
-            # (read before the next request on this connection).
-            self._settimeout(max(work.deadline, time.monotonic() + 0.2))
-            self.sock.sendall(encode_frame(Op.RELEASE, next(_rids), {"leases": held}))
+            # (read before the next request on this connection). A few dozen bytes on an
+            # idle request/response stream never block unless the server stopped reading:
+            # that costs at most RELEASE_GRACE_S past the deadline, then the connection.
+            sendmsg_all(self.sock, [encode_frame(Op.RELEASE, next(_rids), {"leases": held})],
+                        max(work.deadline, time.monotonic() + RELEASE_GRACE_S))
             self.unread += 1
         elif held:
-            # released even past the deadline (bounded): a lease must not outlive its use
-            rel = self._call(Op.RELEASE, {"leases": held},
-                             max(work.deadline, time.monotonic() + 0.2))
+            # Waited for, within the deadline: past it the op is a miss anyway, and the
+            # timeout closes the connection, which drops the leases on the server.
+            rel = self._call(Op.RELEASE, {"leases": held}, work.deadline)
             st = rel.get("st")
             if not isinstance(st, list) or len(st) != len(held):
                 raise ProtocolError("RELEASE reply does not match the request")

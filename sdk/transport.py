@@ -3,7 +3,11 @@
 A ``Transport`` is one channel to one server, owned by exactly one dispatch
 thread, which calls ``execute`` for one ``Work`` (one request frame) at a
 time and may block in it until ``deadline`` (a ``time.monotonic`` value) —
-never longer. ``execute`` returns one ``ItemResult`` per item or raises:
+never longer, however slowly the server sends or reads: every blocking call
+(connect, handshake, send, receive) recomputes its socket timeout from the time
+left before each syscall (the ``deadline=`` of the gcache.protocol helpers). A
+socket timeout alone restarts on every byte and is not a deadline.
+``execute`` returns one ``ItemResult`` per item or raises:
 
 * ``TransportTimeout`` when the deadline passes mid-request; the channel is
   then closed, because the stream position is unknown;
@@ -96,12 +100,6 @@ class TcpTransport(Transport):
         self.auth_reply: dict = {}  # what the server grants after AUTH (e.g. its NIXL agent)
 
     # ------------------------------------------------------------------ connection
-    def _settimeout(self, deadline: float) -> None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TransportTimeout()
-        self.sock.settimeout(left)
-
     def connect(self, deadline: float) -> None:
         left = min(self.connect_timeout, deadline - time.monotonic())
         if left <= 0:
@@ -112,16 +110,17 @@ class TcpTransport(Transport):
             raise ConnectionError(f"connect to {self.address} timed out") from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
+        # one deadline for the whole handshake, re-armed before every syscall
+        hs_deadline = min(deadline, time.monotonic() + self.connect_timeout * 4)
         try:
-            self._settimeout(min(deadline, time.monotonic() + self.connect_timeout * 4))
-            fh, hello = read_frame(sock, self.limits, self.prefix)
+            fh, hello = read_frame(sock, self.limits, self.prefix, deadline=hs_deadline)
             if fh.opcode != Op.HELLO or not isinstance(hello, dict):
                 raise ConnectionError(f"{self.address} did not greet with HELLO")
             self.server_name = str(hello.get("name", ""))
             self.hello = hello
             mac = auth_mac(self.token, hello["nonce"]) if self.token else b""
-            sock.sendall(encode_frame(Op.AUTH, next(_rids), {"mac": mac}))
-            fh, meta = read_frame(sock, self.limits, self.prefix)
+            sendmsg_all(sock, [encode_frame(Op.AUTH, next(_rids), {"mac": mac})], hs_deadline)
+            fh, meta = read_frame(sock, self.limits, self.prefix, deadline=hs_deadline)
             if fh.status == Status.AUTH:
                 raise AuthFailed(meta.get("error", "auth failed") if isinstance(meta, dict)
                                  else "auth failed")
@@ -160,25 +159,21 @@ class TcpTransport(Transport):
             raise
 
     def _execute(self, work: Work) -> list[ItemResult]:
-        op, rid, sock = work.op, next(_rids), self.sock
+        op, rid, sock, deadline = work.op, next(_rids), self.sock, work.deadline
         if op == Op.PUT:
             meta = {"ns": work.ns, "items": [[it[0], it[1], it[2], it[3], it[4]]
                                              for it in work.items], **(work.extra or {})}
             plen = sum(it[3] for it in work.items)
-            self._settimeout(work.deadline)
             sendmsg_all(sock, [encode_frame(op, rid, meta, plen),
-                               *(it[5] for it in work.items)])
+                               *(it[5] for it in work.items)], deadline)
         elif op == Op.GET:
             meta = {"ns": work.ns, "items": [[it[0], it[1], it[2], it[3]] for it in work.items],
                     **(work.extra or {})}
-            self._settimeout(work.deadline)
-            sock.sendall(encode_frame(op, rid, meta))
+            sendmsg_all(sock, [encode_frame(op, rid, meta)], deadline)
         else:
-            self._settimeout(work.deadline)
-            sock.sendall(encode_frame(op, rid, {"ns": work.ns, "items": work.items,
-                                                **(work.extra or {})}))
-        self._settimeout(work.deadline)
-        fh, rmeta = read_frame(sock, self.limits, self.prefix)
+            sendmsg_all(sock, [encode_frame(op, rid, {"ns": work.ns, "items": work.items,
+                                                      **(work.extra or {})})], deadline)
+        fh, rmeta = read_frame(sock, self.limits, self.prefix, deadline=deadline)
         if fh.request_id != rid or fh.opcode != op:
             raise ProtocolError(f"reply for request {fh.request_id}/op {fh.opcode}, "
                                 f"expected {rid}/op {op}")
@@ -215,17 +210,17 @@ class TcpTransport(Transport):
                 else:
                     views.append(it[4][:n])
             out.append(res)
-        # one scatter read fills many destinations; the deadline is re-armed per syscall
-        recv_into_many(self.sock, views, lambda: self._settimeout(work.deadline))
+        # one scatter read fills many destinations, all by the deadline
+        recv_into_many(self.sock, views, work.deadline)
         return out
 
 
 def _call_stats(self: TcpTransport, deadline: float) -> dict:
-    """STATS round trip on a connected transport (admin path, not dispatched)."""
-    self._settimeout(deadline)
+    """STATS round trip on a connected transport (admin path, not dispatched), ended by
+    ``deadline`` (``socket.timeout`` past it)."""
     rid = next(_rids)
-    self.sock.sendall(encode_frame(Op.STATS, rid, {}))
-    fh, meta = read_frame(self.sock, self.limits, self.prefix)
+    sendmsg_all(self.sock, [encode_frame(Op.STATS, rid, {})], deadline)
+    fh, meta = read_frame(self.sock, self.limits, self.prefix, deadline=deadline)
     if fh.status or not isinstance(meta, dict):
         raise ConnectionError(f"STATS failed on {self.address}: {meta}")
     return meta.get("stats", {})
