@@ -7,8 +7,10 @@ answered. Every call has a short timeout and failures are values
 view when every master is down. ``watch`` long-polls ``/view?since=E`` and
 returns as soon as the epoch moves past ``E`` (or after ``wait_ms``).
 
-The token travels as ``Authorization: Bearer <token>``; run the masters on a
-trusted network or behind TLS termination.
+The credential travels as ``Authorization: Bearer id:secret`` (or the legacy
+``Bearer <token>``); run the masters on a trusted network or behind TLS
+termination. A 401 (unknown credential) or 403 (no right for the route) raises
+``MasterError`` at once: another master would answer the same.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class MasterUnavailable(Exception):
 class MasterClient:
     def __init__(self, masters: Sequence[str] | str, token: str = "", timeout_s: float = 2.0
                  ) -> None:
+        """``token``: what follows ``Bearer``: a credential ``id:secret`` or the token."""
         if isinstance(masters, str):
             masters = [m for m in masters.split(",") if m.strip()]
         self.masters = [m.strip() for m in masters]
@@ -64,7 +67,7 @@ class MasterClient:
                                 timeout_s or self.timeout_s)
             except urllib.error.HTTPError as exc:
                 detail = _error_text(exc)
-                if exc.code in (401, 400, 404, 409):
+                if exc.code in (400, 401, 403, 404, 409):
                     raise MasterError(exc.code, detail) from None
                 last = f"{addr}: HTTP {exc.code} {detail}"
                 continue
