@@ -211,6 +211,10 @@ def parse_credentials(data: Any, path: str = "<credentials>") -> dict[str, Crede
         if not grants and not server:
             raise _err(path, where, "grants nothing",
                        "add grants (or server = true), or remove the credential")
+        twin = next((c.id for c in out.values() if hmac.compare_digest(c.secret, secret)), None)
+        if twin is not None:  # the MAC proves the secret: shared secrets blur who is who
+            raise _err(path, where, f"its secret is also the secret of {twin!r}",
+                       "give every credential its own secret")
         out[cid] = Credential(cid, secret, tuple(grants), server)
     return out
 

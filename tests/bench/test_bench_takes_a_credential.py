@@ -14,7 +14,7 @@ from gcache.bench.cli import main
 
 pytestmark = pytest.mark.integration
 
-SECRET = "b" * 24
+SECRET, OTHER = "b" * 24, "c" * 24
 CREDS = f"""
 [[credential]]
 id = "bench"
@@ -23,7 +23,7 @@ grants = [{{ namespaces = "*", rights = ["admin"] }}]
 
 [[credential]]
 id = "other"
-secret = "{SECRET}"
+secret = "{OTHER}"
 grants = [{{ namespaces = "other/*", rights = ["read", "write"] }}]
 """
 
@@ -44,5 +44,5 @@ def test_bench_authenticates_with_its_credential(make_cluster, tmp_path, monkeyp
     cl = make_cluster(1, "64MiB", extra=["--credentials-file", str(path)])
     doc = _run(cl, f"bench:{SECRET}", tmp_path / "ok.json")
     assert doc["cases"] and all(c["errors"] == 0 for c in doc["cases"])
-    doc = _run(cl, f"other:{SECRET}", tmp_path / "refused.json")
+    doc = _run(cl, f"other:{OTHER}", tmp_path / "refused.json")
     assert all(c["errors"] > 0 for c in doc["cases"])

@@ -12,7 +12,7 @@ from gcache.status import Status
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-SECRET = "s" * 24
+SECRET, OTHER = "s" * 24, "t" * 24
 CREDS = f"""
 [[credential]]
 id = "engine"
@@ -21,7 +21,7 @@ grants = [{{ namespaces = "sglang/*", rights = ["read", "write"] }}]
 
 [[credential]]
 id = "elsewhere"
-secret = "{SECRET}"
+secret = "{OTHER}"
 grants = [{{ namespaces = "other/*", rights = ["read", "write"] }}]
 """
 
@@ -43,7 +43,7 @@ def test_plugin_passes_its_credential(scoped):
         assert be.client.get("page") == b"kv" * 100
     finally:
         be.close()
-    be = _factory(_config(scoped.addresses, credential=f"elsewhere:{SECRET}"))
+    be = _factory(_config(scoped.addresses, credential=f"elsewhere:{OTHER}"))
     try:
         assert be.client.put("page2", b"kv") == Status.AUTH
         assert be.client.get("page") is None
