@@ -170,7 +170,11 @@ def _wait_settled(client: Client, quiet_s: float = 0.5, timeout_s: float = 120.0
 @click.option("--iters", type=click.IntRange(min=1), help="Calls per thread per case.")
 @click.option("--timeout-ms", type=click.IntRange(min=1), default=10000, show_default=True,
               help="Deadline of one call.")
-@click.option("--token", default="", help="Shared secret of the servers.")
+@click.option("--token", default="", help="Shared secret of the servers (legacy: full rights).")
+@click.option("--credential", default="", envvar="GCACHE_CREDENTIAL",
+              help="'id:secret' of the --servers' credentials file; needs write and read on "
+              "--namespace (and admin on \"*\" for the STATS-based numbers). "
+              "[env GCACHE_CREDENTIAL]")
 @click.option("--namespace", default="bench", show_default=True)
 @click.option("--conns-per-server", type=click.IntRange(min=1), help="SDK connections/server.")
 @click.option("--transport", "transports", multiple=True,
@@ -219,7 +223,7 @@ def _wait_settled(client: Client, quiet_s: float = 0.5, timeout_s: float = 120.0
 def main(ctx: click.Context, servers: str | None, local: int | None, memory: int,
          slab_bytes: int, ops: tuple[str, ...], sizes: tuple[int, ...],
          batches: tuple[int, ...], concurrencies: tuple[int, ...], duration: float | None,
-         iters: int | None, timeout_ms: int, token: str, namespace: str,
+         iters: int | None, timeout_ms: int, token: str, credential: str, namespace: str,
          conns_per_server: int | None, json_path: str | None, no_baseline: bool,
          verify: bool, tier: str, disk_dir: str | None, disk_bytes: int,
          disk_working_set: int, raw_threads: int | None, demotion_impact: bool,
@@ -236,6 +240,9 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
                                "segment files for its raw baseline)")
     if demotion_impact and tier != "disk":
         raise click.UsageError("--demotion-impact needs --tier disk")
+    if credential and local is not None:
+        raise click.UsageError("--credential is for --servers; the --local servers take "
+                               "--token")
     if duration is None and iters is None:
         duration = 3.0
     if log_dir:
@@ -301,7 +308,8 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
         else:
             addresses = [s.strip() for s in servers.split(",") if s.strip()]
         client = Client(addresses, namespace=namespace, timeout_ms=timeout_ms, token=token,
-                        conns_per_server=conns_per_server, transport="tcp")
+                        credential=credential or None, conns_per_server=conns_per_server,
+                        transport="tcp")
         stack.callback(client.close)
         capacity = cluster_capacity(client)
         target = TARGET_BYTES
@@ -326,7 +334,8 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
             if run_client is None:
                 run_client = clients[(transport, threads)] = Client(
                     addresses, namespace=namespace, timeout_ms=timeout_ms, token=token,
-                    conns_per_server=threads, transport=transport)
+                    credential=credential or None, conns_per_server=threads,
+                    transport=transport)
                 stack.callback(run_client.close)
             batch = min(batch, max(1, max_batch_bytes // size))
             label = f"{transport} t{run_client.conns} {op} {format_size(size)} x{batch} c{conc}"
@@ -385,7 +394,8 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
                 progress.update(task, description=f"raw {transport} {format_size(size)} "
                                 f"x{count} c{conc}")
                 row = measure_raw_transport(addresses[0], transport, size=size, count=count,
-                                            seconds=duration, threads=conc, token=token)
+                                            seconds=duration, threads=conc, token=token,
+                                            credential=credential)
                 row.update(threads=1, errors=0, error_kinds={}, p50_us=None, p99_us=None,
                            key_p50_us=None, vs_raw=None)
                 raw = raw_gbps(baseline, "get", size)

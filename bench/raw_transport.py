@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from gcache.credentials import ClientCredential, parse_client_credential
 from gcache.protocol import Limits, Op
 from gcache.sdk import Client, Status
 from gcache.sdk.transport import TcpTransport, Work
@@ -27,7 +28,7 @@ from gcache.sdk.transport import TcpTransport, Work
 RELEASE_EVERY_S = 1.0
 
 
-def _transport(kind: str, address: str, token: str) -> Any:
+def _transport(kind: str, address: str, token: str | ClientCredential) -> Any:
     if kind == "tcp":
         return TcpTransport(address, token, Limits(), 5.0)
     if kind == "shm":
@@ -41,12 +42,14 @@ def _transport(kind: str, address: str, token: str) -> Any:
 
 def measure_raw_transport(address: str, kind: str, *, size: int = 1 << 20, count: int = 64,
                           seconds: float = 3.0, threads: int = 1, token: str = "",
-                          namespace: str = "rawbench") -> dict[str, Any]:
-    """GB/s of ``kind`` (tcp|shm|nixl) reads of ``count`` x ``size`` from ``address``."""
+                          namespace: str = "rawbench", credential: str = "") -> dict[str, Any]:
+    """GB/s of ``kind`` (tcp|shm|nixl) reads of ``count`` x ``size`` from ``address``
+    (authenticated with ``credential`` 'id:secret' when given, else ``token``)."""
+    auth = parse_client_credential(credential) if credential else token
     ns = namespace.encode()
     keys = [b"raw/%d/%d" % (size, i) for i in range(count)]
-    with Client([address], namespace=namespace, token=token, transport="tcp",
-                timeout_ms=30_000) as c:
+    with Client([address], namespace=namespace, token=token, credential=credential or None,
+                transport="tcp", timeout_ms=30_000) as c:
         vals = [np.full(size, i % 251, dtype=np.uint8) for i in range(count)]
         st = c.put_batch_from(keys, vals)
         if any(s != Status.OK for s in st):
@@ -57,7 +60,7 @@ def measure_raw_transport(address: str, kind: str, *, size: int = 1 << 20, count
     stop = threading.Event()
 
     def worker(w: int) -> None:
-        t = _transport(kind, address, token)
+        t = _transport(kind, address, auth)
         dst = np.empty((count, size), dtype=np.uint8)
         dst.fill(1)  # prefault before timing
         reg = None
@@ -130,7 +133,8 @@ def measure_raw_transport(address: str, kind: str, *, size: int = 1 << 20, count
         th.join(60)
     if errors:
         raise errors[0]
-    with Client([address], namespace=namespace, token=token, transport="tcp") as c:
+    with Client([address], namespace=namespace, token=token, credential=credential or None,
+                transport="tcp") as c:
         c.delete_batch(keys)
     return {"op": "raw-read", "transport": kind, "size": size, "batch": count,
             "concurrency": threads, "gbps": total / elapsed / 1e9,

@@ -244,8 +244,10 @@ def _masters_client(masters: str, token: str):
 @click.option("--masters", required=True, envvar="GCACHE_MASTERS",
               help="Master API addresses HOST:PORT,... [env GCACHE_MASTERS]")
 @click.option("--token", default="", envvar="GCACHE_TOKEN", help="[env GCACHE_TOKEN]")
+@click.option("--credential", default="", envvar="GCACHE_CREDENTIAL",
+              help="'id:secret' with admin on \"*\"; wins over --token. [env GCACHE_CREDENTIAL]")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-def status(masters: str, token: str, as_json: bool) -> None:
+def status(masters: str, token: str, credential: str, as_json: bool) -> None:
     """Show the leader, the epoch and every member with its state and usage."""
     from rich.console import Console
     from rich.table import Table
@@ -253,7 +255,7 @@ def status(masters: str, token: str, as_json: bool) -> None:
     from gcache.discovery import MasterError, MasterUnavailable
 
     try:
-        doc = _masters_client(masters, token).status()
+        doc = _masters_client(masters, credential or token).status()
     except (MasterUnavailable, MasterError) as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
@@ -300,33 +302,39 @@ def _admin(op: str, member_id: str, masters: str, token: str) -> None:
 _masters_opt = click.option("--masters", required=True, envvar="GCACHE_MASTERS",
                             help="Master API addresses. [env GCACHE_MASTERS]")
 _token_opt = click.option("--token", default="", envvar="GCACHE_TOKEN", help="[env GCACHE_TOKEN]")
+_cred_opt = click.option("--credential", default="", envvar="GCACHE_CREDENTIAL",
+                         help="'id:secret' with admin on \"*\"; wins over --token. "
+                         "[env GCACHE_CREDENTIAL]")
 
 
 @admin.command()
 @click.argument("member_id")
 @_masters_opt
 @_token_opt
-def drain(member_id: str, masters: str, token: str) -> None:
+@_cred_opt
+def drain(member_id: str, masters: str, token: str, credential: str) -> None:
     """Stop placing new keys on MEMBER_ID (it keeps serving what it holds)."""
-    _admin("drain", member_id, masters, token)
+    _admin("drain", member_id, masters, credential or token)
 
 
 @admin.command()
 @click.argument("member_id")
 @_masters_opt
 @_token_opt
-def add(member_id: str, masters: str, token: str) -> None:
+@_cred_opt
+def add(member_id: str, masters: str, token: str, credential: str) -> None:
     """Bring a drained or down MEMBER_ID back into placement."""
-    _admin("undrain", member_id, masters, token)
+    _admin("undrain", member_id, masters, credential or token)
 
 
 @admin.command()
 @click.argument("member_id")
 @_masters_opt
 @_token_opt
-def remove(member_id: str, masters: str, token: str) -> None:
+@_cred_opt
+def remove(member_id: str, masters: str, token: str, credential: str) -> None:
     """Forget MEMBER_ID (it re-registers if it is still running)."""
-    _admin("remove", member_id, masters, token)
+    _admin("remove", member_id, masters, credential or token)
 
 
 if __name__ == "__main__":

@@ -164,7 +164,16 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("listen", "addr", "127.0.0.1:7070", "Address the server listens on.", "server"),
     Option("name", "str", "gcache-0", "Server name used in logs and metrics.", "server"),
     Option("memory_bytes", "size", _GIB, "Size of the shared-memory arena.", "server"),
-    Option("token", "str", "", "Shared auth token; empty disables auth.", "common"),
+    Option("token", "str", "", "Shared auth token (legacy: full rights on every namespace); "
+           "empty and no credentials_file disables auth.", "common"),
+    Option("credential", "str", "", "This process's credential 'id:secret' (an entry of the "
+           "credentials file): clients authenticate with it, servers present it to the "
+           "masters; overrides token.", "common"),
+    Option("credentials_file", "str", "", "TOML file of namespace-scoped credentials "
+           "(gcache.credentials); reloaded on SIGHUP. The token still works next to it.",
+           "server"),
+    Option("metrics_max_namespaces", "int", 64, "Namespaces with their own label in the "
+           "per-namespace metrics; later ones are counted as 'other'.", "server"),
     Option("shm_dir", "str", "/dev/shm", "Directory holding the arena file.", "server"),
     Option("slab_bytes", "size", 16 * _MIB, "Size of one arena slab.", "server"),
     Option("max_key_bytes", "int", 512, "Longest accepted key.", "server"),
@@ -226,7 +235,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "connection, used for destinations not registered with register_buffer.",
            "client"),
 ]}
-_SECRETS = frozenset({"token"})
+_SECRETS = frozenset({"token", "credential"})
 PROMOTE_POLICIES = ("never", "first", "second-hit")
 NIXL_MODES = ("auto", "on", "off")
 TRANSPORTS = ("auto", "tcp", "shm", "nixl")
@@ -272,6 +281,13 @@ def _check(opt: Option, value: Any) -> str | None:
         return "must be one of " + ", ".join(TRANSPORTS)
     if opt.name == "segment_bytes" and (value % 4096 or value < _MIB):
         return "must be a multiple of 4KiB and at least 1MiB"
+    if opt.name == "credential" and value:
+        from gcache.credentials import parse_client_credential
+
+        try:
+            parse_client_credential(value)
+        except ConfigError as exc:
+            return str(exc)
     if opt.name == "failpoints":
         from gcache.failpoints import parse
 

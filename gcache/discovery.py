@@ -13,8 +13,10 @@ trickles its answer, because the socket timeout is recomputed from the time
 left before every syscall. A call made on behalf of a data op (``deadline=``,
 e.g. the view refresh after ``NOT_OWNER``) ends by that op's deadline too.
 
-The token travels as ``Authorization: Bearer <token>``; run the masters on a
-trusted network or behind TLS termination.
+The credential travels as ``Authorization: Bearer id:secret`` (or the legacy
+``Bearer <token>``); run the masters on a trusted network or behind TLS
+termination. A 401 (unknown credential) or 403 (no right for the route) raises
+``MasterError`` at once: another master would answer the same.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class MasterUnavailable(Exception):
 class MasterClient:
     def __init__(self, masters: Sequence[str] | str, token: str = "", timeout_s: float = 2.0
                  ) -> None:
+        """``token``: what follows ``Bearer``: a credential ``id:secret`` or the token."""
         if isinstance(masters, str):
             masters = [m for m in masters.split(",") if m.strip()]
         self.masters = [m.strip() for m in masters]
@@ -84,7 +87,7 @@ class MasterClient:
                 out = http_json(addr, method, path, body, self.token, t)
             except urllib.error.HTTPError as exc:
                 detail = _error_text(exc)
-                if exc.code in (401, 400, 404, 409):
+                if exc.code in (400, 401, 403, 404, 409):
                     raise MasterError(exc.code, detail) from None
                 last = f"{addr}: HTTP {exc.code} {detail}"
                 continue

@@ -20,12 +20,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_bind(listen: str, token: str) -> None:
-    """Refuse a non-loopback listen address without a token (ValueError)."""
+def check_bind(listen: str, token: str | bool) -> None:
+    """Refuse a non-loopback listen address without auth (ValueError). ``token`` is the
+    token, or True when auth is on some other way (a credentials file)."""
     host = split_hostport(listen)[0]
     if not token and not is_loopback(host):
         raise ValueError(f"refusing to bind non-loopback address {host} without a token: "
-                         "set --token (or GCACHE_TOKEN) on every server and client")
+                         "set --credentials-file (or --token) on the server, and give every client "
+                         "a credential")
 
 
 def boot_id() -> str:

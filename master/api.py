@@ -13,11 +13,18 @@ moves the epoch). A new leader starts every member's clock afresh, so a
 failover never marks healthy servers down. A heartbeat from a member that is
 ``down`` with the same boot re-registers it (a healed partition); one from a
 stale incarnation is told to re-register (409).
+
+Auth. Every route needs a credential (``Authorization: Bearer id:secret``) or the
+legacy token (``Bearer <token>``), unless the master runs with neither: 401
+otherwise. ``/register`` and ``/heartbeat`` need a credential with
+``server = true``; ``/admin`` and ``/status`` need a cluster admin (``admin`` on
+namespaces ``"*"``): 403 otherwise. ``/view`` and ``/healthz`` take any valid
+credential (every client routes by the view). A follower forwards the caller's
+own Authorization header, so the leader decides with the same credential.
 """
 
 from __future__ import annotations
 
-import hmac
 import http.server
 import json
 import logging
@@ -27,6 +34,7 @@ import urllib.error
 import urllib.parse
 from typing import Any
 
+from gcache.credentials import Credential, CredentialStore
 from gcache.discovery import http_json
 from gcache.master.raft_node import RaftNode
 
@@ -38,10 +46,23 @@ _FORWARDED = "X-Gcache-Forwarded"
 _FORWARD_TIMEOUT_S = 1.0  # a paused leader must not hold a heartbeat for long
 
 
+def _denied(cred: Credential, path: str) -> str:
+    """Why ``cred`` may not call ``path`` ('' when it may). Unknown paths answer 404 later."""
+    if path in ("/register", "/heartbeat") and not cred.server:
+        return (f"credential {cred.id!r} may not register or heartbeat servers: give "
+                "gcache-server a credential with server = true")
+    if path in ("/admin", "/status") and not cred.cluster_admin:
+        return (f"credential {cred.id!r} may not call {path}: it needs admin on "
+                'namespaces "*" (a cluster admin)')
+    return ""
+
+
 class MasterService:
     def __init__(self, node: RaftNode, *, listen: str, token: str, heartbeat_timeout_ms: int,
-                 raft_to_api: dict[str, str]) -> None:
+                 raft_to_api: dict[str, str], credentials: CredentialStore | None = None
+                 ) -> None:
         self.node, self.token = node, token
+        self.credentials = credentials or CredentialStore(token=token)
         self.heartbeat_timeout = heartbeat_timeout_ms / 1000.0
         self.raft_to_api = raft_to_api
         self.last_seen: dict[str, float] = {}
@@ -83,11 +104,18 @@ class MasterService:
     # ------------------------------------------------------------------ plumbing
     def dispatch(self, h: http.server.BaseHTTPRequestHandler, method: str) -> None:
         try:
-            if self.token and not hmac.compare_digest(
-                    h.headers.get("Authorization", ""), f"Bearer {self.token}"):
-                return self._send(h, 401, {"error": "wrong or missing token: give every "
-                                                    "server and client the masters' token"})
+            auth = h.headers.get("Authorization", "")
+            cred = self.credentials.table.verify_bearer(auth)
+            if cred is None:
+                return self._send(h, 401, {"error": "wrong or missing credential: send "
+                                                    "'Authorization: Bearer id:secret' (a "
+                                                    "credential of the masters' credentials "
+                                                    "file) or the masters' token"})
             url = urllib.parse.urlparse(h.path)
+            denied = _denied(cred, url.path)
+            if denied:
+                return self._send(h, 403, {"error": denied})
+            self._local.auth = auth
             body: dict = {}
             if method == "POST":
                 n = int(h.headers.get("Content-Length") or 0)
@@ -136,8 +164,10 @@ class MasterService:
             return 503, {"error": "no Raft leader right now (election in progress or no "
                                   "quorum); retry shortly"}
         try:
+            # the caller's own credential: the leader checks the same rights
             return 200, http_json(api, method, path, body if method == "POST" else None,
-                                  self.token, _FORWARD_TIMEOUT_S, {_FORWARDED: "1"})
+                                  "", _FORWARD_TIMEOUT_S,
+                                  {_FORWARDED: "1", "Authorization": self._local.auth})
         except urllib.error.HTTPError as exc:
             try:
                 return exc.code, json.loads(exc.read() or b"{}")

@@ -3,6 +3,8 @@
 ``--listen`` is the HTTP API address; the Raft port is the API port + 1.
 ``--peers`` lists the other masters' API addresses. Prints
 ``GCACHE_MASTER=host:port`` once the API serves; stops cleanly on SIGTERM.
+``--credentials-file`` scopes the API (gcache.credentials); SIGHUP reloads it (a
+bad file keeps the old credentials and logs why).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import threading
 
 import click
 
+from gcache.credentials import CredentialStore
+from gcache.errors import ConfigError
 from gcache.logs import setup_logging
 from gcache.network import check_bind
 
@@ -38,19 +42,26 @@ def raft_address(api: str) -> str:
 @click.option("--token", default="", envvar="GCACHE_TOKEN",
               help="Shared token: API auth and the Raft password. Required off loopback. "
                    "[env GCACHE_TOKEN]")
+@click.option("--credentials-file", default="", envvar="GCACHE_CREDENTIALS_FILE",
+              help="TOML file of scoped credentials (see gcache.credentials); servers need "
+                   "server = true, /admin and /status need admin on \"*\". Reloaded on "
+                   "SIGHUP. [env GCACHE_CREDENTIALS_FILE]")
 @click.option("--heartbeat-timeout-ms", default=3000, show_default=True, type=click.IntRange(100),
               envvar="GCACHE_HEARTBEAT_TIMEOUT_MS",
               help="A server silent this long is marked down (epoch moves).")
 @click.option("--log-level", default="INFO", show_default=True, envvar="GCACHE_LOG_LEVEL")
 @click.option("--log-format", type=click.Choice(["json", "text"]), default="json",
               show_default=True, envvar="GCACHE_LOG_FORMAT")
-def main(listen: str, peers: str, data_dir: str, token: str, heartbeat_timeout_ms: int,
-         log_level: str, log_format: str) -> None:
+def main(listen: str, peers: str, data_dir: str, token: str, credentials_file: str,
+         heartbeat_timeout_ms: int, log_level: str, log_format: str) -> None:
     """Run a gcache-master (membership, heartbeats, discovery; never on the IO path)."""
     setup_logging(log_level, log_format)
     try:
+        credentials = CredentialStore(credentials_file, token)
+        # the token is also the Raft password (below), so off loopback it stays required
+        # even with a credentials file, until the masters get a Raft secret of their own
         check_bind(listen, token)
-    except ValueError as exc:
+    except (ValueError, ConfigError) as exc:
         raise SystemExit(f"gcache-master: {exc}") from None
     from gcache.master.api import MasterService
     from gcache.master.raft_node import RaftNode
@@ -62,18 +73,21 @@ def main(listen: str, peers: str, data_dir: str, token: str, heartbeat_timeout_m
     password = token or "gcache-loopback-dev"
     node = RaftNode(raft_address(listen), [raft_address(p) for p in peer_list], data_dir,
                     password)
-    svc = MasterService(node, listen=listen, token=token,
+    svc = MasterService(node, listen=listen, token=token, credentials=credentials,
                         heartbeat_timeout_ms=heartbeat_timeout_ms, raft_to_api=raft_to_api)
     svc.start()
     log.info("gcache-master serving", extra={"fields": {
         "listen": svc.address, "raft": raft_address(listen), "peers": peer_list,
         "data_dir": os.path.abspath(data_dir), "epoch": node.membership.epoch}})
-    print(f"GCACHE_MASTER={svc.address}", flush=True)
-    stop = threading.Event()
+    stop, hup = threading.Event(), threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    while not stop.wait(0.5):
-        pass
+    signal.signal(signal.SIGHUP, lambda *_: hup.set())
+    print(f"GCACHE_MASTER={svc.address}", flush=True)
+    while not stop.wait(0.2):
+        if hup.is_set():
+            hup.clear()
+            credentials.reload()
     log.info("stopping gcache-master")
     svc.stop()
     node.close()

@@ -29,6 +29,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from gcache.config import load_config
+from gcache.credentials import ClientCredential, bearer_of, parse_client_credential
 from gcache.discovery import MasterClient, MasterError, MasterUnavailable, view_from_wire
 from gcache.errors import ConfigError
 from gcache.hashing import placement_hash
@@ -160,7 +161,12 @@ class Client:
         servers: ``["host:port", ...]`` (or a comma-separated string).
         namespace: tenant / model / layout fingerprint; part of every key.
         timeout_ms: default deadline of every op.
-        token: shared secret for the HMAC handshake ('' = none).
+        credential: ``"id:secret"``, a credential of the servers' credentials file (env
+            ``GCACHE_CREDENTIAL``); it scopes what this client may do: an op on a
+            namespace outside its grants answers ``Status.AUTH`` per key (the
+            connection stays up). Also sent to the masters (``Bearer id:secret``).
+            Wins over ``token`` when both are set.
+        token: the legacy shared secret ('' = none): full rights on every namespace.
         masters: gcache-master API addresses; the client routes by their view, follows its
             epoch in the background and keeps routing on the last view if all are down.
             ``servers`` given as well only bootstrap routing until a master answers.
@@ -182,6 +188,7 @@ class Client:
 
     def __init__(self, servers: Sequence[str] | str | None = None, *, namespace: str = "default",
                  timeout_ms: int | None = None, token: str | None = None,
+                 credential: str | None = None,
                  masters: Sequence[str] | None = None, slice_bytes: int | None = None,
                  conns_per_server: int | None = None, queue_depth: int | None = None,
                  frame_target_bytes: int | None = None, probe_interval_ms: int | None = None,
@@ -195,7 +202,8 @@ class Client:
         if not servers and not masters:
             raise ConfigError("Client needs masters=[host:port, ...] or servers=[host:port, ...]")
         cfg = load_config("client", config_file, cli={
-            "timeout_ms": timeout_ms, "token": token, "slice_bytes": slice_bytes,
+            "timeout_ms": timeout_ms, "token": token, "credential": credential,
+            "slice_bytes": slice_bytes,
             "conns_per_server": conns_per_server, "queue_depth": queue_depth,
             "frame_target_bytes": frame_target_bytes, "probe_interval_ms": probe_interval_ms,
             "connect_timeout_ms": connect_timeout_ms, "transport": transport,
@@ -209,7 +217,9 @@ class Client:
         self.slice = int(cfg.slice_bytes)
         self.frame_target = int(cfg.frame_target_bytes)
         self.conns = int(cfg.conns_per_server)
-        self._token = getattr(cfg, "token", "") or ""
+        # what AUTH proves: the credential when set, else the legacy token ('' = none)
+        self._token: str | ClientCredential = (parse_client_credential(cfg.credential)
+                                               if cfg.credential else cfg.token)
         self.transport = str(getattr(cfg, "transport", "auto") or "auto")
         if self.transport not in TRANSPORTS:
             raise ConfigError(f"transport must be one of {', '.join(TRANSPORTS)}, "
@@ -239,7 +249,7 @@ class Client:
         self._view = View.static(list(servers or []))
         self._ring = self._view.ring
         if masters:
-            self._master = MasterClient(masters, self._token,
+            self._master = MasterClient(masters, bearer_of(self._token),
                                         timeout_s=max(0.5, cfg.connect_timeout_ms / 1000.0))
             self._view = View(-1, ())
             if not self._refresh_view(wait_ms=0) and servers:

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from gcache.nixl_lib import Agent, NixlUnavailable
+from gcache.credentials import ClientCredential
 from gcache.protocol import Limits
 from gcache.sdk.onesided import STATS, Copy
 from gcache.sdk.shm_transport import ShmTransport, _addr, _copy
@@ -191,8 +192,9 @@ class _Round:
 
 
 class NixlTransport(ShmTransport):
-    def __init__(self, address: str, token: str, limits: Limits, connect_timeout: float,
-                 mode: str = "nixl", bounce_bytes: int = 8 << 20) -> None:
+    def __init__(self, address: str, token: str | ClientCredential, limits: Limits,
+                 connect_timeout: float, mode: str = "nixl", bounce_bytes: int = 8 << 20
+                 ) -> None:
         if mode not in ("auto", "nixl"):
             raise ValueError(f"NixlTransport mode must be auto or nixl, not {mode!r}")
         super().__init__(address, token, limits, connect_timeout, mode)

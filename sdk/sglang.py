@@ -81,6 +81,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import xxhash
 
+from gcache.credentials import parse_client_credential
 from gcache.errors import ConfigError
 from gcache.sdk.client import Client
 from gcache.status import Status
@@ -120,6 +121,7 @@ class PluginConfig:
     namespace: str = "sglang"
     timeout_ms: int = 1000
     token: str | None = None
+    credential: str | None = None  # "id:secret"; scopes the instance to its namespaces
     group_policy: str = "chain"
     group_pages: int = 64
     skip_existing: bool = True
@@ -168,6 +170,12 @@ class PluginConfig:
                 raise ConfigError(f"extra_config {name!r} must be a string, got {v!r}")
             return v
 
+        def credential() -> str | None:
+            v = text("credential", None)
+            if v:
+                parse_client_credential(v)  # ConfigError, never echoing the secret
+            return v
+
         masters, servers = addrs("masters"), addrs("servers")
         if not masters and not servers:
             raise ConfigError('gcache needs "masters": ["host:port", ...] or "servers": '
@@ -178,6 +186,7 @@ class PluginConfig:
         return cls(masters=masters, servers=servers,
                    namespace=text("namespace", "sglang") or "sglang",
                    timeout_ms=integer("timeout_ms", 1), token=text("token", None),
+                   credential=credential(),
                    group_policy=policy, group_pages=integer("group_pages", 1),
                    skip_existing=boolean("skip_existing"), touch=boolean("touch"),
                    touch_interval_ms=integer("touch_interval_ms", 0),
@@ -631,7 +640,8 @@ class _GCacheStorageImpl:
         self.client = Client(masters=list(self.cfg.masters) or None,
                              servers=list(self.cfg.servers) or None,
                              namespace=self.namespace, timeout_ms=self.cfg.timeout_ms,
-                             token=self.cfg.token, config_file=self.cfg.config_file)
+                             token=self.cfg.token, credential=self.cfg.credential,
+                             config_file=self.cfg.config_file)
         self.stats = Stats()
         self.core = ChainStore(self.client, self.cfg, self.stats)
         if not self.interface_v1:

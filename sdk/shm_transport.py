@@ -28,6 +28,7 @@ import threading
 import numpy as np
 
 from gcache.network import boot_id
+from gcache.credentials import ClientCredential
 from gcache.protocol import Limits
 from gcache.sdk.onesided import STATS, Copy, OneSidedTransport, _FrameStatus  # noqa: F401
 from gcache.sdk.transport import TcpTransport, Transport
@@ -112,8 +113,8 @@ def _copy(dst_addr: int, src_addr: int, n: int) -> None:
 
 
 class ShmTransport(OneSidedTransport):
-    def __init__(self, address: str, token: str, limits: Limits, connect_timeout: float,
-                 mode: str = "auto") -> None:
+    def __init__(self, address: str, token: str | ClientCredential, limits: Limits,
+                 connect_timeout: float, mode: str = "auto") -> None:
         super().__init__(address, token, limits, connect_timeout)
         if mode not in ("auto", "shm", "nixl"):
             raise ValueError(f"ShmTransport mode must be auto, shm or nixl, not {mode!r}")
@@ -185,7 +186,7 @@ class ShmTransport(OneSidedTransport):
             since += n
 
 
-def make_transport(mode: str, address: str, token: str, limits: Limits,
+def make_transport(mode: str, address: str, token: str | ClientCredential, limits: Limits,
                    connect_timeout: float, nixl_bounce_bytes: int = 8 << 20,
                    one_sided_min_bytes: int = 256 << 10) -> Transport:
     """The transport for one dispatch thread.

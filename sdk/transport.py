@@ -11,7 +11,10 @@ socket timeout alone restarts on every byte and is not a deadline.
 
 * ``TransportTimeout`` when the deadline passes mid-request; the channel is
   then closed, because the stream position is unknown;
-* ``AuthFailed`` when the server refuses the token;
+* ``AuthFailed`` when the server refuses the credential (or token) at AUTH.
+
+A request outside the credential's namespace grants is not an exception: the
+server answers ``Status.AUTH`` per item and the channel stays open.
 * ``ConnectionError``/``OSError`` when the server is unreachable or died.
 
 The shm and nixl fast paths (later issues) implement the same contract, so the
@@ -31,8 +34,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from gcache.credentials import ClientCredential, auth_fields
 from gcache.errors import ProtocolError
-from gcache.protocol import (PREFIX_SIZE, Limits, Op, auth_mac, encode_frame, read_frame,
+from gcache.protocol import (PREFIX_SIZE, Limits, Op, encode_frame, read_frame,
                              recv_into_many, sendmsg_all)
 from gcache.status import Status, status_of
 
@@ -86,7 +90,9 @@ class Transport(abc.ABC):
 
 
 class TcpTransport(Transport):
-    def __init__(self, address: str, token: str, limits: Limits, connect_timeout: float) -> None:
+    def __init__(self, address: str, token: str | ClientCredential, limits: Limits,
+                 connect_timeout: float) -> None:
+        """``token``: the client's ``ClientCredential``, or the legacy token ('' = none)."""
         self.address = address
         host, port = address.rsplit(":", 1)
         self.host, self.port = host.strip("[]"), int(port)
@@ -118,8 +124,9 @@ class TcpTransport(Transport):
                 raise ConnectionError(f"{self.address} did not greet with HELLO")
             self.server_name = str(hello.get("name", ""))
             self.hello = hello
-            mac = auth_mac(self.token, hello["nonce"]) if self.token else b""
-            sendmsg_all(sock, [encode_frame(Op.AUTH, next(_rids), {"mac": mac})], hs_deadline)
+            sendmsg_all(sock, [encode_frame(Op.AUTH, next(_rids),
+                                            auth_fields(self.token, hello["nonce"]))],
+                        hs_deadline)
             fh, meta = read_frame(sock, self.limits, self.prefix, deadline=hs_deadline)
             if fh.status == Status.AUTH:
                 raise AuthFailed(meta.get("error", "auth failed") if isinstance(meta, dict)

@@ -5,6 +5,8 @@ Prints ``GCACHE_LISTEN=host:port`` on stdout once it serves (so ``--listen
 cleanly on SIGTERM/SIGINT: connections are closed, the arena is marked clean,
 the disk tier (``--disk-dir``/``--disk``) writes its index, and a restart
 under the same ``--name`` finds every acknowledged object on both tiers.
+SIGHUP re-reads ``--credentials-file`` (a bad file keeps the old credentials and
+logs why); connections apply the new grants from their next frame.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import click
 
 from gcache import failpoints
 from gcache.config import click_options, load_config
+from gcache.credentials import CredentialStore
 from gcache.errors import ConfigError
 from gcache.logs import setup_logging
 from gcache.protocol import Limits
@@ -63,7 +66,13 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
     log.info("starting gcache-server", extra={"fields": {"config": cfg.describe(),
                                                          "pid": os.getpid()}})
     try:
-        check_bind(cfg.listen, cfg.token)  # before the arena exists: a refusal leaves nothing
+        credentials = CredentialStore(cfg.credentials_file, cfg.token)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        raise SystemExit(f"gcache-server: {exc}") from None
+    try:
+        # before the arena exists: a refusal leaves nothing
+        check_bind(cfg.listen, credentials.required)
     except ValueError as exc:
         log.error("%s", exc)
         raise SystemExit(f"gcache-server: {exc}") from None
@@ -100,10 +109,11 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
         s.update(shm_ops.transport_stats(nixl is not None))
         return s
 
-    metrics = ServerMetrics(stats)
+    metrics = ServerMetrics(stats, cfg.metrics_max_namespaces)
     try:
         svc = Service(tier, listen=cfg.listen, name=cfg.name, token=cfg.token, limits=limits,
-                      metrics=metrics, max_connections=cfg.max_connections)
+                      metrics=metrics, max_connections=cfg.max_connections,
+                      credentials=credentials)
     except (ValueError, OSError) as exc:
         if nixl is not None:
             nixl.close()
@@ -121,7 +131,8 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
             import socket
 
             advertise = f"{socket.getfqdn()}:{advertise.rsplit(':', 1)[1]}"
-        agent = MembershipAgent(cfg.masters, cfg.token, cfg.name, advertise, tier.capacity,
+        # the masters take the server's credential (one with server = true), else the token
+        agent = MembershipAgent(cfg.masters, cfg.credential or cfg.token, cfg.name, advertise, tier.capacity,
                                 stats, cfg.heartbeat_interval_ms)
         svc.ownership = agent
         agent.start()  # in the background: serving never waits for the masters
@@ -132,15 +143,18 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
         log.info("metrics on http://%s:%d/metrics", *http.server_address[:2])
     tier.start()
     svc.start()
-    stop = threading.Event()
+    stop, hup = threading.Event(), threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: hup.set())  # reloaded below, not in the handler
     log.info("serving", extra={"fields": {"listen": svc.address, "name": cfg.name}})
     print(f"GCACHE_LISTEN={svc.address}", flush=True)
     if http is not None:
         print(f"GCACHE_METRICS={http.server_address[0]}:{http.server_address[1]}", flush=True)
-    while not stop.wait(0.5):
-        pass
+    while not stop.wait(0.2):
+        if hup.is_set():
+            hup.clear()
+            credentials.reload()
     log.info("stopping: closing connections and marking the arena clean")
     if agent is not None:
         agent.stop()

@@ -6,6 +6,13 @@ STATS reply and the master heartbeat carry): ``gcache_memory_*`` for the
 memory tier, ``gcache_disk_*`` for the NVMe tier, ``gcache_tier_*`` for
 movement between them, and ``gcache_tier_{capacity,used}_bytes{tier=...}``
 side by side.
+
+Per-namespace counters (``gcache_namespace_{hits,misses,bytes}_total``) carry a
+``namespace`` label. Namespaces are client-chosen strings, so the label set is
+bounded: the first ``max_namespaces`` distinct namespaces a server sees keep their
+own label for its lifetime and every later one is counted under ``other``
+(``NamespaceLabels``). Scope refusals (``gcache_auth_refused_total``) are labelled
+by credential id, which the operator's credentials file bounds, and op.
 """
 
 from __future__ import annotations
@@ -21,8 +28,37 @@ from prometheus_client.core import GaugeMetricFamily, CounterMetricFamily
 _LAT_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 2.0)
 
 
+OTHER_NAMESPACES = "other"
+
+
+class NamespaceLabels:
+    """Namespace -> label value, for at most ``limit`` distinct namespaces (first seen
+    first served); the rest share ``OTHER_NAMESPACES``. Thread-safe."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._labels: dict[bytes, str] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, ns: bytes) -> str:
+        label = self._labels.get(ns)
+        if label is not None:
+            return label
+        with self._lock:
+            label = self._labels.get(ns)
+            if label is None:
+                if len(self._labels) >= self.limit:
+                    return OTHER_NAMESPACES
+                # '' is the default namespace; a real namespace named 'other' is suffixed
+                label = ns.decode("utf-8", "replace") or "<default>"
+                if label == OTHER_NAMESPACES:
+                    label += "~"
+                self._labels[ns] = label
+        return label
+
+
 class ServerMetrics:
-    def __init__(self, stats_fn: Callable[[], dict]) -> None:
+    def __init__(self, stats_fn: Callable[[], dict], max_namespaces: int = 64) -> None:
         self.registry = CollectorRegistry()
         self.items = Counter("gcache_items_total", "Items served, by op and status",
                              ["op", "status"], registry=self.registry)
@@ -35,7 +71,35 @@ class ServerMetrics:
                                        registry=self.registry)
         self.latency = Histogram("gcache_frame_seconds", "Frame service time, by op", ["op"],
                                  buckets=_LAT_BUCKETS, registry=self.registry)
+        self.auth_refused = Counter("gcache_auth_refused_total",
+                                    "Requests refused for lack of a right on their namespace "
+                                    "(status AUTH), by credential id and op",
+                                    ["credential", "op"], registry=self.registry)
+        self.namespace = NamespaceLabels(max_namespaces)
+        self.ns_hits = Counter("gcache_namespace_hits_total", "Items read (GET/LEASE) and "
+                               "found, by namespace", ["namespace"], registry=self.registry)
+        self.ns_misses = Counter("gcache_namespace_misses_total", "Items read (GET/LEASE) "
+                                 "and not served, by namespace", ["namespace"],
+                                 registry=self.registry)
+        self.ns_bytes = Counter("gcache_namespace_bytes_total", "Payload bytes by namespace "
+                                "and direction (in=put, out=get)", ["namespace", "direction"],
+                                registry=self.registry)
         self.registry.register(_TierCollector(stats_fn))
+
+    def namespace_reads(self, ns: bytes, hits: int, misses: int, nbytes: int) -> None:
+        """One frame's reads of namespace ``ns`` (GET or LEASE)."""
+        label = self.namespace(ns)
+        if hits:
+            self.ns_hits.labels(label).inc(hits)
+        if misses:
+            self.ns_misses.labels(label).inc(misses)
+        if nbytes:
+            self.ns_bytes.labels(label, "out").inc(nbytes)
+
+    def namespace_writes(self, ns: bytes, nbytes: int) -> None:
+        """Payload bytes one frame put into namespace ``ns`` (PUT or COMMIT)."""
+        if nbytes:
+            self.ns_bytes.labels(self.namespace(ns), "in").inc(nbytes)
 
 
 class _TierCollector:

@@ -8,8 +8,14 @@ reserved arena chunk; gets are sent with one scatter-gather ``sendmsg`` from
 pinned arena views.
 
 Connection life: the server sends HELLO (nonce, name, limits); the client must
-answer AUTH (HMAC of the nonce under the token; empty when no token is set)
-before any data op. A malformed frame gets an error reply (when the request id
+answer AUTH (``{"id", "mac"}``: HMAC of the nonce under its credential's secret,
+or ``{"mac"}`` under the legacy token; empty when auth is off) before any data
+op. Every frame then re-resolves the connection's credential in the current
+``CredentialStore`` generation (a SIGHUP reload applies to the next frame; a
+removed credential ends the connection) and each op handler checks its one
+namespace once: a frame outside the credential's grants answers ``AUTH`` for
+every item in a normal reply (payload drained, connection kept) and is counted
+in ``gcache_auth_refused_total``. A malformed frame gets an error reply (when the request id
 is known) and the connection is closed; per-item faults (miss, no space, too
 large) are statuses inside a normal reply and the stream stays in sync: the
 bytes of a refused item are drained through a bounded scratch buffer.
@@ -17,7 +23,6 @@ bytes of a refused item are drained through a bounded scratch buffer.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import os
 import socket
@@ -25,9 +30,10 @@ import threading
 import time
 from typing import Any
 
+from gcache.credentials import Credential, CredentialStore, Right
 from gcache.errors import ProtocolError
 from gcache.network import check_bind
-from gcache.protocol import (FLAG_RESPONSE, PREFIX_SIZE, Limits, Op, auth_mac, check_items,
+from gcache.protocol import (FLAG_RESPONSE, PREFIX_SIZE, Limits, Op, check_items,
                              check_key, check_namespace, discard_views, encode_frame,
                              parse_put_items, read_frame, recv_into_many,
                              sendmsg_all)
@@ -48,13 +54,15 @@ _AUTH_TIMEOUT_S = 10.0  # HELLO -> AUTH must complete within this
 
 class Service:
     def __init__(self, tier: Tier, *, listen: str, name: str, token: str, limits: Limits,
-                 metrics: ServerMetrics, max_connections: int = 1024) -> None:
+                 metrics: ServerMetrics, max_connections: int = 1024,
+                 credentials: CredentialStore | None = None) -> None:
         self.tier, self.name, self.token, self.limits = tier, name, token, limits
+        self.credentials = credentials or CredentialStore(token=token)
         self.metrics = metrics
         self.max_connections = max_connections
         self.ownership = None  # MembershipAgent when --masters is set: NOT_OWNER checks
         self.nixl_info: dict | None = None  # arena registration, sent in the AUTH reply
-        check_bind(listen, token)
+        check_bind(listen, self.credentials.required)
         host, port = listen.rsplit(":", 1)
         host = host.strip("[]")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -147,6 +155,7 @@ class _Connection:
         self.prefix = bytearray(PREFIX_SIZE)
         self.scratch = _DISCARD
         self.authed = False
+        self.cred: Credential | None = None  # set by AUTH, re-resolved every frame
         self.nonce = os.urandom(16)
 
     def reply(self, opcode: int, rid: int, meta: Any, payload: list | None = None,
@@ -182,7 +191,7 @@ class _Connection:
         svc = self.svc
         self.sock.settimeout(_AUTH_TIMEOUT_S)  # a peer that never authenticates is dropped
         self.reply(Op.HELLO, 0, {"v": 1, "name": svc.name, "nonce": self.nonce,
-                                 "auth": bool(svc.token),
+                                 "auth": svc.credentials.required,
                                  "limits": {"max_key_bytes": self.limits.max_key_bytes,
                                             "max_value_bytes": self.limits.max_value_bytes,
                                             "max_batch_items": self.limits.max_batch_items,
@@ -220,6 +229,13 @@ class _Connection:
             self.fail(op, rid, Status.AUTH, "authenticate (AUTH frame) before any other op",
                       "unauthenticated")
             return False
+        cred = self.svc.credentials.table.current(self.cred)
+        if cred is None:
+            self.fail(op, rid, Status.AUTH, f"credential {self.cred.id!r} was removed or its "
+                      "secret changed since this connection authenticated; authenticate "
+                      "again with a current credential", "revoked")
+            return False
+        self.cred = cred  # this frame runs under the current grants
         if op in Op.DATA_OPS and not isinstance(meta, dict):
             raise ProtocolError("frame header must be a map", Status.BAD_REQUEST)
         if op == Op.PUT:
@@ -232,7 +248,13 @@ class _Connection:
             self.keyed(op, rid, meta)
         elif op == Op.STATS:
             self.no_payload(plen)
-            self.reply(op, rid, {"stats": self.svc_stats()})
+            if self.cred.cluster_admin:
+                self.reply(op, rid, {"stats": self.svc_stats()})
+            else:  # server-wide numbers: cluster admins only; the connection stays usable
+                self.svc.metrics.auth_refused.labels(self.cred.id, "STATS").inc()
+                self.reply(op, rid, {"error": f"credential {self.cred.id!r} may not read "
+                                     "server-wide STATS: it needs admin on namespaces "
+                                     "\"*\""}, status=Status.AUTH)
         elif op in Op.SHM_OPS:
             shm_ops.handle(self, op, rid, meta, plen)
         else:
@@ -244,6 +266,14 @@ class _Connection:
         if plen:
             raise ProtocolError(f"this op carries no payload, frame says {plen} bytes",
                                 Status.BAD_REQUEST)
+
+    def may(self, right: Right, ns: bytes, op: int) -> bool:
+        """The frame's one scope check: does the credential hold ``right`` on ``ns``?
+        A refusal is counted by credential id and op."""
+        if self.cred.allows(right, ns):
+            return True
+        self.svc.metrics.auth_refused.labels(self.cred.id, Op.NAMES.get(op, str(op))).inc()
+        return False
 
     def svc_stats(self) -> dict:
         s = dict(self.svc.tier.stats())
@@ -272,14 +302,16 @@ class _Connection:
     # ------------------------------------------------------------------ ops
     def auth(self, rid: int, meta: Any, plen: int) -> bool:
         self.no_payload(plen)
-        mac = meta.get("mac", b"") if isinstance(meta, dict) else b""
-        token = self.svc.token
-        if token and not (isinstance(mac, bytes)
-                          and hmac.compare_digest(mac, auth_mac(token, self.nonce))):
+        meta = meta if isinstance(meta, dict) else {}
+        cred = self.svc.credentials.table.verify_mac(meta.get("id"), meta.get("mac", b""),
+                                                     self.nonce)
+        if cred is None:
             self.fail(Op.AUTH, rid, Status.AUTH,
-                      "authentication failed: wrong or missing token; give the client the "
-                      "same token as the server", "auth")
+                      "authentication failed: unknown credential id, wrong secret, or wrong "
+                      "or missing token; give the client a credential ('id:secret') from the "
+                      "server's credentials file, or the server's token", "auth")
             return False
+        self.cred = cred
         self.authed = True
         self.sock.settimeout(None)  # authenticated clients may keep idle pooled connections
         info = self.svc.nixl_info
@@ -300,14 +332,15 @@ class _Connection:
         # reserve every destination first, then receive the whole payload with scatter
         # reads straight into the arena (refused items drain into a shared scratch)
         tier = self.svc.tier
+        allowed = self.may(Right.WRITE, ns, Op.PUT)
         wrong_owner = self.misplaced(meta, len(parsed))
         statuses: list[Status] = []
         slots = []
         views: list[memoryview] = []
         try:
             for (key, tl, off, ln, pid), wrong in zip(parsed, wrong_owner):
-                if wrong:
-                    statuses.append(Status.NOT_OWNER)
+                if not allowed or wrong:
+                    statuses.append(Status.NOT_OWNER if allowed else Status.AUTH)
                     views.extend(discard_views(ln, self.scratch))
                     continue
                 slot = (tier.begin_put(ns, key, tl, off, ln, pid) if tl <= lim.max_value_bytes
@@ -328,6 +361,9 @@ class _Connection:
             statuses[i] = tier.finish_put(slot)
         m = self.svc.metrics
         m.bytes.labels("in").inc(plen)
+        if allowed:
+            m.namespace_writes(ns, sum(p[3] for p, st in zip(parsed, statuses)
+                                       if st == Status.OK))
         for st in set(statuses):
             m.items.labels("put", st.name).inc(statuses.count(st))
         self.reply(Op.PUT, rid, {"st": [int(s) for s in statuses]})
@@ -345,6 +381,9 @@ class _Connection:
                 raise ProtocolError("GET item has a negative field", Status.BAD_REQUEST)
             parsed.append((check_key(it[0], lim), it[1], it[2], it[3]))
         tier = self.svc.tier
+        if not self.may(Right.READ, ns, Op.GET):
+            self.reply(Op.GET, rid, {"items": [[int(Status.AUTH), 0, 0, 0]] * len(parsed)})
+            return
         wrong_owner = self.misplaced(meta, len(parsed))
         out_meta, payload, budget = [], [], lim.max_frame_bytes
         # pin every owned item at once (a disk tier reads them in parallel), then cut the
@@ -370,11 +409,13 @@ class _Connection:
             for p in pins:
                 tier.unpin(p)
         m = self.svc.metrics
-        m.bytes.labels("out").inc(sum(x[3] for x in out_meta))
+        nbytes = sum(x[3] for x in out_meta)
+        m.bytes.labels("out").inc(nbytes)
         hits = sum(1 for x in out_meta if x[0] == Status.OK)
         m.items.labels("get", "OK").inc(hits)
         if len(out_meta) - hits:
             m.items.labels("get", "MISS").inc(len(out_meta) - hits)
+        m.namespace_reads(ns, hits, len(out_meta) - hits, nbytes)
 
     def keyed(self, op: int, rid: int, meta: Any) -> None:
         lim = self.limits
@@ -382,6 +423,10 @@ class _Connection:
         keys = [check_key(k, lim) for k in check_items(meta, lim)]
         tier = self.svc.tier
         fn = {Op.EXISTS: tier.exists, Op.DELETE: tier.delete, Op.TOUCH: tier.touch}[op]
+        # TOUCH only refreshes recency, as every GET hit does: read is enough
+        if not self.may(Right.WRITE if op == Op.DELETE else Right.READ, ns, op):
+            self.reply(op, rid, {"st": [int(Status.AUTH)] * len(keys)})
+            return
         st = [Status.NOT_OWNER if wrong else Status.OK if fn(ns, k) else Status.MISS
               for k, wrong in zip(keys, self.misplaced(meta, len(keys)))]
         self.svc.metrics.items.labels(Op.NAMES[op].lower(), "all").inc(len(st))

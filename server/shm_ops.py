@@ -25,6 +25,12 @@ writer may still be copying into its chunk, and reusing that chunk would let lat
 bytes land in another object. They are bounded per connection (``max_held``) and
 aborted when the connection closes.
 
+Scope: LEASE needs ``read`` on the frame's namespace, ALLOC ``write`` (as GET and
+PUT); COMMIT re-checks ``write`` on each slot's namespace, so a reload that narrows
+the credential between ALLOC and COMMIT publishes nothing. Refused items answer
+``AUTH``. This bounds what the *server* hands out; a same-uid client still maps
+the whole arena file read-write itself (docs/architecture.md, "Tenancy").
+
 Ownership (``NOT_OWNER``) is checked exactly as for GET/PUT when the client sends its
 view epoch and placement hashes (``ep``/``ph``), and skipped otherwise.
 """
@@ -39,6 +45,7 @@ import time
 import weakref
 from typing import Any
 
+from gcache.credentials import Right
 from gcache.errors import ProtocolError
 from gcache.network import boot_id
 from gcache.protocol import Op, check_items, check_key, check_namespace, parse_put_items
@@ -215,6 +222,8 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
                 and it[1] >= 0):
             raise ProtocolError("LEASE item must be [key, expect_version]", Status.BAD_REQUEST)
         parsed.append((check_key(it[0], lim), it[1]))
+    if not conn.may(Right.READ, ns, Op.LEASE):
+        return [[int(Status.AUTH), 0, 0, 0, 0]] * len(parsed)
     wrong_owner = conn.misplaced(meta, len(parsed))
     out = []
     now = time.monotonic()
@@ -251,12 +260,14 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
         out.append([int(Status.OK), o.length, o.version, o.data_off, lid])
     # counted as gets (the items served); BUSY items are counted by the GET that follows
     m = conn.svc.metrics
+    nbytes = sum(x[1] for x in out if x[0] == Status.OK)
     if hits:
         m.items.labels("get", "OK").inc(hits)
-        m.bytes.labels("out").inc(sum(x[1] for x in out if x[0] == Status.OK))
+        m.bytes.labels("out").inc(nbytes)
     missed = sum(1 for x in out if x[0] not in (Status.OK, Status.BUSY))
     if missed:
         m.items.labels("get", "MISS").inc(missed)
+    m.namespace_reads(ns, hits, missed, nbytes)
     return out
 
 
@@ -284,6 +295,8 @@ def _alloc(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
     ns = check_namespace(meta.get("ns", b""), lim)
     items = check_items(meta, lim)
     parsed = parse_put_items(items, lim, "ALLOC")  # PUT's item shape, no payload
+    if not conn.may(Right.WRITE, ns, Op.ALLOC):
+        return [[int(Status.AUTH), 0, 0]] * len(parsed)
     wrong_owner = conn.misplaced(meta, len(parsed))
     out = []
     now = time.monotonic()
@@ -317,6 +330,13 @@ def _alloc(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
     return out
 
 
+def _slot_namespace(slot: Any) -> bytes | None:
+    """The namespace a put slot was reserved under (MemoryTier files ``(ns, key, put_id)``
+    as ``extra["key"]``); None when the tier does not say (the COMMIT is then refused)."""
+    k = slot.extra.get("key")
+    return k[0] if isinstance(k, tuple) and k and isinstance(k[0], bytes) else None
+
+
 def _commit(conn: Any, st: ShmState, meta: dict) -> list[int]:
     lim = conn.limits.max_batch_items
     commit, abort = _ids(meta, "slots", lim), _ids(meta, "abort", lim)
@@ -328,6 +348,7 @@ def _commit(conn: Any, st: ShmState, meta: dict) -> list[int]:
             held[0].abort_put(held[1])
     out = []
     nbytes = 0
+    per_ns: dict[bytes, int] = {}
     for i, held in zip(commit, taken):
         if held is None:  # expired (reaped), or an unknown or forged id
             with st.lock:
@@ -336,10 +357,21 @@ def _commit(conn: Any, st: ShmState, meta: dict) -> list[int]:
             out.append(int(Status.TIMEOUT if expired else Status.BAD_REQUEST))
             continue
         tier, slot, _ = held
-        nbytes += slot.extra.get("len", 0)
-        out.append(int(tier.finish_put(slot)))
+        ns = _slot_namespace(slot)
+        if ns is None or not conn.may(Right.WRITE, ns, Op.COMMIT):
+            tier.abort_put(slot)
+            out.append(int(Status.AUTH))
+            continue
+        ln = slot.extra.get("len", 0)
+        nbytes += ln
+        s = tier.finish_put(slot)
+        if s == Status.OK:
+            per_ns[ns] = per_ns.get(ns, 0) + ln
+        out.append(int(s))
     m = conn.svc.metrics
     m.bytes.labels("in").inc(nbytes)
+    for ns, n in per_ns.items():
+        m.namespace_writes(ns, n)
     ok = sum(1 for s in out if s == Status.OK)
     if ok:
         m.items.labels("put", "OK").inc(ok)

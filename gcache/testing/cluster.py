@@ -99,6 +99,11 @@ class _Daemon:
         if self.alive:
             self.proc.send_signal(signal.SIGCONT)
 
+    def hup(self) -> None:
+        """SIGHUP: the daemon re-reads its credentials file."""
+        if self.alive:
+            self.proc.send_signal(signal.SIGHUP)
+
 
 class ServerProc(_Daemon):
     """One gcache-server process; ``restart`` keeps its name (arena) and port."""
@@ -171,8 +176,9 @@ class MasterProc(_Daemon):
 
     def __init__(self, name: str, port: int, peers: list[str], data_dir: str, *,
                  token: str = "", log_dir: str | None = None,
-                 heartbeat_timeout_ms: int = 1500) -> None:
+                 heartbeat_timeout_ms: int = 1500, extra: list[str] | None = None) -> None:
         self.name, self.port, self.peers, self.data_dir = name, port, peers, data_dir
+        self.extra = list(extra or [])
         self.token, self.log_dir = token, log_dir
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.address = f"127.0.0.1:{port}"
@@ -182,7 +188,7 @@ class MasterProc(_Daemon):
         a = [sys.executable, "-m", "gcache.master.cli", "--listen", self.address,
              "--peers", ",".join(self.peers), "--data-dir", self.data_dir, "--log-format", "text",
              "--heartbeat-timeout-ms", str(self.heartbeat_timeout_ms)]
-        return a + (["--token", self.token] if self.token else [])
+        return a + (["--token", self.token] if self.token else []) + self.extra
 
     def wait_ready(self, timeout: float = 30.0) -> str:
         self._wait_line(timeout)
@@ -200,7 +206,8 @@ class Cluster:
                  log_dir: str | None = None, prefix: str | None = None,
                  keep_arenas: bool = False, ready_timeout: float = 60.0, masters: int = 0,
                  data_dir: str | None = None, heartbeat_timeout_ms: int = 1500,
-                 server_extra: list[str] | None = None) -> None:
+                 server_extra: list[str] | None = None,
+                 master_extra: list[str] | None = None) -> None:
         tag = prefix or f"t{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.masters: list[MasterProc] = []
         self._tmp = None
@@ -218,7 +225,8 @@ class Cluster:
             addrs = [f"127.0.0.1:{p}" for p in ports]
             self.masters = [MasterProc(f"{tag}-m{i}", p, [a for a in addrs if a != addrs[i]],
                                        os.path.join(data_dir, f"m{i}"), token=token,
-                                       log_dir=log_dir, heartbeat_timeout_ms=heartbeat_timeout_ms)
+                                       log_dir=log_dir, heartbeat_timeout_ms=heartbeat_timeout_ms,
+                                       extra=master_extra)
                             for i, p in enumerate(ports)]
             extra = list(extra or []) + ["--masters", ",".join(addrs),
                                          "--heartbeat-interval-ms", "200"]

@@ -48,9 +48,12 @@ class RawConn:
         assert isinstance(hello, dict) and len(hello["nonce"]) >= 16
         self.hello = hello
 
-    def auth(self, token: str = "", rid: int = 1) -> None:
+    def auth(self, token: str = "", rid: int = 1, cred_id: str | None = None) -> None:
+        """Authenticate with the legacy token, or (``cred_id``) a credential whose
+        secret is ``token``."""
         mac = auth_mac(token, self.hello["nonce"]) if token else b""
-        self.send(encode_frame(Op.AUTH, rid, {"mac": mac}))
+        self.send(encode_frame(Op.AUTH, rid, {"mac": mac, **({"id": cred_id} if cred_id
+                                                               else {})}))
         fh, meta = self.read()
         assert (fh.opcode, fh.request_id, fh.status) == (Op.AUTH, rid, 0), meta
         assert fh.is_response
