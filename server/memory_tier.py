@@ -17,7 +17,10 @@ header + data, so objects are limited to one slab page.
   transfer never reads freed bytes.
 * Puts: ``begin_put`` allocates an uncommitted chunk; sliced puts (several
   frames, maybe several connections) share one pending chunk keyed by
-  ``(ns, key, put_id)`` and commit when the last byte has arrived. Pending
+  ``(ns, key, put_id)``. Each slice claims its byte range ``[offset, offset+length)``;
+  a slice that is empty or overlaps a range already claimed is refused
+  (BAD_REQUEST), so the received ranges never overlap and the object commits exactly
+  when they cover ``[0, total_len)``: every byte was written by that put. Pending
   puts that stall past ``pending_put_timeout_ms`` are reclaimed.
 
 * Tiering hooks (``tiered_store.TieredStore`` sets them; all run with
@@ -33,6 +36,7 @@ header + data, so objects are limited to one slab page.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
@@ -73,7 +77,16 @@ class _Pending:
     received: int = 0
     deadline: float = 0.0
     failed: bool = False
-    parts: set = field(default_factory=set)
+    ranges: list = field(default_factory=list)  # claimed [start, end), sorted, disjoint
+
+    def claim(self, start: int, end: int) -> bool:
+        """Claim ``[start, end)`` for one slice; False if it is empty or overlaps a claim."""
+        r = self.ranges
+        i = bisect.bisect_left(r, (start, end))
+        if end <= start or (i and r[i - 1][1] > start) or (i < len(r) and r[i][0] < end):
+            return False
+        r.insert(i, (start, end))
+        return True
 
 
 @dataclass(slots=True)
@@ -327,6 +340,8 @@ class MemoryTier(Tier):
         if size_class(need) > self.arena.slab_bytes:
             return PutSlot(Status.TOO_LARGE)
         sliced = not (offset == 0 and length == total_len)
+        if sliced and length == 0:
+            return PutSlot(Status.BAD_REQUEST)  # an empty slice writes nothing
         with self._lock:
             pend = self._pending.get((ns, key, put_id)) if sliced else None
             if pend is None:
@@ -346,9 +361,8 @@ class MemoryTier(Tier):
                     self._pending[(ns, key, put_id)] = pend
             elif pend.obj.length != total_len or pend.failed:
                 return PutSlot(Status.BAD_REQUEST)
-            if offset in pend.parts:
-                return PutSlot(Status.BAD_REQUEST)
-            pend.parts.add(offset)
+            if sliced and not pend.claim(offset, offset + length):
+                return PutSlot(Status.BAD_REQUEST)  # empty, or overlaps another slice
             pend.obj.pins += 1  # the writer's hold; keeps expiry from freeing it
         o = pend.obj
         view = self.arena.buf[o.data_off + offset:o.data_off + offset + length]
@@ -365,7 +379,7 @@ class MemoryTier(Tier):
                 if o.pins == 0:
                     self.do_free(o)
                 return Status.ERROR
-            if pend.received < o.length:
+            if pend.received < o.length:  # claims are disjoint: == length covers it all
                 return Status.OK  # other slices still to come
             self._pending.pop(slot.extra["key"], None)
         # every byte is here: checksum outside the lock, then commit + publish
