@@ -225,6 +225,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("nixl_bounce_bytes", "size", 8 * _MIB, "Registered staging buffer per nixl "
            "connection, used for destinations not registered with register_buffer.",
            "client"),
+    Option("verify_checksums", "bool", True, "Check every value read against the "
+           "server's xxh3 checksum once its bytes landed; a mismatch is a CORRUPT miss, "
+           "never a hit.", "client"),
 ]}
 _SECRETS = frozenset({"token"})
 PROMOTE_POLICIES = ("never", "first", "second-hit")

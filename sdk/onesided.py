@@ -59,7 +59,7 @@ class _FrameStatus(Exception):
 # bytes <-> ``n`` bytes at arena offset ``remote``. Plain tuples: a frame holds thousands.
 Copy = tuple  # (local, remote, n)
 
-_INT5 = (int, int, int, int, int)
+_INT6 = (int, int, int, int, int, int)
 
 
 class OneSidedTransport(TcpTransport):
@@ -87,11 +87,12 @@ class OneSidedTransport(TcpTransport):
     def _small(self, work: Work) -> bool:
         """A frame this small costs less as one plain round trip (the bytes ride along)
         than as two control round trips plus a copy: single-key gets and puts."""
-        idx = 2 if work.op == Op.GET else 3  # a get's max_len, a put's slice length
+        # a get's max_len and destination, a put's slice length and source
+        idx, buf = (2, 4) if work.op == Op.GET else (3, 5)
         total = 0
         for it in work.items:
             total += it[idx]
-            if total >= self.min_bytes or not isinstance(it[-1], memoryview):
+            if total >= self.min_bytes or not isinstance(it[buf], memoryview):
                 return False  # large, or a byte get (size unknown) / device memory
         STATS["small_frame_tcp_items"] += len(work.items)
         return True
@@ -178,7 +179,7 @@ class OneSidedTransport(TcpTransport):
         try:  # any failure before RELEASE closes the connection: the server drops the leases
             lo, hi = self.span
             for ls in leases:
-                if type(ls) is not list or tuple(map(type, ls)) != _INT5:
+                if type(ls) is not list or tuple(map(type, ls)) != _INT6:
                     raise ProtocolError("malformed LEASE reply item")
                 if ls[0] == Status.OK:
                     held.append(ls[4])
@@ -186,7 +187,7 @@ class OneSidedTransport(TcpTransport):
                         self._check_span(ls[3], ls[1])  # raises
             copies: list[Copy] = []
             for i, it in enumerate(items):
-                st, total, ver, off, _lid = leases[which[i]]
+                st, total, ver, off, _lid, csum = leases[which[i]]
                 if st == Status.BUSY:
                     fallback.append(i)
                     continue
@@ -195,7 +196,7 @@ class OneSidedTransport(TcpTransport):
                     continue
                 start = min(it[1], total)
                 n = min(total - start, it[2])
-                res = out[i] = ItemResult(Status.OK, total, ver, n)
+                res = out[i] = ItemResult(Status.OK, total, ver, n, None, csum)
                 dst = it[4]
                 if dst is None:  # a byte get: the bytes land in a new buffer
                     res.data = bytearray(n)
@@ -247,7 +248,7 @@ class OneSidedTransport(TcpTransport):
         items = work.items
         t0 = time.monotonic()
         rmeta = self._call(Op.ALLOC, {"ns": work.ns, "items": [[it[0], it[1], it[2], it[3],
-                                                                it[4]] for it in items],
+                                                                it[4], it[6]] for it in items],
                                       **(work.extra or {})}, work.deadline)
         slots = rmeta.get("items")
         if not isinstance(slots, list) or len(slots) != len(items):

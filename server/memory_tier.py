@@ -77,6 +77,7 @@ class _Pending:
     received: int = 0
     deadline: float = 0.0
     failed: bool = False
+    expect: int | None = None  # the writer's checksum of the whole value
     ranges: list = field(default_factory=list)  # claimed [start, end), sorted, disjoint
 
     def claim(self, start: int, end: int) -> bool:
@@ -118,7 +119,7 @@ class MemoryTier(Tier):
         self.uncommitted_bytes = 0  # of which not committed yet (puts in flight)
         self.counters = {"evictions": 0, "evicted_bytes": 0, "corrupt_dropped": 0,
                          "torn_dropped": 0, "recovered": 0, "pending_expired": 0,
-                         "no_space": 0, "clean_dropped": 0}
+                         "no_space": 0, "clean_dropped": 0, "put_checksum_mismatch": 0}
         self.on_publish: Callable[[bytes, bytes, int], None] | None = None
         self.on_delete: Callable[[bytes, bytes], bool] | None = None
         self.is_clean: Callable[[bytes, bytes, int], bool] | None = None
@@ -277,7 +278,7 @@ class MemoryTier(Tier):
         start = min(offset, o.length)
         end = min(o.length, start + max_len)
         view = self.arena.buf[o.data_off + start:o.data_off + end]
-        return Pinned(Status.OK, o.length, o.version, view, o)
+        return Pinned(Status.OK, o.length, o.version, view, o, o.checksum)
 
     def _verify(self, o: _Obj) -> bool:
         """First read after a restart: check the data checksum (pinned, outside the lock).
@@ -333,9 +334,10 @@ class MemoryTier(Tier):
 
     # ------------------------------------------------------------------ writes
     def begin_put(self, ns: bytes, key: bytes, total_len: int, offset: int, length: int,
-                  put_id: int, evict: bool = True) -> PutSlot:
+                  put_id: int, evict: bool = True, *, csum: int | None = None) -> PutSlot:
         """``evict=False``: answer NO_SPACE instead of evicting synchronously (the tiered
-        store then waits for demotion and retries)."""
+        store then waits for demotion and retries). ``csum``: the writer's checksum of the
+        whole value; every slice of a sliced put must carry the same one (BAD_REQUEST)."""
         need = header_len(len(ns), len(key)) + total_len
         if size_class(need) > self.arena.slab_bytes:
             return PutSlot(Status.TOO_LARGE)
@@ -356,10 +358,10 @@ class MemoryTier(Tier):
                                                    time.time_ns())
                 o = _Obj(ns, key, off, size_class(need), data_off, total_len, version)
                 self.uncommitted_bytes += o.chunk
-                pend = _Pending(o, deadline=self.clock() + self.pending_timeout)
+                pend = _Pending(o, deadline=self.clock() + self.pending_timeout, expect=csum)
                 if sliced:
                     self._pending[(ns, key, put_id)] = pend
-            elif pend.obj.length != total_len or pend.failed:
+            elif pend.obj.length != total_len or pend.failed or pend.expect != csum:
                 return PutSlot(Status.BAD_REQUEST)
             if sliced and not pend.claim(offset, offset + length):
                 return PutSlot(Status.BAD_REQUEST)  # empty, or overlaps another slice
@@ -384,6 +386,16 @@ class MemoryTier(Tier):
             self._pending.pop(slot.extra["key"], None)
         # every byte is here: checksum outside the lock, then commit + publish
         csum = checksum(self.arena.buf[o.data_off:o.data_off + o.length])
+        if pend.expect is not None and csum != pend.expect:
+            # not the bytes the writer sent (corrupted in flight, scribbled on, or never
+            # written: an ALLOC committed without a write): never published
+            with self._lock:
+                self.counters["put_checksum_mismatch"] += 1
+                if o.pins == 0:
+                    self.do_free(o)
+            log.warning("refused a put whose bytes do not match the writer's checksum",
+                        extra={"fields": {"ns": o.ns, "key": o.key, "bytes": o.length}})
+            return Status.CORRUPT
         self.arena.commit(o.offset, csum)
         with self._lock:
             o.committed = True

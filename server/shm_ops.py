@@ -221,22 +221,22 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
     hits = 0
     for (key, ev), wrong in zip(parsed, wrong_owner):
         if wrong:
-            out.append([int(Status.NOT_OWNER), 0, 0, 0, 0])
+            out.append([int(Status.NOT_OWNER), 0, 0, 0, 0, 0])
             continue
         if mem is None:
-            out.append([int(Status.BUSY), 0, 0, 0, 0])
+            out.append([int(Status.BUSY), 0, 0, 0, 0, 0])
             continue
         with st.lock:
             full = len(st.leases) >= st.max_held
         if full:
-            out.append([int(Status.BUSY), 0, 0, 0, 0])
+            out.append([int(Status.BUSY), 0, 0, 0, 0, 0])
             continue
         p = mem.pin_read(ns, key, 0, 0, ev)
         if p.status != Status.OK:
             s = p.status
             if s == Status.MISS and mem is not tier and tier.exists(ns, key):
                 s = Status.BUSY  # on disk only: read it with a GET (which promotes)
-            out.append([int(s), p.total_len, p.version, 0, 0])
+            out.append([int(s), p.total_len, p.version, 0, 0, 0])
             continue
         o = p.token
         if p.view is not None:
@@ -245,10 +245,10 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
         lid = st.hold(st.leases, (mem, p, now + LEASE_MS / 1000.0))
         if not lid:
             mem.unpin(p)
-            out.append([int(Status.CLOSED), 0, 0, 0, 0])
+            out.append([int(Status.CLOSED), 0, 0, 0, 0, 0])
             continue
         hits += 1
-        out.append([int(Status.OK), o.length, o.version, o.data_off, lid])
+        out.append([int(Status.OK), o.length, o.version, o.data_off, lid, p.checksum])
     # counted as gets (the items served); BUSY items are counted by the GET that follows
     m = conn.svc.metrics
     if hits:
@@ -283,11 +283,13 @@ def _alloc(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
     lim = conn.limits
     ns = check_namespace(meta.get("ns", b""), lim)
     items = check_items(meta, lim)
-    parsed = parse_put_items(items, lim, "ALLOC")  # PUT's item shape, no payload
+    # PUT's item shape, no payload. The checksum is required: the server never sees a
+    # one-sided writer's bytes arrive, so it is the only proof they were written.
+    parsed = parse_put_items(items, lim, "ALLOC", require_checksum=True)
     wrong_owner = conn.misplaced(meta, len(parsed))
     out = []
     now = time.monotonic()
-    for (key, tl, off, ln, pid), wrong in zip(parsed, wrong_owner):
+    for (key, tl, off, ln, pid, csum), wrong in zip(parsed, wrong_owner):
         if wrong:
             out.append([int(Status.NOT_OWNER), 0, 0])
             continue
@@ -299,7 +301,8 @@ def _alloc(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
         if full:
             out.append([int(Status.BUSY), 0, 0])
             continue
-        slot = tier.begin_put(ns, key, tl, off, ln, pid) if tl <= lim.max_value_bytes else None
+        slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum)
+                if tl <= lim.max_value_bytes else None)
         if slot is None or slot.status != Status.OK:
             out.append([int(Status.TOO_LARGE if slot is None else slot.status), 0, 0])
             continue

@@ -237,11 +237,12 @@ class TieredStore(Tier):
 
     # ------------------------------------------------------------------ writes
     def begin_put(self, ns: bytes, key: bytes, total_len: int, offset: int, length: int,
-                  put_id: int) -> PutSlot:
+                  put_id: int, *, csum: int | None = None) -> PutSlot:
         """Memory full: wait up to ``room_wait_s`` for the mover to demote, and only then
         let memory evict to nothing (a bounded backpressure, never a hang)."""
         mem = self.memory
-        slot = mem.begin_put(ns, key, total_len, offset, length, put_id, evict=False)
+        slot = mem.begin_put(ns, key, total_len, offset, length, put_id, evict=False,
+                             csum=csum)
         if slot.status != Status.NO_SPACE:
             return slot
         need = header_len(len(ns), len(key)) + total_len
@@ -253,11 +254,12 @@ class TieredStore(Tier):
             end = now + self.room_wait
             while time.monotonic() < end and not self.disk.degraded:
                 self._wait_for_room(need, end)
-                slot = mem.begin_put(ns, key, total_len, offset, length, put_id, evict=False)
+                slot = mem.begin_put(ns, key, total_len, offset, length, put_id,
+                                     evict=False, csum=csum)
                 if slot.status != Status.NO_SPACE:
                     return slot
             self._no_wait_until = time.monotonic() + 1.0  # behind: evict for a while
-        return mem.begin_put(ns, key, total_len, offset, length, put_id)
+        return mem.begin_put(ns, key, total_len, offset, length, put_id, csum=csum)
 
     def _wait_for_room(self, need: int, end: float) -> None:
         with self._room:
