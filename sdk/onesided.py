@@ -30,6 +30,7 @@ timeout closes the connection, which makes the server drop its leases and slots.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -38,6 +39,8 @@ from gcache.protocol import Op, encode_frame, read_frame
 from gcache.status import Status, status_of
 from gcache.sdk.transport import (AuthFailed, ItemResult, TcpTransport, TransportTimeout,
                                   Work, _rids)
+
+log = logging.getLogger("gcache.sdk.onesided")
 
 # process-wide counters (tests and benchmarks read them): items moved one-sided, items
 # that fell back to a TCP GET, connections per chosen data path
@@ -141,6 +144,14 @@ class OneSidedTransport(TcpTransport):
             raise ProtocolError("reply header is not a map")
         return rmeta
 
+    def _refused(self, work: Work, rmeta: dict) -> list[ItemResult]:
+        """The server refuses one-sided ops to this peer (not on its host, no NIXL): use
+        the plain ops on this connection from now on, starting with this frame."""
+        log.info("%s refused one-sided ops (%s); using TCP on this connection",
+                 self.address, rmeta.get("error", ""))
+        self.kind = "tcp"
+        return TcpTransport._execute(self, work)
+
     def _check_span(self, off: int, n: int) -> None:
         lo, hi = self.span
         if not (isinstance(off, int) and isinstance(n, int) and n >= 0 and lo <= off
@@ -170,6 +181,8 @@ class OneSidedTransport(TcpTransport):
         t0 = time.monotonic()
         rmeta = self._call(Op.LEASE, {"ns": work.ns, "items": [[k, ev] for k, ev in uniq],
                                       **extra}, work.deadline)
+        if rmeta.get("one_sided") is False:
+            return self._refused(work, rmeta)
         leases = rmeta.get("items")
         if not isinstance(leases, list) or len(leases) != len(uniq):
             raise ProtocolError("LEASE reply items do not match the request")
@@ -250,6 +263,8 @@ class OneSidedTransport(TcpTransport):
         rmeta = self._call(Op.ALLOC, {"ns": work.ns, "items": [[it[0], it[1], it[2], it[3],
                                                                 it[4], it[6]] for it in items],
                                       **(work.extra or {})}, work.deadline)
+        if rmeta.get("one_sided") is False:
+            return self._refused(work, rmeta)
         slots = rmeta.get("items")
         if not isinstance(slots, list) or len(slots) != len(items):
             raise ProtocolError("ALLOC reply items do not match the request")

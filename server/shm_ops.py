@@ -31,8 +31,10 @@ view epoch and placement hashes (``ep``/``ph``), and skipped otherwise.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
+import socket
 import os
 import threading
 import time
@@ -86,6 +88,7 @@ class ShmState:
         self.ids = itertools.count(1)
         self.max_held = max_held
         self.closed = False
+        self.refusal: str | None = None  # why LEASE/ALLOC are refused ('' = allowed)
 
     def hold(self, table: dict, entry: tuple) -> int:
         """File ``entry`` (a lease or a slot) under a fresh id; 0 once the connection closed
@@ -187,6 +190,36 @@ def _ids(meta: Any, field: str, limit: int) -> list[int]:
     return ids
 
 
+@functools.lru_cache(maxsize=1024)
+def is_local_address(host: str) -> bool:
+    """Whether ``host`` (an IP literal) is an address of this host's network namespace:
+    only those can be bound."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.bind((host, 0))
+        return True
+    except OSError:
+        return False
+
+
+def one_sided_refusal(conn: Any) -> str:
+    """'' if the peer of ``conn`` can be a one-sided reader/writer, else why not.
+
+    A one-sided peer either maps the arena (same host: its address is one of ours) or
+    reaches it through NIXL (the server registered it). Anyone else could only ALLOC and
+    COMMIT without writing, or LEASE without reading: no use, only a way to hold memory.
+    """
+    if conn.svc.nixl_info:
+        return ""
+    peer = conn.peer
+    host = peer[0] if isinstance(peer, tuple) and peer else None
+    if not isinstance(host, str) or is_local_address(host.split("%")[0]):
+        return ""
+    return (f"peer {host} is neither on this host nor a NIXL client (the server runs "
+            "without --nixl): one-sided ops are refused, use GET and PUT")
+
+
 def handle(conn: Any, op: int, rid: int, meta: Any, plen: int) -> None:
     """Serve one shm control op on ``conn`` (a service ``_Connection``, authenticated)."""
     conn.no_payload(plen)
@@ -195,6 +228,15 @@ def handle(conn: Any, op: int, rid: int, meta: Any, plen: int) -> None:
     tier = conn.svc.tier
     mem = memory_tier(tier)
     st = _state(conn)
+    if op in (Op.LEASE, Op.ALLOC):
+        if st.refusal is None:
+            st.refusal = one_sided_refusal(conn)
+        if st.refusal:
+            n = len(check_items(meta, conn.limits))
+            width = 6 if op == Op.LEASE else 3
+            conn.reply(op, rid, {"items": [[int(Status.AUTH)] + [0] * (width - 1)] * n,
+                                 "one_sided": False, "error": st.refusal})
+            return
     if op == Op.LEASE:
         conn.reply(op, rid, {"items": _lease(conn, st, tier, mem, meta)})
     elif op == Op.RELEASE:
