@@ -178,8 +178,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("metrics_listen", "addr", "", "Prometheus HOST:PORT; empty disables.", "server"),
     Option("log_level", "str", "INFO", "Logging level name.", "server"),
     Option("log_format", "str", "json", "Log format: json or text.", "server"),
-    Option("pending_put_timeout_ms", "duration_ms", 30000,
-           "How long a started put may stay uncommitted.", "server"),
+    Option("pending_put_timeout_ms", "duration_ms", 10000,
+           "How long a sliced put may wait for its other slices (the SDK sends them all "
+           "within its timeout_ms); a contributing connection that closes ends it at once.",
+           "server"),
     Option("prefault", "bool", True, "Touch every arena page at startup.", "server"),
     Option("remove_arena_on_exit", "bool", False, "Delete the arena file on exit.", "server"),
     Option("max_connections", "int", 1024, "Most concurrent client connections.", "server"),

@@ -269,10 +269,13 @@ class OneSidedTransport(TcpTransport):
         if not isinstance(slots, list) or len(slots) != len(items):
             raise ProtocolError("ALLOC reply items do not match the request")
         out = [ItemResult(Status.OK) for _ in items]
-        ok = []
+        ok, fallback = [], []
         for i, (it, s) in enumerate(zip(items, slots)):
             if not (isinstance(s, list) and len(s) == 3 and all(isinstance(x, int) for x in s)):
                 raise ProtocolError("malformed ALLOC reply item")
+            if s[0] == Status.BUSY:  # past this connection's reservation bound: plain PUT
+                fallback.append(i)
+                continue
             if s[0] != Status.OK:
                 out[i] = ItemResult(status_of(s[0]))
                 continue
@@ -291,4 +294,18 @@ class OneSidedTransport(TcpTransport):
             for i, s in zip(ok, st):
                 out[i] = ItemResult(status_of(s))
         STATS[self.kind + "_put_items"] += len(ok)
+        if fallback:
+            STATS["tcp_fallback_items"] += len(fallback)
+            for i, r in zip(fallback, TcpTransport._execute(self, self._subset(work, fallback))):
+                out[i] = r
         return out
+
+    @staticmethod
+    def _subset(work: Work, idx: list[int]) -> Work:
+        """The items ``idx`` of ``work`` as a frame of their own (placement hashes too)."""
+        extra = dict(work.extra or {})
+        if "ph" in extra and isinstance(extra["ph"], list) \
+                and len(extra["ph"]) == len(work.items):
+            extra["ph"] = [extra["ph"][i] for i in idx]
+        return Work(work.op, work.ns, [work.items[i] for i in idx], work.deadline, None,
+                    extra or None)

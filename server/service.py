@@ -310,7 +310,10 @@ class _Connection:
                     statuses.append(Status.NOT_OWNER)
                     views.extend(discard_views(ln, self.scratch))
                     continue
-                slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum)
+                # a slice of a sliced value may wait for others: this connection answers
+                # for it (bounded, released when it closes)
+                holder = shm_ops.holder(self) if ln != tl else None
+                slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum, holder=holder)
                         if tl <= lim.max_value_bytes else None)
                 if slot is None or slot.status != Status.OK:
                     statuses.append(Status.TOO_LARGE if slot is None else slot.status)

@@ -20,10 +20,21 @@ and can never touch another connection's state. On close every lease is released
 every slot aborted. A reaper also expires leases older than ``lease_ms``
 (``GCACHE_SHM_LEASE_MS``, default 10 s), so a stuck reader cannot pin memory
 forever; a RELEASE of an expired lease answers ``TIMEOUT`` and the client drops
-what it copied (it may be torn). Put slots are never expired by time: a stuck
-writer may still be copying into its chunk, and reusing that chunk would let late
-bytes land in another object. They are bounded per connection (``max_held``) and
-aborted when the connection closes.
+what it copied (it may be torn).
+
+Reservations. Only a one-sided peer may LEASE or ALLOC (``one_sided_refusal``: same
+host, or the server runs NIXL). Every chunk an ALLOC reserves is charged to the
+connection's ``Holder`` (memory_tier): past ``max_held_bytes`` for the connection
+(default a quarter of the arena) or ``max_reserved_bytes`` over all (half of it) the
+item answers ``BUSY`` (the SDK then sends that value with a plain PUT), so no client
+can reserve the arena away. Put slots expire after ``lease_ms`` like leases (COMMIT
+then answers ``TIMEOUT``). Slots used to live as long as the connection because a
+stuck writer may still be copying into its chunk, and reusing that chunk at once
+would let those late bytes land in another object. Writer checksums (verified on
+COMMIT, and by readers) would catch such a scribble before it is ever served, but it
+would still destroy an innocent object; so an expired slot's chunk is *quarantined*
+instead: never published, never reused, still charged to its connection (whose bound
+therefore still holds), and freed when that connection closes.
 
 Ownership (``NOT_OWNER``) is checked exactly as for GET/PUT when the client sends its
 view epoch and placement hashes (``ep``/``ph``), and skipped otherwise.
@@ -78,9 +89,13 @@ def hello_fields(tier: Any) -> dict:
 
 
 class ShmState:
-    """One connection's leases and slots."""
+    """One connection's leases, slots and reservations (``holder``)."""
 
-    def __init__(self, max_held: int) -> None:
+    def __init__(self, max_held: int, tier: Any = None) -> None:
+        from gcache.server.memory_tier import Holder
+
+        self.tier = tier
+        self.holder = Holder()
         self.lock = threading.Lock()
         self.leases: dict[int, tuple[Any, Any, float]] = {}  # id -> (tier, Pinned, expiry)
         self.slots: dict[int, tuple[Any, Any, float]] = {}  # id -> (tier, PutSlot, expiry)
@@ -103,10 +118,9 @@ class ShmState:
     def expire(self, now: float) -> None:
         with self.lock:
             old_l = [i for i, (_, _, exp) in self.leases.items() if exp < now]
-            # Put slots never expire by time: the client may still be writing into the
-            # chunk, and freeing it would let those late bytes land in another object.
-            # They are bounded by max_held and released when the connection closes.
-            old_s: list[int] = []
+            # expired slots: the writer may still be copying, so their chunks are
+            # quarantined (kept, charged to this connection) until it closes
+            old_s = [i for i, (_, _, exp) in self.slots.items() if exp < now]
             gone_l = [self.leases.pop(i) for i in old_l]
             gone_s = [self.slots.pop(i) for i in old_s]
             if len(self.expired) > 65536:
@@ -116,7 +130,7 @@ class ShmState:
         for tier, pin, _ in gone_l:
             tier.unpin(pin)
         for tier, slot, _ in gone_s:
-            tier.abort_put(slot)
+            tier.abort_put(slot, self.holder)
         if old_l or old_s:
             log.warning("expired %d shm leases and %d slots held past %d ms", len(old_l),
                         len(old_s), LEASE_MS)
@@ -131,6 +145,8 @@ class ShmState:
             tier.unpin(pin)
         for tier, slot, _ in slots:
             tier.abort_put(slot)
+        if self.tier is not None:  # incomplete sliced puts it took part in, quarantine
+            self.tier.release_holder(self.holder)
 
 
 _states: "weakref.WeakSet[ShmState]" = weakref.WeakSet()
@@ -153,7 +169,7 @@ def _state(conn: Any) -> ShmState:
     global _reaper
     st = getattr(conn, "shm_state", None)
     if st is None:
-        st = conn.shm_state = ShmState(4 * conn.limits.max_batch_items)
+        st = conn.shm_state = ShmState(4 * conn.limits.max_batch_items, conn.svc.tier)
         _states.add(st)
         with _reaper_lock:
             if _reaper is None:
@@ -174,8 +190,14 @@ def transport_stats(nixl_on: bool) -> dict:
     return {"shm_leases": leases, "shm_slots": slots, "nixl": 1 if nixl_on else 0}
 
 
+def holder(conn: Any) -> Any:
+    """The connection's reservation ``Holder`` (for sliced TCP puts as well)."""
+    return _state(conn).holder
+
+
 def release_all(conn: Any) -> None:
-    """Connection closed: release its leases and abort its slots."""
+    """Connection closed: release its leases, abort its slots, fail the incomplete
+    sliced puts it took part in."""
     st = getattr(conn, "shm_state", None)
     if st is not None:
         st.close()
@@ -343,7 +365,7 @@ def _alloc(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
         if full:
             out.append([int(Status.BUSY), 0, 0])
             continue
-        slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum)
+        slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum, holder=st.holder)
                 if tl <= lim.max_value_bytes else None)
         if slot is None or slot.status != Status.OK:
             out.append([int(Status.TOO_LARGE if slot is None else slot.status), 0, 0])
