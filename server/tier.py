@@ -79,6 +79,7 @@ class Tier(abc.ABC):
     @abc.abstractmethod
     def abort_put(self, slot: PutSlot, quarantine: Any = None) -> None: ...
 
+    @abc.abstractmethod
     def release_holder(self, holder: Any) -> None:
         """``holder``'s connection closed: drop what it still holds (see MemoryTier)."""
 
