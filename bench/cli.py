@@ -198,6 +198,10 @@ def _wait_settled(client: Client, quiet_s: float = 0.5, timeout_s: float = 120.0
               help="Write machine info, baseline and cases to this file.")
 @click.option("--no-baseline", is_flag=True, help="Skip the raw-socket baseline.")
 @click.option("--verify", is_flag=True, help="Check every get against the value oracle.")
+@click.option("--checksums", type=click.Choice(["on", "off", "both"]), default="on",
+              show_default=True, help="SDK verification of every get against the server's "
+              "checksum (Client verify_checksums); 'both' runs every case with it on and "
+              "off (rows 'TRANSPORT/noverify'), to measure its cost in one run.")
 @click.option("--tier", type=click.Choice(["memory", "disk"]), default="memory",
               show_default=True, help="disk: serve gets from a --local server's NVMe tier and "
               "compare with a raw pread of its segment files.")
@@ -230,7 +234,7 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
          bg_mbps: float, impact_size: int, impact_batch: int, impact_memory: int,
          transports: tuple[str, ...], threads_list: tuple[int, ...], sweep: bool,
          max_batch_bytes: int, raw_transport: bool, no_register: bool,
-         plot_path: str | None, log_dir: str | None) -> None:
+         plot_path: str | None, log_dir: str | None, checksums: str) -> None:
     """Benchmark gcache put/get batches against a raw loopback-TCP baseline
     (and, with --tier disk, the disk tier against a raw pread of its files)."""
     if (servers is None) == (local is None):
@@ -272,7 +276,9 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
     err = Console(stderr=True)
     cases = list(itertools.product(dict.fromkeys(ops), dict.fromkeys(sizes),
                                    dict.fromkeys(batches), dict.fromkeys(concurrencies)))
-    runs = list(itertools.product(transports, dict.fromkeys(threads_list) or (conns_per_server,)))
+    checks = {"on": (True,), "off": (False,), "both": (True, False)}[checksums]
+    runs = [(t, th, v) for t in transports for v in checks
+            for th in dict.fromkeys(threads_list) or (conns_per_server,)]
     results: list[dict[str, Any]] = []
     clients: dict[tuple[str, int | None], Client] = {}
     impact: list[dict[str, Any]] = []
@@ -328,14 +334,14 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
             baseline = measure_baseline(list(dict.fromkeys(sizes)))
         if raw_transport:
             progress.update(task, total=len(runs) * len(sizes) * len(concurrencies))
-        for i, ((transport, threads), (op, size, batch, conc)) in enumerate(
+        for i, ((transport, threads, checked), (op, size, batch, conc)) in enumerate(
                 itertools.product(runs, [] if raw_transport else cases)):
-            run_client = clients.get((transport, threads))
+            run_client = clients.get((transport, threads, checked))
             if run_client is None:
-                run_client = clients[(transport, threads)] = Client(
+                run_client = clients[(transport, threads, checked)] = Client(
                     addresses, namespace=namespace, timeout_ms=timeout_ms, token=token,
                     credential=credential or None, conns_per_server=threads,
-                    transport=transport)
+                    transport=transport, verify_checksums=checked)
                 stack.callback(run_client.close)
             batch = min(batch, max(1, max_batch_bytes // size))
             label = f"{transport} t{run_client.conns} {op} {format_size(size)} x{batch} c{conc}"
@@ -369,7 +375,8 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
                            after_prefill=hook, rounds=rounds, before_round=round_hook,
                            prefill_bytes=prefill_bytes,
                            register=transport == "nixl" and not no_register)
-            row["transport"], row["threads"] = transport, run_client.conns
+            row["transport"] = transport if checked else f"{transport}/noverify"
+            row["threads"], row["verify_checksums"] = run_client.conns, checked
             raw = raw_gbps(baseline, op, size)
             row["vs_raw"] = row["gbps"] / raw if raw else None
             if raws:
@@ -388,7 +395,7 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
         if raw_transport:
             from gcache.bench.raw_transport import measure_raw_transport
 
-            for (transport, _threads), size, conc in itertools.product(
+            for (transport, _threads, _checked), size, conc in itertools.product(
                     runs, dict.fromkeys(sizes), dict.fromkeys(concurrencies)):
                 count = max(1, min(64, max_batch_bytes // size))
                 progress.update(task, description=f"raw {transport} {format_size(size)} "

@@ -187,8 +187,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("metrics_listen", "addr", "", "Prometheus HOST:PORT; empty disables.", "server"),
     Option("log_level", "str", "INFO", "Logging level name.", "server"),
     Option("log_format", "str", "json", "Log format: json or text.", "server"),
-    Option("pending_put_timeout_ms", "duration_ms", 30000,
-           "How long a started put may stay uncommitted.", "server"),
+    Option("pending_put_timeout_ms", "duration_ms", 10000,
+           "How long a sliced put may wait for its other slices (the SDK sends them all "
+           "within its timeout_ms); a contributing connection that closes ends it at once.",
+           "server"),
     Option("prefault", "bool", True, "Touch every arena page at startup.", "server"),
     Option("remove_arena_on_exit", "bool", False, "Delete the arena file on exit.", "server"),
     Option("max_connections", "int", 1024, "Most concurrent client connections.", "server"),
@@ -234,6 +236,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("nixl_bounce_bytes", "size", 8 * _MIB, "Registered staging buffer per nixl "
            "connection, used for destinations not registered with register_buffer.",
            "client"),
+    Option("verify_checksums", "bool", True, "Check every value read against the "
+           "server's xxh3 checksum once its bytes landed; a mismatch is a CORRUPT miss, "
+           "never a hit.", "client"),
 ]}
 _SECRETS = frozenset({"token", "credential"})
 PROMOTE_POLICIES = ("never", "first", "second-hit")

@@ -29,7 +29,7 @@ import struct
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import msgpack
 
@@ -302,21 +302,44 @@ def check_items(meta: Any, limits: Limits) -> list:
     return items
 
 
-def parse_put_items(items: list, limits: Limits, op: str = "PUT"
-                    ) -> list[tuple[bytes, int, int, int, int]]:
-    """Validate ``[key, total_len, offset, length, put_id]`` items (PUT and ALLOC)."""
+class PutItem(NamedTuple):
+    """One validated PUT / ALLOC item. ``checksum``: the writer's xxh3_64 of the whole
+    value (every slice of a sliced value carries the same one), or None if not sent."""
+
+    key: bytes
+    total_len: int
+    offset: int
+    length: int
+    put_id: int
+    checksum: int | None
+
+
+_U64 = 1 << 64
+
+
+def parse_put_items(items: list, limits: Limits, op: str = "PUT",
+                    require_checksum: bool = False) -> list[PutItem]:
+    """Validate ``[key, total_len, offset, length, put_id, checksum]`` items (PUT and
+    ALLOC). ``checksum`` (u64, the writer's xxh3 of the whole value) may be left out of
+    a PUT item; ALLOC (``require_checksum``) must carry it."""
     parsed = []
+    shape = "[key, total_len, offset, length, put_id, checksum]"
     for it in items:
-        if not (isinstance(it, list) and len(it) == 5
+        if not (isinstance(it, list) and len(it) in (5, 6)
                 and all(isinstance(x, int) for x in it[1:])):
-            raise ProtocolError(f"{op} item must be [key, total_len, offset, length, put_id]",
+            raise ProtocolError(f"{op} item must be {shape}", Status.BAD_REQUEST)
+        if len(it) == 5 and require_checksum:
+            raise ProtocolError(f"{op} item must carry the value's checksum: {shape}",
                                 Status.BAD_REQUEST)
         key = check_key(it[0], limits)
         tl, off, ln, pid = it[1], it[2], it[3], it[4]
         if tl < 0 or off < 0 or ln < 0 or off + ln > tl or pid < 0:
             raise ProtocolError(f"{op} item has inconsistent lengths (total {tl}, offset "
                                 f"{off}, length {ln})", Status.BAD_REQUEST)
-        parsed.append((key, tl, off, ln, pid))
+        csum = it[5] if len(it) == 6 else None
+        if csum is not None and not 0 <= csum < _U64:
+            raise ProtocolError(f"{op} item checksum is not a u64", Status.BAD_REQUEST)
+        parsed.append(PutItem(key, tl, off, ln, pid, csum))
     return parsed
 
 

@@ -32,7 +32,7 @@ from gcache.config import load_config
 from gcache.credentials import ClientCredential, bearer_of, parse_client_credential
 from gcache.discovery import MasterClient, MasterError, MasterUnavailable, view_from_wire
 from gcache.errors import ConfigError
-from gcache.hashing import placement_hash
+from gcache.hashing import checksum, placement_hash
 from gcache.protocol import Limits, Op
 from gcache.status import Status
 from gcache.view import View
@@ -88,7 +88,8 @@ class _Batch:
     """Folds slice results into per-key results, then the batch result."""
 
     __slots__ = ("keys", "results", "left", "parts", "versions", "totals", "lock",
-                 "future", "callback", "on_key", "finalize", "remaining", "bufs", "hashes")
+                 "future", "callback", "on_key", "finalize", "remaining", "bufs", "hashes",
+                 "sums")
 
     def __init__(self, keys: list[bytes], default: Any, finalize: Callable[[int, Status], Any],
                  callback: BatchCallback | None, on_key: KeyCallback | None) -> None:
@@ -99,6 +100,7 @@ class _Batch:
         self.left: list[Status] = [Status.OK] * n  # first non-OK status per key
         self.versions = [0] * n
         self.totals = [-1] * n
+        self.sums: list[int | None] = [None] * n  # the server's checksum of each object
         self.bufs: list[Any] = [None] * n
         self.hashes: list[int] = []  # placement hash per key (for NOT_OWNER re-routing)
         self.remaining = n
@@ -108,20 +110,26 @@ class _Batch:
         if n == 0:
             self.future.set_result([])
 
-    def slice_done(self, i: int, st: Status, version: int = 0, total: int = -1) -> None:
-        self.slices_done(((i, st, version, total),))
+    def slice_done(self, i: int, st: Status, version: int = 0, total: int = -1,
+                   csum: int | None = None) -> None:
+        self.slices_done(((i, st, version, total, csum),))
 
-    def slices_done(self, done: Sequence[tuple[int, Status, int, int]]) -> None:
-        """Fold ``(key index, status, version, total_len)`` of finished slices. Every key
-        is finalized (result written, per-key callback run) before the batch counts it,
-        so the batch callback and the future always see every result."""
+    def slices_done(self, done: Sequence[tuple[int, Status, int, int, int | None]]) -> None:
+        """Fold ``(key index, status, version, total_len, checksum)`` of finished slices.
+        Every key is finalized (result written, per-key callback run) before the batch
+        counts it, so the batch callback and the future always see every result."""
         finished = []
         with self.lock:
-            for i, st, version, total in done:
+            for i, st, version, total, csum in done:
                 if self.parts[i] <= 0:
                     continue
                 if st != Status.OK and self.left[i] == Status.OK:
                     self.left[i] = st
+                if st == Status.OK and csum is not None:
+                    if self.sums[i] is not None and self.sums[i] != csum \
+                            and self.left[i] == Status.OK:
+                        self.left[i] = Status.CORRUPT  # slices disagree on the object
+                    self.sums[i] = csum
                 if version:
                     if self.versions[i] and self.versions[i] != version \
                             and self.left[i] == Status.OK:
@@ -179,6 +187,10 @@ class Client:
         nixl_bounce_bytes: registered staging buffer per nixl connection, for buffers
             not registered with ``register_buffer``. ``one_sided_min_bytes`` (config /
             ``GCACHE_ONE_SIDED_MIN_BYTES``): smaller frames go as plain GET/PUT.
+        verify_checksums: check every value read against the server's xxh3 checksum once
+            all its bytes landed (default on); a mismatch is a ``CORRUPT`` miss, never a
+            hit. Puts always carry the value's checksum, and the server verifies it
+            before the value becomes visible.
         config_file: TOML file with ``[client]`` keys; env ``GCACHE_*`` overrides it,
             and explicit arguments override both.
 
@@ -194,7 +206,8 @@ class Client:
                  frame_target_bytes: int | None = None, probe_interval_ms: int | None = None,
                  connect_timeout_ms: int | None = None, config_file: str | None = None,
                  limits: Limits | None = None, transport: str | None = None,
-                 nixl_bounce_bytes: int | None = None) -> None:
+                 nixl_bounce_bytes: int | None = None,
+                 verify_checksums: bool | None = None) -> None:
         if isinstance(servers, str):
             servers = servers.split(",")
         if isinstance(masters, str):
@@ -207,7 +220,7 @@ class Client:
             "conns_per_server": conns_per_server, "queue_depth": queue_depth,
             "frame_target_bytes": frame_target_bytes, "probe_interval_ms": probe_interval_ms,
             "connect_timeout_ms": connect_timeout_ms, "transport": transport,
-            "nixl_bounce_bytes": nixl_bounce_bytes})
+            "nixl_bounce_bytes": nixl_bounce_bytes, "verify_checksums": verify_checksums})
         self.config = cfg
         self.namespace = namespace.encode() if isinstance(namespace, str) else bytes(namespace)
         self.limits = limits or Limits()
@@ -217,6 +230,8 @@ class Client:
         self.slice = int(cfg.slice_bytes)
         self.frame_target = int(cfg.frame_target_bytes)
         self.conns = int(cfg.conns_per_server)
+        self.verify = bool(cfg.verify_checksums)
+        self.counters = {"checksum_mismatch": 0}  # reads refused by verify_checksums
         # what AUTH proves: the credential when set, else the legacy token ('' = none)
         self._token: str | ClientCredential = (parse_client_credential(cfg.credential)
                                                if cfg.credential else cfg.token)
@@ -444,10 +459,12 @@ class Client:
                     if it[4] is None and r.status == Status.OK and batch.bufs[i] is None:
                         self._get_part(batch, i, it, r, lane, deadline)  # may fan out
                     else:
-                        bulk.append((i, _slice_status(it, r), r.version, r.total_len))
+                        bulk.append((i, _slice_status(it, r), r.version, r.total_len,
+                                     r.checksum))
                 batch.slices_done(bulk)
             else:
-                batch.slices_done([(i, r.status, 0, -1) for i, r in zip(done_idx, results)])
+                batch.slices_done([(i, r.status, 0, -1, None)
+                                   for i, r in zip(done_idx, results)])
 
         extra = None
         if self._master is not None:
@@ -489,7 +506,19 @@ class Client:
                 self._dispatch(Op.GET, batch, {lane.address: rest}, deadline, _GET_BYTES)
         else:
             st = _slice_status(it, r)
-        batch.slice_done(i, st, r.version, r.total_len)
+        batch.slice_done(i, st, r.version, r.total_len, r.checksum)
+
+    def _verified(self, batch: _Batch, i: int, buf: Any) -> Status:
+        """OK if the bytes that landed in ``buf`` (the whole object) hash to the checksum
+        the server sent; else CORRUPT (counted, logged): the read is a miss."""
+        want = batch.sums[i]
+        if want is not None and _digest(buf) == want:
+            return Status.OK
+        with self._state_lock:
+            self.counters["checksum_mismatch"] += 1
+        log.warning("read of %r failed its checksum (%s); reported as CORRUPT, a miss",
+                    batch.keys[i][:64], "none sent" if want is None else "bytes differ")
+        return Status.CORRUPT
 
     def _deadline(self, timeout_ms: int | None) -> float:
         return time.monotonic() + (self.timeout if timeout_ms is None else timeout_ms / 1000.0)
@@ -534,9 +563,10 @@ class Client:
             if n > self.limits.max_value_bytes:
                 too_large.append(i)
                 continue
+            c = _digest(v)  # the server refuses to publish bytes that hash differently
             if n <= self.slice:
                 batch.parts[i] = 1
-                routed.setdefault(addr, []).append((i, (k, n, 0, n, 0, v)))
+                routed.setdefault(addr, []).append((i, (k, n, 0, n, 0, v, c)))
                 continue
             pid = int.from_bytes(os.urandom(8), "little") >> 1 or 1
             offs = range(0, n, self.slice)
@@ -544,7 +574,7 @@ class Client:
             dest = routed.setdefault(addr, [])
             for off in offs:
                 ln = min(self.slice, n - off)
-                dest.append((i, (k, n, off, ln, pid, v[off:off + ln])))
+                dest.append((i, (k, n, off, ln, pid, v[off:off + ln], c)))
         for i in too_large:
             batch.parts[i] = 1
             batch.slice_done(i, Status.TOO_LARGE)
@@ -646,6 +676,8 @@ class Client:
         def finalize(i: int, st: Status) -> Status:
             if st == Status.OK and batch.totals[i] != len(views[i]):
                 return Status.SIZE_MISMATCH
+            if st == Status.OK and self.verify:
+                return self._verified(batch, i, views[i])
             return st
 
         batch = _Batch(ks, Status.ERROR, finalize, callback, on_key)
@@ -678,6 +710,8 @@ class Client:
         def finalize(i: int, st: Status) -> bytes | None:
             buf = batch.bufs[i]
             if st != Status.OK or buf is None or len(buf) != batch.totals[i]:
+                return None
+            if self.verify and self._verified(batch, i, buf) != Status.OK:
                 return None
             return bytes(buf)
 
@@ -818,6 +852,14 @@ def _slice_status(it: tuple, r: ItemResult) -> Status:
             and r.nbytes != min(it[2], max(0, r.total_len - it[1])):
         return Status.SIZE_MISMATCH
     return r.status
+
+
+def _digest(buf: Any) -> int:
+    """xxh3_64 of a flat byte view (host memory in place; a CUDA ``DeviceView`` is
+    copied to the host first)."""
+    if isinstance(buf, (memoryview, bytes, bytearray)):
+        return checksum(buf)
+    return checksum(buf.t.cpu().numpy())
 
 
 def _safe(fn: Callable | None, *args: Any) -> None:

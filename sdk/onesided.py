@@ -31,6 +31,7 @@ and a timeout closes the connection, which makes the server drop its leases and 
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -39,6 +40,8 @@ from gcache.protocol import Op, encode_frame, read_frame, sendmsg_all
 from gcache.status import Status, status_of
 from gcache.sdk.transport import (AuthFailed, ItemResult, TcpTransport, TransportTimeout,
                                   Work, _rids)
+
+log = logging.getLogger("gcache.sdk.onesided")
 
 # process-wide counters (tests and benchmarks read them): items moved one-sided, items
 # that fell back to a TCP GET, connections per chosen data path
@@ -60,7 +63,7 @@ class _FrameStatus(Exception):
 # bytes <-> ``n`` bytes at arena offset ``remote``. Plain tuples: a frame holds thousands.
 Copy = tuple  # (local, remote, n)
 
-_INT5 = (int, int, int, int, int)
+_INT6 = (int, int, int, int, int, int)
 RELEASE_GRACE_S = 0.01  # how long a no-wait RELEASE may block past the deadline
 
 
@@ -89,11 +92,12 @@ class OneSidedTransport(TcpTransport):
     def _small(self, work: Work) -> bool:
         """A frame this small costs less as one plain round trip (the bytes ride along)
         than as two control round trips plus a copy: single-key gets and puts."""
-        idx = 2 if work.op == Op.GET else 3  # a get's max_len, a put's slice length
+        # a get's max_len and destination, a put's slice length and source
+        idx, buf = (2, 4) if work.op == Op.GET else (3, 5)
         total = 0
         for it in work.items:
             total += it[idx]
-            if total >= self.min_bytes or not isinstance(it[-1], memoryview):
+            if total >= self.min_bytes or not isinstance(it[buf], memoryview):
                 return False  # large, or a byte get (size unknown) / device memory
         STATS["small_frame_tcp_items"] += len(work.items)
         return True
@@ -139,6 +143,14 @@ class OneSidedTransport(TcpTransport):
             raise ProtocolError("reply header is not a map")
         return rmeta
 
+    def _refused(self, work: Work, rmeta: dict) -> list[ItemResult]:
+        """The server refuses one-sided ops to this peer (not on its host, no NIXL): use
+        the plain ops on this connection from now on, starting with this frame."""
+        log.info("%s refused one-sided ops (%s); using TCP on this connection",
+                 self.address, rmeta.get("error", ""))
+        self.kind = "tcp"
+        return TcpTransport._execute(self, work)
+
     def _check_span(self, off: int, n: int) -> None:
         lo, hi = self.span
         if not (isinstance(off, int) and isinstance(n, int) and n >= 0 and lo <= off
@@ -168,6 +180,8 @@ class OneSidedTransport(TcpTransport):
         t0 = time.monotonic()
         rmeta = self._call(Op.LEASE, {"ns": work.ns, "items": [[k, ev] for k, ev in uniq],
                                       **extra}, work.deadline)
+        if rmeta.get("one_sided") is False:
+            return self._refused(work, rmeta)
         leases = rmeta.get("items")
         if not isinstance(leases, list) or len(leases) != len(uniq):
             raise ProtocolError("LEASE reply items do not match the request")
@@ -177,7 +191,7 @@ class OneSidedTransport(TcpTransport):
         try:  # any failure before RELEASE closes the connection: the server drops the leases
             lo, hi = self.span
             for ls in leases:
-                if type(ls) is not list or tuple(map(type, ls)) != _INT5:
+                if type(ls) is not list or tuple(map(type, ls)) != _INT6:
                     raise ProtocolError("malformed LEASE reply item")
                 if ls[0] == Status.OK:
                     held.append(ls[4])
@@ -185,7 +199,7 @@ class OneSidedTransport(TcpTransport):
                         self._check_span(ls[3], ls[1])  # raises
             copies: list[Copy] = []
             for i, it in enumerate(items):
-                st, total, ver, off, _lid = leases[which[i]]
+                st, total, ver, off, _lid, csum = leases[which[i]]
                 if st == Status.BUSY:
                     fallback.append(i)
                     continue
@@ -194,7 +208,7 @@ class OneSidedTransport(TcpTransport):
                     continue
                 start = min(it[1], total)
                 n = min(total - start, it[2])
-                res = out[i] = ItemResult(Status.OK, total, ver, n)
+                res = out[i] = ItemResult(Status.OK, total, ver, n, None, csum)
                 dst = it[4]
                 if dst is None:  # a byte get: the bytes land in a new buffer
                     res.data = bytearray(n)
@@ -248,16 +262,21 @@ class OneSidedTransport(TcpTransport):
         items = work.items
         t0 = time.monotonic()
         rmeta = self._call(Op.ALLOC, {"ns": work.ns, "items": [[it[0], it[1], it[2], it[3],
-                                                                it[4]] for it in items],
+                                                                it[4], it[6]] for it in items],
                                       **(work.extra or {})}, work.deadline)
+        if rmeta.get("one_sided") is False:
+            return self._refused(work, rmeta)
         slots = rmeta.get("items")
         if not isinstance(slots, list) or len(slots) != len(items):
             raise ProtocolError("ALLOC reply items do not match the request")
         out = [ItemResult(Status.OK) for _ in items]
-        ok = []
+        ok, fallback = [], []
         for i, (it, s) in enumerate(zip(items, slots)):
             if not (isinstance(s, list) and len(s) == 3 and all(isinstance(x, int) for x in s)):
                 raise ProtocolError("malformed ALLOC reply item")
+            if s[0] == Status.BUSY:  # past this connection's reservation bound: plain PUT
+                fallback.append(i)
+                continue
             if s[0] != Status.OK:
                 out[i] = ItemResult(status_of(s[0]))
                 continue
@@ -276,4 +295,18 @@ class OneSidedTransport(TcpTransport):
             for i, s in zip(ok, st):
                 out[i] = ItemResult(status_of(s))
         STATS[self.kind + "_put_items"] += len(ok)
+        if fallback:
+            STATS["tcp_fallback_items"] += len(fallback)
+            for i, r in zip(fallback, TcpTransport._execute(self, self._subset(work, fallback))):
+                out[i] = r
         return out
+
+    @staticmethod
+    def _subset(work: Work, idx: list[int]) -> Work:
+        """The items ``idx`` of ``work`` as a frame of their own (placement hashes too)."""
+        extra = dict(work.extra or {})
+        if "ph" in extra and isinstance(extra["ph"], list) \
+                and len(extra["ph"]) == len(work.items):
+            extra["ph"] = [extra["ph"][i] for i in idx]
+        return Work(work.op, work.ns, [work.items[i] for i in idx], work.deadline, None,
+                    extra or None)

@@ -56,6 +56,7 @@ class ItemResult:
     version: int = 0
     nbytes: int = 0
     data: bytearray | None = None
+    checksum: int = 0  # a get's: the server's xxh3_64 of the whole object
 
 
 @dataclass(slots=True, eq=False)
@@ -63,7 +64,8 @@ class Work:
     """One request frame for one server.
 
     items, by op:
-      PUT:    (key, total_len, offset, length, put_id, src_view)
+      PUT:    (key, total_len, offset, length, put_id, src_view, checksum)
+              (checksum: xxh3_64 of the whole value, the same on every slice)
       GET:    (key, offset, max_len, expect_version, dest_view | None)
       others: key
     """
@@ -79,6 +81,7 @@ class Work:
 
 
 _rids = itertools.count(1)
+_INT5 = (int, int, int, int, int)
 
 
 class Transport(abc.ABC):
@@ -168,7 +171,7 @@ class TcpTransport(Transport):
     def _execute(self, work: Work) -> list[ItemResult]:
         op, rid, sock, deadline = work.op, next(_rids), self.sock, work.deadline
         if op == Op.PUT:
-            meta = {"ns": work.ns, "items": [[it[0], it[1], it[2], it[3], it[4]]
+            meta = {"ns": work.ns, "items": [[it[0], it[1], it[2], it[3], it[4], it[6]]
                                              for it in work.items], **(work.extra or {})}
             plen = sum(it[3] for it in work.items)
             sendmsg_all(sock, [encode_frame(op, rid, meta, plen),
@@ -202,12 +205,17 @@ class TcpTransport(Transport):
         items = rmeta.get("items") if isinstance(rmeta, dict) else None
         if not isinstance(items, list) or len(items) != len(work.items):
             raise ProtocolError("GET reply items do not match the request")
+        if not all(type(x) is list and len(x) == 5 and tuple(map(type, x)) == _INT5
+                   for x in items):
+            raise ProtocolError("malformed GET reply item")
         if sum(x[3] for x in items) != plen:
             raise ProtocolError("GET reply lengths do not add up to its payload")
         out = []
         views = []
-        for it, (st, total, ver, n) in zip(work.items, items):
-            res = ItemResult(status_of(st), total, ver, n)
+        for it, (st, total, ver, n, csum) in zip(work.items, items):
+            if n < 0:
+                raise ProtocolError("GET reply item has a negative length")
+            res = ItemResult(status_of(st), total, ver, n, None, csum)
             if n:
                 if n > it[2]:
                     raise ProtocolError(f"server sent {n} bytes for a {it[2]}-byte request")

@@ -17,8 +17,21 @@ header + data, so objects are limited to one slab page.
   transfer never reads freed bytes.
 * Puts: ``begin_put`` allocates an uncommitted chunk; sliced puts (several
   frames, maybe several connections) share one pending chunk keyed by
-  ``(ns, key, put_id)`` and commit when the last byte has arrived. Pending
+  ``(ns, key, put_id)``. Each slice claims its byte range ``[offset, offset+length)``;
+  a slice that is empty or overlaps a range already claimed is refused
+  (BAD_REQUEST), so the received ranges never overlap and the object commits exactly
+  when they cover ``[0, total_len)``: every byte was written by that put. Pending
   puts that stall past ``pending_put_timeout_ms`` are reclaimed.
+* Reservations. A reservation that may outlive its request (an ALLOC slot, a sliced
+  put waiting for more slices) names a ``Holder``: the connection that answers for
+  it. Its chunk is charged to the holder and to its namespace until it commits or is
+  freed; a new one is refused with BUSY past ``max_held_bytes`` per holder or
+  ``max_reserved_bytes`` in total, so one writer can never reserve the arena away.
+  ``release_holder`` (connection closed) fails every incomplete sliced put the holder
+  contributed to and frees its quarantined chunks. A quarantined chunk (an ALLOC slot
+  expired while its writer may still be copying into it) stays allocated and charged
+  to that holder until it closes, so a late write can never land in another object.
+  ``reserved_by_ns`` is where per-namespace quotas plug in.
 
 * Tiering hooks (``tiered_store.TieredStore`` sets them; all run with
   ``self._lock`` held, so they are atomic with the index change): ``on_publish``
@@ -33,6 +46,7 @@ header + data, so objects are limited to one slab page.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
@@ -65,6 +79,25 @@ class _Obj:
     committed: bool = False
     verified: bool = True  # recovered objects are verified on first read
     moving: bool = False  # claimed by the tiering mover
+    holder: Holder | None = None  # charged with this uncommitted chunk
+    quarantined: bool = False  # an expired slot's chunk: freed when its holder closes
+
+
+class Holder:
+    """Who answers for reservations that outlive a request: one per connection.
+
+    ``held``: chunk bytes charged to it (uncommitted objects it created with this holder,
+    quarantined chunks included). ``pendings``: incomplete sliced puts it contributed to.
+    Fields are guarded by the MemoryTier lock.
+    """
+
+    __slots__ = ("held", "pendings", "quarantine", "closed", "__weakref__")
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.pendings: set = set()
+        self.quarantine: list = []
+        self.closed = False
 
 
 @dataclass(slots=True, eq=False)
@@ -73,7 +106,19 @@ class _Pending:
     received: int = 0
     deadline: float = 0.0
     failed: bool = False
-    parts: set = field(default_factory=set)
+    expect: int | None = None  # the writer's checksum of the whole value
+    key: tuple = ()  # (ns, key, put_id) of a sliced put
+    holders: set = field(default_factory=set)  # holders that contributed slices
+    ranges: list = field(default_factory=list)  # claimed [start, end), sorted, disjoint
+
+    def claim(self, start: int, end: int) -> bool:
+        """Claim ``[start, end)`` for one slice; False if it is empty or overlaps a claim."""
+        r = self.ranges
+        i = bisect.bisect_left(r, (start, end))
+        if end <= start or (i and r[i - 1][1] > start) or (i < len(r) and r[i][0] < end):
+            return False
+        r.insert(i, (start, end))
+        return True
 
 
 @dataclass(slots=True)
@@ -84,9 +129,11 @@ class _Class:
 
 class MemoryTier(Tier):
     def __init__(self, arena: Arena, *, high_watermark: float = 0.95,
-                 low_watermark: float = 0.90, pending_put_timeout_ms: int = 30_000,
+                 low_watermark: float = 0.90, pending_put_timeout_ms: int = 10_000,
                  clock: Callable[[], float] = time.monotonic,
-                 on_evict: Callable[[int, int], None] | None = None) -> None:
+                 on_evict: Callable[[int, int], None] | None = None,
+                 max_held_bytes: int | None = None,
+                 max_reserved_bytes: int | None = None) -> None:
         self.arena = arena
         self.high, self.low = high_watermark, low_watermark
         self.pending_timeout = pending_put_timeout_ms / 1000.0
@@ -94,6 +141,11 @@ class MemoryTier(Tier):
         self.on_evict = on_evict
         self.capacity = arena.npages * arena.slab_bytes
         self.max_object = arena.slab_bytes
+        # reservations that may outlive a request: per holder (connection), and in total
+        self.max_held = max_held_bytes or max(arena.slab_bytes, self.capacity // 4)
+        self.max_reserved = max_reserved_bytes or max(arena.slab_bytes, self.capacity // 2)
+        self.reserved_bytes = 0
+        self.reserved_by_ns: dict[bytes, int] = {}  # the writer's quota plugs in here
         self._lock = threading.Lock()
         self._index: OrderedDict[tuple[bytes, bytes], _Obj] = OrderedDict()
         self._pending: dict[tuple[bytes, bytes, int], _Pending] = {}
@@ -105,7 +157,9 @@ class MemoryTier(Tier):
         self.uncommitted_bytes = 0  # of which not committed yet (puts in flight)
         self.counters = {"evictions": 0, "evicted_bytes": 0, "corrupt_dropped": 0,
                          "torn_dropped": 0, "recovered": 0, "pending_expired": 0,
-                         "no_space": 0, "clean_dropped": 0}
+                         "no_space": 0, "clean_dropped": 0, "put_checksum_mismatch": 0,
+                         "reservations_refused": 0, "pending_released": 0,
+                         "quarantined": 0}
         self.on_publish: Callable[[bytes, bytes, int], None] | None = None
         self.on_delete: Callable[[bytes, bytes], bool] | None = None
         self.is_clean: Callable[[bytes, bytes, int], bool] | None = None
@@ -200,7 +254,40 @@ class MemoryTier(Tier):
                 return None
             evicted += 1
 
+    def do_charge(self, holder: Holder, o: _Obj) -> bool:
+        """Charge ``o``'s chunk to ``holder`` and its namespace; False past a bound."""
+        if (holder.held + o.chunk > self.max_held
+                or self.reserved_bytes + o.chunk > self.max_reserved):
+            self.counters["reservations_refused"] += 1
+            return False
+        o.holder = holder
+        holder.held += o.chunk
+        self.reserved_bytes += o.chunk
+        self.reserved_by_ns[o.ns] = self.reserved_by_ns.get(o.ns, 0) + o.chunk
+        return True
+
+    def do_uncharge(self, o: _Obj) -> None:
+        h, o.holder = o.holder, None
+        if h is None:
+            return
+        h.held -= o.chunk
+        self.reserved_bytes -= o.chunk
+        left = self.reserved_by_ns.get(o.ns, 0) - o.chunk
+        if left > 0:
+            self.reserved_by_ns[o.ns] = left
+        else:
+            self.reserved_by_ns.pop(o.ns, None)
+
+    def do_drop_pending(self, pend: _Pending) -> None:
+        """The sliced put is over (committed, failed, expired): forget it."""
+        if pend.key and self._pending.get(pend.key) is pend:
+            del self._pending[pend.key]
+        for h in pend.holders:
+            h.pendings.discard(pend)
+        pend.holders.clear()
+
     def do_free(self, o: _Obj) -> None:
+        self.do_uncharge(o)
         self.arena.clear(o.offset)
         page = self.arena.page_of(o.offset)
         self._page_live[page] -= 1
@@ -264,7 +351,7 @@ class MemoryTier(Tier):
         start = min(offset, o.length)
         end = min(o.length, start + max_len)
         view = self.arena.buf[o.data_off + start:o.data_off + end]
-        return Pinned(Status.OK, o.length, o.version, view, o)
+        return Pinned(Status.OK, o.length, o.version, view, o, o.checksum)
 
     def _verify(self, o: _Obj) -> bool:
         """First read after a restart: check the data checksum (pinned, outside the lock).
@@ -320,16 +407,29 @@ class MemoryTier(Tier):
 
     # ------------------------------------------------------------------ writes
     def begin_put(self, ns: bytes, key: bytes, total_len: int, offset: int, length: int,
-                  put_id: int, evict: bool = True) -> PutSlot:
+                  put_id: int, evict: bool = True, *, csum: int | None = None,
+                  holder: Holder | None = None) -> PutSlot:
         """``evict=False``: answer NO_SPACE instead of evicting synchronously (the tiered
-        store then waits for demotion and retries)."""
+        store then waits for demotion and retries). ``csum``: the writer's checksum of the
+        whole value; every slice of a sliced put must carry the same one (BAD_REQUEST).
+        ``holder``: the connection answering for a reservation that may outlive this
+        request (BUSY past its bounds, CLOSED once it closed)."""
         need = header_len(len(ns), len(key)) + total_len
         if size_class(need) > self.arena.slab_bytes:
             return PutSlot(Status.TOO_LARGE)
         sliced = not (offset == 0 and length == total_len)
+        if sliced and length == 0:
+            return PutSlot(Status.BAD_REQUEST)  # an empty slice writes nothing
         with self._lock:
+            if holder is not None and holder.closed:
+                return PutSlot(Status.CLOSED)
             pend = self._pending.get((ns, key, put_id)) if sliced else None
             if pend is None:
+                if holder is not None and (
+                        holder.held + size_class(need) > self.max_held
+                        or self.reserved_bytes + size_class(need) > self.max_reserved):
+                    self.counters["reservations_refused"] += 1
+                    return PutSlot(Status.BUSY)  # before evicting anything for it
                 off = self.do_alloc(need, evict)
                 if off is None:
                     if evict:
@@ -341,14 +441,19 @@ class MemoryTier(Tier):
                                                    time.time_ns())
                 o = _Obj(ns, key, off, size_class(need), data_off, total_len, version)
                 self.uncommitted_bytes += o.chunk
-                pend = _Pending(o, deadline=self.clock() + self.pending_timeout)
+                if holder is not None:
+                    self.do_charge(holder, o)  # fits: checked above, under the same lock
+                pend = _Pending(o, deadline=self.clock() + self.pending_timeout, expect=csum)
                 if sliced:
-                    self._pending[(ns, key, put_id)] = pend
-            elif pend.obj.length != total_len or pend.failed:
+                    pend.key = (ns, key, put_id)
+                    self._pending[pend.key] = pend
+            elif pend.obj.length != total_len or pend.failed or pend.expect != csum:
                 return PutSlot(Status.BAD_REQUEST)
-            if offset in pend.parts:
-                return PutSlot(Status.BAD_REQUEST)
-            pend.parts.add(offset)
+            if sliced and not pend.claim(offset, offset + length):
+                return PutSlot(Status.BAD_REQUEST)  # empty, or overlaps another slice
+            if sliced and holder is not None:
+                pend.holders.add(holder)  # its close fails the put if still incomplete
+                holder.pendings.add(pend)
             pend.obj.pins += 1  # the writer's hold; keeps expiry from freeing it
         o = pend.obj
         view = self.arena.buf[o.data_off + offset:o.data_off + offset + length]
@@ -362,18 +467,29 @@ class MemoryTier(Tier):
             o.pins -= 1
             pend.received += slot.extra["len"]
             if pend.failed:
-                if o.pins == 0:
+                if o.pins == 0 and not o.quarantined:
                     self.do_free(o)
                 return Status.ERROR
-            if pend.received < o.length:
+            if pend.received < o.length:  # claims are disjoint: == length covers it all
                 return Status.OK  # other slices still to come
-            self._pending.pop(slot.extra["key"], None)
+            self.do_drop_pending(pend)
         # every byte is here: checksum outside the lock, then commit + publish
         csum = checksum(self.arena.buf[o.data_off:o.data_off + o.length])
+        if pend.expect is not None and csum != pend.expect:
+            # not the bytes the writer sent (corrupted in flight, scribbled on, or never
+            # written: an ALLOC committed without a write): never published
+            with self._lock:
+                self.counters["put_checksum_mismatch"] += 1
+                if o.pins == 0 and not o.quarantined:
+                    self.do_free(o)
+            log.warning("refused a put whose bytes do not match the writer's checksum",
+                        extra={"fields": {"ns": o.ns, "key": o.key, "bytes": o.length}})
+            return Status.CORRUPT
         self.arena.commit(o.offset, csum)
         with self._lock:
             o.committed = True
             self.uncommitted_bytes -= o.chunk
+            self.do_uncharge(o)
             o.checksum = csum
             k = (o.ns, o.key)
             old = self._index.pop(k, None)
@@ -387,16 +503,54 @@ class MemoryTier(Tier):
             self.pressure.set()
         return Status.OK
 
-    def abort_put(self, slot: PutSlot) -> None:
+    def abort_put(self, slot: PutSlot, quarantine: Holder | None = None) -> None:
+        """Fail the put. ``quarantine``: its writer may still be copying into the chunk
+        (an expired one-sided slot), so keep the chunk allocated, charged to that holder,
+        until ``release_holder(quarantine)``: a late write then lands nowhere that
+        matters, and its bytes are never published (the put failed)."""
         pend: _Pending = slot.token
         if slot.view is not None:
             slot.view.release()
+        o = pend.obj
         with self._lock:
-            pend.obj.pins -= 1
+            o.pins -= 1
             pend.failed = True
-            self._pending.pop(slot.extra["key"], None)
-            if pend.obj.pins == 0:
-                self.do_free(pend.obj)
+            self.do_drop_pending(pend)
+            if quarantine is not None and not o.quarantined:
+                if o.holder is not quarantine:  # charge it to the writer that may scribble
+                    self.do_uncharge(o)
+                    o.holder = quarantine
+                    quarantine.held += o.chunk
+                    self.reserved_bytes += o.chunk
+                    self.reserved_by_ns[o.ns] = self.reserved_by_ns.get(o.ns, 0) + o.chunk
+                o.quarantined = True
+                quarantine.quarantine.append(o)
+                self.counters["quarantined"] += 1
+                if quarantine.closed:  # closed meanwhile: nothing will release it later
+                    self.do_release_quarantine(quarantine)
+            elif o.pins == 0 and not o.quarantined:
+                self.do_free(o)
+
+    def do_release_quarantine(self, holder: Holder) -> None:
+        for o in holder.quarantine:
+            o.quarantined = False
+            if o.pins == 0:
+                self.do_free(o)
+        holder.quarantine.clear()
+
+    def release_holder(self, holder: Holder) -> None:
+        """The holder's connection closed: fail every incomplete sliced put it contributed
+        to (its slices will never be retried there) and free its quarantined chunks."""
+        with self._lock:
+            holder.closed = True
+            for pend in list(holder.pendings):
+                self.do_drop_pending(pend)
+                if not pend.failed:
+                    pend.failed = True
+                    self.counters["pending_released"] += 1
+                if pend.obj.pins == 0 and not pend.obj.quarantined:
+                    self.do_free(pend.obj)
+            self.do_release_quarantine(holder)
 
     # ------------------------------------------------------------------ background
     def _evict_loop(self) -> None:
@@ -414,12 +568,12 @@ class MemoryTier(Tier):
         """Reclaim sliced puts that stalled past ``pending_put_timeout_ms``."""
         now = self.clock()
         with self._lock:
-            for k, p in list(self._pending.items()):
+            for p in list(self._pending.values()):
                 if p.deadline < now:
-                    del self._pending[k]
+                    self.do_drop_pending(p)
                     p.failed = True
                     self.counters["pending_expired"] += 1
-                    if p.obj.pins == 0:
+                    if p.obj.pins == 0 and not p.obj.quarantined:
                         self.do_free(p.obj)
 
     def evict_to_low(self) -> None:
@@ -553,6 +707,7 @@ class MemoryTier(Tier):
                 "used_bytes": self.live_bytes,
                 "objects": len(self._index),
                 "pending_puts": len(self._pending),
+                "reserved_bytes": self.reserved_bytes,
                 "free_pages": len(self._free_pages),
                 "pages": self.arena.npages,
                 **self.counters,

@@ -654,7 +654,8 @@ class SegmentLog:
         lease = ReadLease(None, ns, key, e.version, e.length, e.checksum, first=offset == 0)
         try:
             if end <= start:
-                return Pinned(Status.OK, e.length, e.version, memoryview(b""), lease)
+                return Pinned(Status.OK, e.length, e.version, memoryview(b""), lease,
+                              e.checksum)
             nchunks = (e.length + (1 << e.chunk_shift) - 1) >> e.chunk_shift
             if nchunks <= 1 or (start == 0 and end == e.length):
                 view, why = self._read_whole(seg, e, ns, key, lease, start, end)
@@ -668,7 +669,7 @@ class SegmentLog:
         if view is None:
             self._drop(ns, key, e, "disk_corrupt_dropped", why, lease)
             return Pinned(Status.CORRUPT)
-        return Pinned(Status.OK, e.length, e.version, view, lease)
+        return Pinned(Status.OK, e.length, e.version, view, lease, e.checksum)
 
     def _release_seg(self, seg: Segment, served: int) -> None:
         with self.lock:

@@ -338,13 +338,16 @@ class _Connection:
         slots = []
         views: list[memoryview] = []
         try:
-            for (key, tl, off, ln, pid), wrong in zip(parsed, wrong_owner):
+            for (key, tl, off, ln, pid, csum), wrong in zip(parsed, wrong_owner):
                 if not allowed or wrong:
                     statuses.append(Status.NOT_OWNER if allowed else Status.AUTH)
                     views.extend(discard_views(ln, self.scratch))
                     continue
-                slot = (tier.begin_put(ns, key, tl, off, ln, pid) if tl <= lim.max_value_bytes
-                        else None)
+                # a slice of a sliced value may wait for others: this connection answers
+                # for it (bounded, released when it closes)
+                holder = shm_ops.holder(self) if ln != tl else None
+                slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum, holder=holder)
+                        if tl <= lim.max_value_bytes else None)
                 if slot is None or slot.status != Status.OK:
                     statuses.append(Status.TOO_LARGE if slot is None else slot.status)
                     views.extend(discard_views(ln, self.scratch))
@@ -394,7 +397,7 @@ class _Connection:
             it = iter(pins)
             for wrong in wrong_owner:
                 if wrong:
-                    out_meta.append([int(Status.NOT_OWNER), 0, 0, 0])
+                    out_meta.append([int(Status.NOT_OWNER), 0, 0, 0, 0])
                     continue
                 p = next(it)
                 if p.status == Status.OK:
@@ -403,7 +406,7 @@ class _Connection:
                     budget -= len(p.view)
                     payload.append(p.view)
                 out_meta.append([int(p.status), p.total_len, p.version,
-                                 len(p.view) if p.view is not None else 0])
+                                 len(p.view) if p.view is not None else 0, p.checksum])
             self.reply(Op.GET, rid, {"items": out_meta}, payload)
         finally:
             for p in pins:

@@ -20,10 +20,21 @@ and can never touch another connection's state. On close every lease is released
 every slot aborted. A reaper also expires leases older than ``lease_ms``
 (``GCACHE_SHM_LEASE_MS``, default 10 s), so a stuck reader cannot pin memory
 forever; a RELEASE of an expired lease answers ``TIMEOUT`` and the client drops
-what it copied (it may be torn). Put slots are never expired by time: a stuck
-writer may still be copying into its chunk, and reusing that chunk would let late
-bytes land in another object. They are bounded per connection (``max_held``) and
-aborted when the connection closes.
+what it copied (it may be torn).
+
+Reservations. Only a one-sided peer may LEASE or ALLOC (``one_sided_refusal``: same
+host, or the server runs NIXL). Every chunk an ALLOC reserves is charged to the
+connection's ``Holder`` (memory_tier): past ``max_held_bytes`` for the connection
+(default a quarter of the arena) or ``max_reserved_bytes`` over all (half of it) the
+item answers ``BUSY`` (the SDK then sends that value with a plain PUT), so no client
+can reserve the arena away. Put slots expire after ``lease_ms`` like leases (COMMIT
+then answers ``TIMEOUT``). Slots used to live as long as the connection because a
+stuck writer may still be copying into its chunk, and reusing that chunk at once
+would let those late bytes land in another object. Writer checksums (verified on
+COMMIT, and by readers) would catch such a scribble before it is ever served, but it
+would still destroy an innocent object; so an expired slot's chunk is *quarantined*
+instead: never published, never reused, still charged to its connection (whose bound
+therefore still holds), and freed when that connection closes.
 
 Scope: LEASE needs ``read`` on the frame's namespace, ALLOC ``write`` (as GET and
 PUT); COMMIT re-checks ``write`` on each slot's namespace, so a reload that narrows
@@ -37,8 +48,10 @@ view epoch and placement hashes (``ep``/``ph``), and skipped otherwise.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
+import socket
 import os
 import threading
 import time
@@ -83,9 +96,13 @@ def hello_fields(tier: Any) -> dict:
 
 
 class ShmState:
-    """One connection's leases and slots."""
+    """One connection's leases, slots and reservations (``holder``)."""
 
-    def __init__(self, max_held: int) -> None:
+    def __init__(self, max_held: int, tier: Any = None) -> None:
+        from gcache.server.memory_tier import Holder
+
+        self.tier = tier
+        self.holder = Holder()
         self.lock = threading.Lock()
         self.leases: dict[int, tuple[Any, Any, float]] = {}  # id -> (tier, Pinned, expiry)
         self.slots: dict[int, tuple[Any, Any, float]] = {}  # id -> (tier, PutSlot, expiry)
@@ -93,6 +110,7 @@ class ShmState:
         self.ids = itertools.count(1)
         self.max_held = max_held
         self.closed = False
+        self.refusal: str | None = None  # why LEASE/ALLOC are refused ('' = allowed)
 
     def hold(self, table: dict, entry: tuple) -> int:
         """File ``entry`` (a lease or a slot) under a fresh id; 0 once the connection closed
@@ -107,10 +125,9 @@ class ShmState:
     def expire(self, now: float) -> None:
         with self.lock:
             old_l = [i for i, (_, _, exp) in self.leases.items() if exp < now]
-            # Put slots never expire by time: the client may still be writing into the
-            # chunk, and freeing it would let those late bytes land in another object.
-            # They are bounded by max_held and released when the connection closes.
-            old_s: list[int] = []
+            # expired slots: the writer may still be copying, so their chunks are
+            # quarantined (kept, charged to this connection) until it closes
+            old_s = [i for i, (_, _, exp) in self.slots.items() if exp < now]
             gone_l = [self.leases.pop(i) for i in old_l]
             gone_s = [self.slots.pop(i) for i in old_s]
             if len(self.expired) > 65536:
@@ -120,7 +137,7 @@ class ShmState:
         for tier, pin, _ in gone_l:
             tier.unpin(pin)
         for tier, slot, _ in gone_s:
-            tier.abort_put(slot)
+            tier.abort_put(slot, self.holder)
         if old_l or old_s:
             log.warning("expired %d shm leases and %d slots held past %d ms", len(old_l),
                         len(old_s), LEASE_MS)
@@ -135,6 +152,8 @@ class ShmState:
             tier.unpin(pin)
         for tier, slot, _ in slots:
             tier.abort_put(slot)
+        if self.tier is not None:  # incomplete sliced puts it took part in, quarantine
+            self.tier.release_holder(self.holder)
 
 
 _states: "weakref.WeakSet[ShmState]" = weakref.WeakSet()
@@ -157,7 +176,7 @@ def _state(conn: Any) -> ShmState:
     global _reaper
     st = getattr(conn, "shm_state", None)
     if st is None:
-        st = conn.shm_state = ShmState(4 * conn.limits.max_batch_items)
+        st = conn.shm_state = ShmState(4 * conn.limits.max_batch_items, conn.svc.tier)
         _states.add(st)
         with _reaper_lock:
             if _reaper is None:
@@ -178,8 +197,14 @@ def transport_stats(nixl_on: bool) -> dict:
     return {"shm_leases": leases, "shm_slots": slots, "nixl": 1 if nixl_on else 0}
 
 
+def holder(conn: Any) -> Any:
+    """The connection's reservation ``Holder`` (for sliced TCP puts as well)."""
+    return _state(conn).holder
+
+
 def release_all(conn: Any) -> None:
-    """Connection closed: release its leases and abort its slots."""
+    """Connection closed: release its leases, abort its slots, fail the incomplete
+    sliced puts it took part in."""
     st = getattr(conn, "shm_state", None)
     if st is not None:
         st.close()
@@ -194,6 +219,36 @@ def _ids(meta: Any, field: str, limit: int) -> list[int]:
     return ids
 
 
+@functools.lru_cache(maxsize=1024)
+def is_local_address(host: str) -> bool:
+    """Whether ``host`` (an IP literal) is an address of this host's network namespace:
+    only those can be bound."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.bind((host, 0))
+        return True
+    except OSError:
+        return False
+
+
+def one_sided_refusal(conn: Any) -> str:
+    """'' if the peer of ``conn`` can be a one-sided reader/writer, else why not.
+
+    A one-sided peer either maps the arena (same host: its address is one of ours) or
+    reaches it through NIXL (the server registered it). Anyone else could only ALLOC and
+    COMMIT without writing, or LEASE without reading: no use, only a way to hold memory.
+    """
+    if conn.svc.nixl_info:
+        return ""
+    peer = conn.peer
+    host = peer[0] if isinstance(peer, tuple) and peer else None
+    if not isinstance(host, str) or is_local_address(host.split("%")[0]):
+        return ""
+    return (f"peer {host} is neither on this host nor a NIXL client (the server runs "
+            "without --nixl): one-sided ops are refused, use GET and PUT")
+
+
 def handle(conn: Any, op: int, rid: int, meta: Any, plen: int) -> None:
     """Serve one shm control op on ``conn`` (a service ``_Connection``, authenticated)."""
     conn.no_payload(plen)
@@ -202,6 +257,15 @@ def handle(conn: Any, op: int, rid: int, meta: Any, plen: int) -> None:
     tier = conn.svc.tier
     mem = memory_tier(tier)
     st = _state(conn)
+    if op in (Op.LEASE, Op.ALLOC):
+        if st.refusal is None:
+            st.refusal = one_sided_refusal(conn)
+        if st.refusal:
+            n = len(check_items(meta, conn.limits))
+            width = 6 if op == Op.LEASE else 3
+            conn.reply(op, rid, {"items": [[int(Status.AUTH)] + [0] * (width - 1)] * n,
+                                 "one_sided": False, "error": st.refusal})
+            return
     if op == Op.LEASE:
         conn.reply(op, rid, {"items": _lease(conn, st, tier, mem, meta)})
     elif op == Op.RELEASE:
@@ -230,22 +294,22 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
     hits = 0
     for (key, ev), wrong in zip(parsed, wrong_owner):
         if wrong:
-            out.append([int(Status.NOT_OWNER), 0, 0, 0, 0])
+            out.append([int(Status.NOT_OWNER), 0, 0, 0, 0, 0])
             continue
         if mem is None:
-            out.append([int(Status.BUSY), 0, 0, 0, 0])
+            out.append([int(Status.BUSY), 0, 0, 0, 0, 0])
             continue
         with st.lock:
             full = len(st.leases) >= st.max_held
         if full:
-            out.append([int(Status.BUSY), 0, 0, 0, 0])
+            out.append([int(Status.BUSY), 0, 0, 0, 0, 0])
             continue
         p = mem.pin_read(ns, key, 0, 0, ev)
         if p.status != Status.OK:
             s = p.status
             if s == Status.MISS and mem is not tier and tier.exists(ns, key):
                 s = Status.BUSY  # on disk only: read it with a GET (which promotes)
-            out.append([int(s), p.total_len, p.version, 0, 0])
+            out.append([int(s), p.total_len, p.version, 0, 0, 0])
             continue
         o = p.token
         if p.view is not None:
@@ -254,10 +318,10 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
         lid = st.hold(st.leases, (mem, p, now + LEASE_MS / 1000.0))
         if not lid:
             mem.unpin(p)
-            out.append([int(Status.CLOSED), 0, 0, 0, 0])
+            out.append([int(Status.CLOSED), 0, 0, 0, 0, 0])
             continue
         hits += 1
-        out.append([int(Status.OK), o.length, o.version, o.data_off, lid])
+        out.append([int(Status.OK), o.length, o.version, o.data_off, lid, p.checksum])
     # counted as gets (the items served); BUSY items are counted by the GET that follows
     m = conn.svc.metrics
     nbytes = sum(x[1] for x in out if x[0] == Status.OK)
@@ -294,13 +358,15 @@ def _alloc(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
     lim = conn.limits
     ns = check_namespace(meta.get("ns", b""), lim)
     items = check_items(meta, lim)
-    parsed = parse_put_items(items, lim, "ALLOC")  # PUT's item shape, no payload
+    # PUT's item shape, no payload. The checksum is required: the server never sees a
+    # one-sided writer's bytes arrive, so it is the only proof they were written.
+    parsed = parse_put_items(items, lim, "ALLOC", require_checksum=True)
     if not conn.may(Right.WRITE, ns, Op.ALLOC):
         return [[int(Status.AUTH), 0, 0]] * len(parsed)
     wrong_owner = conn.misplaced(meta, len(parsed))
     out = []
     now = time.monotonic()
-    for (key, tl, off, ln, pid), wrong in zip(parsed, wrong_owner):
+    for (key, tl, off, ln, pid, csum), wrong in zip(parsed, wrong_owner):
         if wrong:
             out.append([int(Status.NOT_OWNER), 0, 0])
             continue
@@ -312,7 +378,8 @@ def _alloc(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
         if full:
             out.append([int(Status.BUSY), 0, 0])
             continue
-        slot = tier.begin_put(ns, key, tl, off, ln, pid) if tl <= lim.max_value_bytes else None
+        slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum, holder=st.holder)
+                if tl <= lim.max_value_bytes else None)
         if slot is None or slot.status != Status.OK:
             out.append([int(Status.TOO_LARGE if slot is None else slot.status), 0, 0])
             continue

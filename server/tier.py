@@ -15,7 +15,12 @@ for bookkeeping only; data is copied *outside* the lock, protected by pins:
   reads in parallel (the default just loops over ``pin_read``).
 * ``begin_put`` reserves space (evicting if needed) and returns a ``PutSlot``
   whose ``view`` the caller fills (``recv_into``); ``finish_put`` checksums and
-  commits, ``abort_put`` releases. A slot never becomes visible before commit,
+  commits, ``abort_put`` releases. ``csum`` is the writer's checksum of the whole
+  value: ``finish_put`` refuses the commit (CORRUPT, the chunk freed) when the bytes
+  that arrived hash differently. ``holder`` (a ``memory_tier.Holder``, one per
+  connection) answers for reservations that may outlive the request (ALLOC slots,
+  incomplete sliced puts): they are bounded per holder and released by
+  ``release_holder`` when its connection closes. A slot never becomes visible before commit,
   so a reader sees the old object or the new one, never a mix.
 * ``exists``/``delete``/``touch`` never block on IO.
 """
@@ -38,6 +43,7 @@ class Pinned:
     version: int = 0
     view: memoryview | None = None
     token: Any = None  # tier-private handle passed back to unpin
+    checksum: int = 0  # xxh3_64 of the whole object (sent to readers, who verify it)
 
 
 @dataclass(slots=True)
@@ -65,13 +71,17 @@ class Tier(abc.ABC):
 
     @abc.abstractmethod
     def begin_put(self, ns: bytes, key: bytes, total_len: int, offset: int, length: int,
-                  put_id: int) -> PutSlot: ...
+                  put_id: int, *, csum: int | None = None, holder: Any = None) -> PutSlot: ...
 
     @abc.abstractmethod
     def finish_put(self, slot: PutSlot) -> Status: ...
 
     @abc.abstractmethod
-    def abort_put(self, slot: PutSlot) -> None: ...
+    def abort_put(self, slot: PutSlot, quarantine: Any = None) -> None: ...
+
+    @abc.abstractmethod
+    def release_holder(self, holder: Any) -> None:
+        """``holder``'s connection closed: drop what it still holds (see MemoryTier)."""
 
     @abc.abstractmethod
     def exists(self, ns: bytes, key: bytes) -> bool: ...

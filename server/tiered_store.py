@@ -48,7 +48,7 @@ import time
 from collections import deque
 import itertools
 import queue
-from typing import Callable
+from typing import Any, Callable
 
 from gcache.server.arena import header_len
 from gcache.server.memory_tier import MemoryTier
@@ -237,11 +237,12 @@ class TieredStore(Tier):
 
     # ------------------------------------------------------------------ writes
     def begin_put(self, ns: bytes, key: bytes, total_len: int, offset: int, length: int,
-                  put_id: int) -> PutSlot:
+                  put_id: int, *, csum: int | None = None, holder: Any = None) -> PutSlot:
         """Memory full: wait up to ``room_wait_s`` for the mover to demote, and only then
         let memory evict to nothing (a bounded backpressure, never a hang)."""
         mem = self.memory
-        slot = mem.begin_put(ns, key, total_len, offset, length, put_id, evict=False)
+        slot = mem.begin_put(ns, key, total_len, offset, length, put_id, evict=False,
+                             csum=csum, holder=holder)
         if slot.status != Status.NO_SPACE:
             return slot
         need = header_len(len(ns), len(key)) + total_len
@@ -253,11 +254,13 @@ class TieredStore(Tier):
             end = now + self.room_wait
             while time.monotonic() < end and not self.disk.degraded:
                 self._wait_for_room(need, end)
-                slot = mem.begin_put(ns, key, total_len, offset, length, put_id, evict=False)
+                slot = mem.begin_put(ns, key, total_len, offset, length, put_id,
+                                     evict=False, csum=csum, holder=holder)
                 if slot.status != Status.NO_SPACE:
                     return slot
             self._no_wait_until = time.monotonic() + 1.0  # behind: evict for a while
-        return mem.begin_put(ns, key, total_len, offset, length, put_id)
+        return mem.begin_put(ns, key, total_len, offset, length, put_id, csum=csum,
+                             holder=holder)
 
     def _wait_for_room(self, need: int, end: float) -> None:
         with self._room:
@@ -273,8 +276,11 @@ class TieredStore(Tier):
     def finish_put(self, slot: PutSlot) -> Status:
         return self.memory.finish_put(slot)  # on_publish kills older disk copies
 
-    def abort_put(self, slot: PutSlot) -> None:
-        self.memory.abort_put(slot)
+    def abort_put(self, slot: PutSlot, quarantine: Any = None) -> None:
+        self.memory.abort_put(slot, quarantine)
+
+    def release_holder(self, holder: Any) -> None:
+        self.memory.release_holder(holder)
 
     # ------------------------------------------------------------------ the mover
     def _run(self) -> None:

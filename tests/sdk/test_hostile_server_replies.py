@@ -70,14 +70,14 @@ def _real_hello(addr: str) -> dict:
 
 
 BAD_LEASES = {
-    "past-the-end": lambda size: [[0, 4096, 7, size - 100, 1]],
-    "before-data": lambda size: [[0, 4096, 7, 0, 1]],
-    "negative-offset": lambda size: [[0, 4096, 7, -4096, 1]],
-    "negative-length": lambda size: [[0, -5, 7, 1 << 20, 1]],
-    "huge-length": lambda size: [[0, 1 << 62, 7, 1 << 20, 1]],
-    "not-ints": lambda size: [[0, "4096", 7, 1 << 20, 1]],
+    "past-the-end": lambda size: [[0, 4096, 7, size - 100, 1, 0]],
+    "before-data": lambda size: [[0, 4096, 7, 0, 1, 0]],
+    "negative-offset": lambda size: [[0, 4096, 7, -4096, 1, 0]],
+    "negative-length": lambda size: [[0, -5, 7, 1 << 20, 1, 0]],
+    "huge-length": lambda size: [[0, 1 << 62, 7, 1 << 20, 1, 0]],
+    "not-ints": lambda size: [[0, "4096", 7, 1 << 20, 1, 0]],
     "wrong-arity": lambda size: [[0, 4096, 7]],
-    "wrong-count": lambda size: [[0, 64, 7, 1 << 20, 1], [0, 64, 7, 1 << 20, 2]],
+    "wrong-count": lambda size: [[0, 64, 7, 1 << 20, 1, 0], [0, 64, 7, 1 << 20, 2, 0]],
 }
 
 

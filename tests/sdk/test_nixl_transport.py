@@ -226,6 +226,7 @@ def test_device_view_staged_path_with_a_cpu_tensor(srv):
     from gcache.sdk.nixl_transport import DeviceView, NixlTransport
     from gcache.sdk.transport import Work
     from gcache.protocol import Op
+    from gcache.hashing import checksum
 
     t = NixlTransport(srv.addresses[0], "", Limits(), 5.0, "nixl", bounce_bytes=1 << 20)
     t.connect(time.monotonic() + 10)
@@ -234,7 +235,8 @@ def test_device_view_staged_path_with_a_cpu_tensor(srv):
         src = torch.randint(0, 256, (n,), dtype=torch.uint8)
         dv = DeviceView(src)
         assert len(dv) == n and len(dv[4096:8192]) == 4096
-        res = t.execute(Work(Op.PUT, b"dv", [(b"dev", n, 0, n, 0, dv)],
+        csum = checksum(src.numpy())
+        res = t.execute(Work(Op.PUT, b"dv", [(b"dev", n, 0, n, 0, dv, csum)],
                              time.monotonic() + 10, None))
         assert [r.status for r in res] == [Status.OK]
         dst = torch.zeros(n, dtype=torch.uint8)

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from gcache.hashing import checksum
 from gcache.protocol import Limits, Op
 from gcache.sdk import Client, Status
 from gcache.sdk import shm_transport
@@ -105,7 +106,7 @@ def test_lease_blocks_eviction_and_close_releases(srv):
         assert c.put("free", v) == Status.OK
     t = _raw(addr)
     rep = t._call(Op.LEASE, {"ns": b"default", "items": [[b"held", 0]]}, time.monotonic() + 5)
-    st, total, _ver, off, lid = rep["items"][0]
+    st, total, _ver, off, lid, _csum = rep["items"][0]
     assert st == Status.OK and total == len(v) and lid
     t2 = _raw(addr)
     rep2 = t2._call(Op.LEASE, {"ns": b"default", "items": [[b"free", 0]]}, time.monotonic() + 5)
@@ -131,7 +132,9 @@ def test_forged_ids_are_rejected(srv):
     a, b = _raw(addr), _raw(addr)
     dl = time.monotonic() + 5
     lid = a._call(Op.LEASE, {"ns": b"default", "items": [[b"a", 0]]}, dl)["items"][0][4]
-    sid = a._call(Op.ALLOC, {"ns": b"default", "items": [[b"n", 10, 0, 10, 0]]}, dl)["items"][0][2]
+    _st, soff, sid = a._call(Op.ALLOC, {"ns": b"default", "items": [
+        [b"n", 10, 0, 10, 0, checksum(b"0123456789")]]}, dl)["items"][0]
+    a.map.mm[soff:soff + 10] = b"0123456789"
     # another connection cannot release or commit them; unknown ids are refused
     assert b._call(Op.RELEASE, {"leases": [lid, 999_999, -3]}, dl)["st"] == [
         Status.BAD_REQUEST] * 3
@@ -150,15 +153,15 @@ def test_forged_ids_are_rejected(srv):
     b.close()
     with Client([addr]) as c:
         assert c.get("a") == b"x" * 5000
-        assert c.get("n") is not None  # committed by its owner
+        assert c.get("n") == b"0123456789"  # committed by its owner
 
 
 def test_uncommitted_alloc_is_never_visible_and_close_aborts(srv):
     addr = srv.addresses[0]
     t = _raw(addr)
     dl = time.monotonic() + 5
-    st, off, sid = t._call(Op.ALLOC, {"ns": b"default", "items": [[b"p", 4, 0, 4, 0]]},
-                           dl)["items"][0]
+    st, off, sid = t._call(Op.ALLOC, {"ns": b"default", "items": [
+        [b"p", 4, 0, 4, 0, checksum(b"abcd")]]}, dl)["items"][0]
     assert st == Status.OK
     t.map.mm[off:off + 4] = b"abcd"
     with Client([addr]) as c:
