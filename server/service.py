@@ -385,7 +385,8 @@ class _Connection:
             parsed.append((check_key(it[0], lim), it[1], it[2], it[3]))
         tier = self.svc.tier
         if not self.may(Right.READ, ns, Op.GET):
-            self.reply(Op.GET, rid, {"items": [[int(Status.AUTH), 0, 0, 0]] * len(parsed)})
+            self.reply(Op.GET, rid,
+                       {"items": [[int(Status.AUTH), 0, 0, 0, 0]] * len(parsed)})
             return
         wrong_owner = self.misplaced(meta, len(parsed))
         out_meta, payload, budget = [], [], lim.max_frame_bytes

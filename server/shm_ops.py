@@ -287,7 +287,7 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
             raise ProtocolError("LEASE item must be [key, expect_version]", Status.BAD_REQUEST)
         parsed.append((check_key(it[0], lim), it[1]))
     if not conn.may(Right.READ, ns, Op.LEASE):
-        return [[int(Status.AUTH), 0, 0, 0, 0]] * len(parsed)
+        return [[int(Status.AUTH), 0, 0, 0, 0, 0]] * len(parsed)
     wrong_owner = conn.misplaced(meta, len(parsed))
     out = []
     now = time.monotonic()

@@ -149,7 +149,7 @@ def test_raw_wire_scope_every_op_and_stream_stays_in_sync(scoped):
         raw.send(encode_frame(Op.GET, 3, {"ns": ns_b, "items": [[b"k", 0, 4096, 0]]}))
         fh, meta = raw.read()
         assert fh.status == 0 and fh.payload_len == 0
-        assert meta["items"] == [[int(Status.AUTH), 0, 0, 0]]
+        assert meta["items"] == [[int(Status.AUTH), 0, 0, 0, 0]]
         for rid, op in ((4, Op.EXISTS), (5, Op.DELETE), (6, Op.TOUCH)):
             raw.send(encode_frame(op, rid, {"ns": ns_b, "items": [b"k"]}))
             fh, meta = raw.read()
@@ -157,8 +157,8 @@ def test_raw_wire_scope_every_op_and_stream_stays_in_sync(scoped):
         # shared-memory control ops are scoped like GET and PUT
         raw.send(encode_frame(Op.LEASE, 7, {"ns": ns_b, "items": [[b"k", 0]]}))
         fh, meta = raw.read()
-        assert meta["items"] == [[int(Status.AUTH), 0, 0, 0, 0]]
-        raw.send(encode_frame(Op.ALLOC, 8, {"ns": ns_b, "items": [[b"k", 5, 0, 5, 0]]}))
+        assert meta["items"] == [[int(Status.AUTH), 0, 0, 0, 0, 0]]
+        raw.send(encode_frame(Op.ALLOC, 8, {"ns": ns_b, "items": [[b"k", 5, 0, 5, 0, 0]]}))
         fh, meta = raw.read()
         assert meta["items"] == [[int(Status.AUTH), 0, 0]]
         # server-wide STATS needs a cluster admin; the connection stays open
@@ -171,11 +171,11 @@ def test_raw_wire_scope_every_op_and_stream_stays_in_sync(scoped):
                  b"hello")
         assert raw.read()[1] == {"st": [0]}
         raw.send(encode_frame(Op.LEASE, 11, {"ns": ns_a, "items": [[b"k", 0]]}))
-        (st, length, _ver, _off, lid), = raw.read()[1]["items"]
+        (st, length, _ver, _off, lid, _csum), = raw.read()[1]["items"]
         assert (st, length) == (0, 5) and lid > 0
         raw.send(encode_frame(Op.RELEASE, 12, {"leases": [lid]}))
         assert raw.read()[1] == {"st": [0]}
-        raw.send(encode_frame(Op.ALLOC, 13, {"ns": ns_a, "items": [[b"k2", 5, 0, 5, 0]]}))
+        raw.send(encode_frame(Op.ALLOC, 13, {"ns": ns_a, "items": [[b"k2", 5, 0, 5, 0, 0]]}))
         (st, _off, sid), = raw.read()[1]["items"]
         assert st == 0 and sid > 0
         raw.send(encode_frame(Op.COMMIT, 14, {"slots": [], "abort": [sid]}))
