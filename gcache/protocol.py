@@ -82,6 +82,9 @@ class Limits:
 
 
 _DEFAULT_LIMITS = Limits()
+# Before AUTH only AUTH and PING are accepted, with no payload and at most this much header
+# (an AUTH header is ~40 bytes): what a stranger can make the server read and decode.
+PREAUTH_MAX_HEADER_BYTES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +148,10 @@ def _element_budget(limits: Limits) -> int:
     return 16 * limits.max_batch_items + 4096
 
 
+class _OverBudget(Exception):
+    pass
+
+
 class _ElementBudget:
     """msgpack list/object hook that counts elements and raises once over ``left``."""
 
@@ -156,7 +163,7 @@ class _ElementBudget:
     def __call__(self, obj: Any) -> Any:
         self.left -= len(obj) + 1
         if self.left < 0:
-            raise ValueError("frame header holds too many elements")
+            raise _OverBudget("it holds too many elements")
         return obj
 
 
@@ -177,6 +184,12 @@ def decode_meta(header: bytes | bytearray, limits: Limits | None = None) -> Any:
         return msgpack.unpackb(header, raw=False, strict_map_key=False, max_str_len=n,
                                max_bin_len=n, max_array_len=max(lim.max_batch_items, 64),
                                max_map_len=1024, max_ext_len=0, **kw)
+    except _OverBudget as exc:
+        raise ProtocolError(f"frame header too large: {exc}", Status.TOO_LARGE) from None
+    except ValueError as exc:
+        if "exceeds max_" in str(exc):  # msgpack's own bounds: "N exceeds max_array_len(M)"
+            raise ProtocolError(f"frame header too large: {exc}", Status.TOO_LARGE) from None
+        raise ProtocolError(f"undecodable frame header: {exc}") from None
     except Exception as exc:  # msgpack raises several unrelated types
         raise ProtocolError(f"undecodable frame header: {exc}") from None
 
@@ -287,18 +300,18 @@ def read_prefix(sock: socket.socket, limits: Limits, prefix_buf: bytearray | Non
     return decode_prefix(prefix, limits), prefix
 
 
-def read_meta(sock: socket.socket, fh: FrameHeader, prefix: bytearray, limits: Limits) -> Any:
-    """Read the header that follows ``prefix``, verify its CRC and decode it (bounded)."""
+def read_header(sock: socket.socket, fh: FrameHeader, prefix: bytearray) -> bytes | bytearray:
+    """Read the header that follows ``prefix`` and verify the CRC over both."""
     header = recv_header(sock, fh.header_len) if fh.header_len else b""
     check_crc(prefix, header)
-    return decode_meta(header, limits)
+    return header
 
 
 def read_frame(sock: socket.socket, limits: Limits, prefix_buf: bytearray | None = None
                ) -> tuple[FrameHeader, Any]:
     """Read prefix + header (not the payload) and validate both."""
     fh, prefix = read_prefix(sock, limits, prefix_buf)
-    return fh, read_meta(sock, fh, prefix, limits)
+    return fh, decode_meta(read_header(sock, fh, prefix), limits)
 
 
 # ---------------------------------------------------------------- argument checks

@@ -103,7 +103,11 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
     metrics = ServerMetrics(stats)
     try:
         svc = Service(tier, listen=cfg.listen, name=cfg.name, token=cfg.token, limits=limits,
-                      metrics=metrics, max_connections=cfg.max_connections)
+                      metrics=metrics, max_connections=cfg.max_connections,
+                      max_preauth_connections=cfg.max_preauth_connections,
+                      max_preauth_per_ip=cfg.max_preauth_per_ip,
+                      handshake_timeout_ms=cfg.handshake_timeout_ms,
+                      send_timeout_ms=cfg.send_timeout_ms)
     except (ValueError, OSError) as exc:
         if nixl is not None:
             nixl.close()
