@@ -311,8 +311,7 @@ class _Connection:
                                  "limits": {"max_key_bytes": self.limits.max_key_bytes,
                                             "max_value_bytes": self.limits.max_value_bytes,
                                             "max_batch_items": self.limits.max_batch_items,
-                                            "max_frame_bytes": self.limits.max_frame_bytes},
-                                 **shm_ops.hello_fields(svc.tier)})
+                                            "max_frame_bytes": self.limits.max_frame_bytes}})
         while (request := self.next_request()) is not None:
             fh, meta = request
             t0 = time.perf_counter()
@@ -447,8 +446,10 @@ class _Connection:
         self.svc.authenticated(self)
         self.sock.settimeout(None)  # authenticated clients may keep idle pooled connections
         info = self.svc.nixl_info
-        # the NIXL metadata carries memory keys: only authenticated peers get it
-        self.reply(Op.AUTH, rid, {"ok": True, **({"nixl": info} if info else {})})
+        # only authenticated peers learn where the arena is (shm: path, uid, boot id) and
+        # how to reach it (nixl: metadata carrying memory keys)
+        self.reply(Op.AUTH, rid, {"ok": True, **shm_ops.identity_fields(self.svc.tier),
+                                  **({"nixl": info} if info else {})})
         return True
 
     def put(self, rid: int, meta: Any, plen: int) -> None:
