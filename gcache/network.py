@@ -20,12 +20,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_bind(listen: str, token: str) -> None:
-    """Refuse a non-loopback listen address without a token (ValueError)."""
+def check_bind(listen: str, token: str, flag: str = "--listen") -> None:
+    """Refuse a non-loopback listen address without a token (ValueError); ``flag`` names
+    the option that asked for it."""
     host = split_hostport(listen)[0]
     if not token and not is_loopback(host):
-        raise ValueError(f"refusing to bind non-loopback address {host} without a token: "
-                         "set --token (or GCACHE_TOKEN) on every server and client")
+        raise ValueError(f"refusing to bind non-loopback address {host} ({flag}) without a "
+                         "token: set --token (or GCACHE_TOKEN) on every server and client, "
+                         "or bind loopback")
 
 
 def boot_id() -> str:

@@ -62,8 +62,10 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
     setup_logging(cfg.log_level, cfg.log_format)
     log.info("starting gcache-server", extra={"fields": {"config": cfg.describe(),
                                                          "pid": os.getpid()}})
-    try:
-        check_bind(cfg.listen, cfg.token)  # before the arena exists: a refusal leaves nothing
+    try:  # before the arena exists: a refusal leaves nothing
+        check_bind(cfg.listen, cfg.token)
+        if cfg.metrics_listen:  # /metrics and /healthz describe the server to any reader
+            check_bind(cfg.metrics_listen, cfg.token, "--metrics-listen")
     except ValueError as exc:
         log.error("%s", exc)
         raise SystemExit(f"gcache-server: {exc}") from None
