@@ -7,9 +7,12 @@ arena without Python touching them. Puts are received straight into the
 reserved arena chunk; gets are sent with one scatter-gather ``sendmsg`` from
 pinned arena views.
 
-Connection life: the server sends HELLO (nonce, name, limits); the client must
-answer AUTH (HMAC of the nonce under the token; empty when no token is set)
-before any data op. A malformed frame gets an error reply (when the request id
+Connection life (docs/protocol.md): admission at accept (connection and
+pre-auth budgets, ``Service._admit``); the server sends HELLO (nonce, name,
+limits, nothing about the arena); the client must answer AUTH (HMAC of the nonce
+under the token; empty when no token is set) within the handshake deadline, and
+before AUTH only AUTH and PING frames with a small header are read at all
+(judged on the 36-byte prefix). A malformed frame gets an error reply (when the request id
 is known) and the connection is closed; per-item faults (miss, no space, too
 large) are statuses inside a normal reply and the stream stays in sync: the
 bytes of a refused item are drained through a bounded scratch buffer.
