@@ -75,7 +75,7 @@ class Service:
 
     def __init__(self, tier: Tier, *, listen: str, name: str, token: str, limits: Limits,
                  metrics: ServerMetrics, max_connections: int = 1024,
-                 max_preauth_connections: int = 256, max_preauth_per_ip: int = 64,
+                 max_preauth_connections: int = 256, max_preauth_per_ip: int = 128,
                  handshake_timeout_ms: int = 5000, send_timeout_ms: int = 10000) -> None:
         self.tier, self.name, self.token, self.limits = tier, name, token, limits
         self.metrics = metrics
@@ -179,7 +179,6 @@ class Service:
             conn.close()
             self._refused(refused, peer)
             return None
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return handler
 
     def _refused(self, reason: str, peer: Any) -> None:
@@ -222,6 +221,7 @@ class Service:
 
     def _serve(self, handler: _Connection) -> None:
         try:
+            handler.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             handler.run()
         except (ConnectionError, OSError):
             pass
