@@ -186,7 +186,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("max_preauth_connections", "int", 256, "Most connections not yet authenticated, "
            "over all peers (capped at half of max_connections, so strangers never hold every "
            "slot); when full, the oldest one is closed to admit a new one.", "server"),
-    Option("max_preauth_per_ip", "int", 64, "Most connections not yet authenticated from "
+    Option("max_preauth_per_ip", "int", 128, "Most connections not yet authenticated from "
            "one peer address; more are closed at accept.", "server"),
     Option("handshake_timeout_ms", "duration_ms", 5000, "Deadline from accept to a "
            "finished AUTH; a peer still unauthenticated then is disconnected.", "server"),
