@@ -194,6 +194,16 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("prefault", "bool", True, "Touch every arena page at startup.", "server"),
     Option("remove_arena_on_exit", "bool", False, "Delete the arena file on exit.", "server"),
     Option("max_connections", "int", 1024, "Most concurrent client connections.", "server"),
+    Option("max_preauth_connections", "int", 256, "Most connections not yet authenticated, "
+           "over all peers (capped at half of max_connections, so strangers never hold every "
+           "slot); when full, the oldest one is closed to admit a new one.", "server"),
+    Option("max_preauth_per_ip", "int", 128, "Most connections not yet authenticated from "
+           "one peer address; more are closed at accept.", "server"),
+    Option("handshake_timeout_ms", "duration_ms", 5000, "Deadline from accept to a "
+           "finished AUTH; a peer still unauthenticated then is disconnected.", "server"),
+    Option("send_timeout_ms", "duration_ms", 10000, "Deadline of one reply (a whole GET "
+           "payload included); a peer that does not read it in time is disconnected and "
+           "its pins, leases and slots are released.", "server"),
     Option("masters", "str", "", "Master API addresses HOST:PORT,...; empty = no master.",
            "server"),
     Option("advertise", "str", "", "Address clients reach this server at (default: listen).",

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
+from typing import Callable
 
 
 class JsonFormatter(logging.Formatter):
@@ -47,3 +49,33 @@ def setup_logging(level: str = "INFO", fmt: str = "json") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+
+
+class RateLimitedLog:
+    """At most one WARNING per ``interval_s`` for each key (a small fixed set, such as a
+    refusal reason); the next line that gets through says how many were suppressed in
+    between. Events a hostile peer can trigger at will (refused connections, failed
+    handshakes) log through this, and are counted exactly in metrics instead."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.logger, self.interval_s, self.clock = logger, interval_s, clock
+        self._lock = threading.Lock()
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def warning(self, key: str, msg: str, *args: object, fields: dict | None = None) -> bool:
+        """Log unless ``key`` logged less than ``interval_s`` ago; True when logged."""
+        now = self.clock()
+        with self._lock:
+            last = self._last.get(key)
+            if last is not None and now - last < self.interval_s:
+                self._suppressed[key] = self._suppressed.get(key, 0) + 1
+                return False
+            self._last[key] = now
+            n = self._suppressed.pop(key, 0)
+        out = dict(fields or {})
+        if n:
+            out["suppressed"] = n
+        self.logger.warning(msg, *args, extra={"fields": out})
+        return True

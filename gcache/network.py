@@ -20,14 +20,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_bind(listen: str, token: str | bool) -> None:
+def check_bind(listen: str, token: str | bool, flag: str = "--listen") -> None:
     """Refuse a non-loopback listen address without auth (ValueError). ``token`` is the
-    token, or True when auth is on some other way (a credentials file)."""
+    token, or True when auth is on some other way (a credentials file); ``flag`` names the
+    option that asked for the bind."""
     host = split_hostport(listen)[0]
     if not token and not is_loopback(host):
-        raise ValueError(f"refusing to bind non-loopback address {host} without a token: "
-                         "set --credentials-file (or --token) on the server, and give every client "
-                         "a credential")
+        raise ValueError(f"refusing to bind non-loopback address {host} ({flag}) without "
+                         "auth: set --credentials-file (or --token) on the server, and give "
+                         "every client a credential, or bind loopback")
 
 
 def boot_id() -> str:

@@ -82,6 +82,12 @@ class Limits:
     max_frame_bytes: int = 512 << 20  # payload bound per frame
 
 
+_DEFAULT_LIMITS = Limits()
+# Before AUTH only AUTH and PING are accepted, with no payload and at most this much header
+# (an AUTH header is ~40 bytes): what a stranger can make the server read and decode.
+PREAUTH_MAX_HEADER_BYTES = 1024
+
+
 @dataclass(frozen=True, slots=True)
 class FrameHeader:
     opcode: int
@@ -131,9 +137,60 @@ def check_crc(prefix: bytes | bytearray | memoryview, header: bytes | bytearray)
         raise ProtocolError(f"header CRC mismatch (got 0x{got:08x}, frame says 0x{expect:08x})")
 
 
-def decode_meta(header: bytes | bytearray) -> Any:
+# A header this short holds at most this many msgpack objects (each costs at least one
+# byte), so decoding it cannot amplify much; a longer one is decoded with hooks that count
+# every container's elements against ``_element_budget`` and stop the decode past it.
+_UNCOUNTED_HEADER_BYTES = 64 << 10
+
+
+def _element_budget(limits: Limits) -> int:
+    """Most elements (list items, map keys and values) one header may hold: the largest
+    legitimate header is a batch of ``max_batch_items`` items of a few fields each."""
+    return 16 * limits.max_batch_items + 4096
+
+
+class _OverBudget(Exception):
+    pass
+
+
+class _ElementBudget:
+    """msgpack list/object hook that counts elements and raises once over ``left``."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+    def __call__(self, obj: Any) -> Any:
+        self.left -= len(obj) + 1
+        if self.left < 0:
+            raise _OverBudget("it holds too many elements")
+        return obj
+
+
+def decode_meta(header: bytes | bytearray, limits: Limits | None = None) -> Any:
+    """Decode a msgpack header with explicit bounds derived from ``limits``, so that no
+    header costs memory or CPU far beyond its own size: each array <= max_batch_items
+    (at least 64) entries, each map <= 1024, strings and binaries <= the header, no ext
+    types, and (for headers over 64 KiB) at most ``_element_budget`` elements in all.
+    A pathological 4 MiB header of nested empty arrays would otherwise build ~4 M
+    lists (~280 MiB)."""
+    lim = limits if limits is not None else _DEFAULT_LIMITS
+    n = len(header)
+    kw: dict[str, Any] = {}
+    if n > _UNCOUNTED_HEADER_BYTES:
+        count = _ElementBudget(_element_budget(lim))
+        kw = {"list_hook": count, "object_hook": count}
     try:
-        return msgpack.unpackb(header, raw=False, strict_map_key=False)
+        return msgpack.unpackb(header, raw=False, strict_map_key=False, max_str_len=n,
+                               max_bin_len=n, max_array_len=max(lim.max_batch_items, 64),
+                               max_map_len=1024, max_ext_len=0, **kw)
+    except _OverBudget as exc:
+        raise ProtocolError(f"frame header too large: {exc}", Status.TOO_LARGE) from None
+    except ValueError as exc:
+        if "exceeds max_" in str(exc):  # msgpack's own bounds: "N exceeds max_array_len(M)"
+            raise ProtocolError(f"frame header too large: {exc}", Status.TOO_LARGE) from None
+        raise ProtocolError(f"undecodable frame header: {exc}") from None
     except Exception as exc:  # msgpack raises several unrelated types
         raise ProtocolError(f"undecodable frame header: {exc}") from None
 
@@ -259,15 +316,30 @@ def recv_header(sock: socket.socket, n: int, deadline: float | None = None) -> b
     return buf
 
 
+def read_prefix(sock: socket.socket, limits: Limits, prefix_buf: bytearray | None = None, *,
+                deadline: float | None = None) -> tuple[FrameHeader, bytearray]:
+    """Read and bound-check the fixed 36-byte prefix only: nothing of the header is read
+    yet, so a caller can refuse the frame (e.g. a data op before AUTH) on its opcode and
+    lengths alone. Returns the parsed prefix and its raw bytes (for ``read_header``)."""
+    prefix = prefix_buf if prefix_buf is not None else bytearray(PREFIX_SIZE)
+    recv_exact_into(sock, memoryview(prefix), deadline)
+    return decode_prefix(prefix, limits), prefix
+
+
+def read_header(sock: socket.socket, fh: FrameHeader, prefix: bytearray, *,
+                deadline: float | None = None) -> bytes | bytearray:
+    """Read the header that follows ``prefix`` by ``deadline`` and verify the CRC over
+    both."""
+    header = recv_header(sock, fh.header_len, deadline) if fh.header_len else b""
+    check_crc(prefix, header)
+    return header
+
+
 def read_frame(sock: socket.socket, limits: Limits, prefix_buf: bytearray | None = None, *,
                deadline: float | None = None) -> tuple[FrameHeader, Any]:
     """Read prefix + header (not the payload) by ``deadline`` and validate both."""
-    prefix = prefix_buf if prefix_buf is not None else bytearray(PREFIX_SIZE)
-    recv_exact_into(sock, memoryview(prefix), deadline)
-    fh = decode_prefix(prefix, limits)
-    header = recv_header(sock, fh.header_len, deadline) if fh.header_len else b""
-    check_crc(prefix, header)
-    return fh, decode_meta(header)
+    fh, prefix = read_prefix(sock, limits, prefix_buf, deadline=deadline)
+    return fh, decode_meta(read_header(sock, fh, prefix, deadline=deadline), limits)
 
 
 # ---------------------------------------------------------------- argument checks

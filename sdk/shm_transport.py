@@ -1,8 +1,8 @@
 """The co-located shared-memory transport: copy straight between the arena and user buffers.
 
 Design. ``ShmTransport`` is a ``TcpTransport`` (it reuses the handshake and the plain
-ops) that, after HELLO, checks whether it runs on the server's host: the server
-announces its arena (path, size, st_dev/st_ino, uid, boot id) and the client must be
+ops) that, after AUTH, checks whether it runs on the server's host: the server's AUTH
+reply announces its arena (path, size, st_dev/st_ino, uid, boot id) and the client must be
 able to ``stat`` that path and see the same file, owned by its own uid. It then maps
 the file (MAP_SHARED, read-write; one mapping per arena per process, shared by every
 connection) and moves bytes with ``memmove`` (ctypes drops the GIL, so the dispatch
@@ -135,7 +135,7 @@ class ShmTransport(OneSidedTransport):
 
     def try_map(self) -> bool:
         """After the handshake: map the server's arena if it is on this host (kind shm)."""
-        info = self.hello.get("shm") if isinstance(self.hello, dict) else None
+        info = self.auth_reply.get("shm") if isinstance(self.auth_reply, dict) else None
         m = self.map
         if m is not None and isinstance(info, dict):
             try:

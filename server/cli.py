@@ -70,9 +70,10 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
     except ConfigError as exc:
         log.error("%s", exc)
         raise SystemExit(f"gcache-server: {exc}") from None
-    try:
-        # before the arena exists: a refusal leaves nothing
+    try:  # before the arena exists: a refusal leaves nothing
         check_bind(cfg.listen, credentials.required)
+        if cfg.metrics_listen:  # /metrics and /healthz describe the server to any reader
+            check_bind(cfg.metrics_listen, credentials.required, "--metrics-listen")
     except ValueError as exc:
         log.error("%s", exc)
         raise SystemExit(f"gcache-server: {exc}") from None
@@ -113,7 +114,11 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
     try:
         svc = Service(tier, listen=cfg.listen, name=cfg.name, token=cfg.token, limits=limits,
                       metrics=metrics, max_connections=cfg.max_connections,
-                      credentials=credentials)
+                      credentials=credentials,
+                      max_preauth_connections=cfg.max_preauth_connections,
+                      max_preauth_per_ip=cfg.max_preauth_per_ip,
+                      handshake_timeout_ms=cfg.handshake_timeout_ms,
+                      send_timeout_ms=cfg.send_timeout_ms)
     except (ValueError, OSError) as exc:
         if nixl is not None:
             nixl.close()

@@ -22,7 +22,7 @@ import json
 import threading
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, CounterMetricFamily
 
 _LAT_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 2.0)
@@ -69,6 +69,16 @@ class ServerMetrics:
         self.protocol_errors = Counter("gcache_protocol_errors_total",
                                        "Malformed frames / failed auth, by reason", ["reason"],
                                        registry=self.registry)
+        self.refused = Counter("gcache_connections_refused_total",
+                               "Connections closed at accept, or before AUTH to admit a newer "
+                               "one, by reason (max_connections, preauth_per_ip, "
+                               "preauth_total)", ["reason"], registry=self.registry)
+        self.deadline_closed = Counter("gcache_deadline_closed_total",
+                                       "Connections shut down past a deadline, by phase "
+                                       "(handshake, send)", ["phase"], registry=self.registry)
+        self.preauth = Gauge("gcache_preauth_connections",
+                             "Connections accepted and not yet authenticated",
+                             registry=self.registry)
         self.latency = Histogram("gcache_frame_seconds", "Frame service time, by op", ["op"],
                                  buckets=_LAT_BUCKETS, registry=self.registry)
         self.auth_refused = Counter("gcache_auth_refused_total",

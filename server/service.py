@@ -7,13 +7,16 @@ arena without Python touching them. Puts are received straight into the
 reserved arena chunk; gets are sent with one scatter-gather ``sendmsg`` from
 pinned arena views.
 
-Connection life: the server sends HELLO (nonce, name, limits); the client must
-answer AUTH (``{"id", "mac"}``: HMAC of the nonce under its credential's secret,
-or ``{"mac"}`` under the legacy token; empty when auth is off) before any data
-op. Every frame then re-resolves the connection's credential in the current
-``CredentialStore`` generation (a SIGHUP reload applies to the next frame; a
-removed credential ends the connection) and each op handler checks its one
-namespace once: a frame outside the credential's grants answers ``AUTH`` for
+Connection life (docs/protocol.md): admission at accept (connection and
+pre-auth budgets, ``Service._admit``); the server sends HELLO (nonce, name,
+limits, nothing about the arena); the client must answer AUTH (``{"id", "mac"}``:
+HMAC of the nonce under its credential's secret, or ``{"mac"}`` under the legacy
+token; empty when auth is off) within the handshake deadline, and before AUTH
+only AUTH and PING frames with a small header are read at all (judged on the
+36-byte prefix). Every frame then re-resolves the connection's credential in the
+current ``CredentialStore`` generation (a SIGHUP reload applies to the next
+frame; a removed credential ends the connection) and each op handler checks its
+one namespace once: a frame outside the credential's grants answers ``AUTH`` for
 every item in a normal reply (payload drained, connection kept) and is counted
 in ``gcache_auth_refused_total``. A malformed frame gets an error reply (when the request id
 is known) and the connection is closed; per-item faults (miss, no space, too
@@ -24,6 +27,7 @@ bytes of a refused item are drained through a bounded scratch buffer.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -32,10 +36,12 @@ from typing import Any
 
 from gcache.credentials import Credential, CredentialStore, Right
 from gcache.errors import ProtocolError
+from gcache.logs import RateLimitedLog
 from gcache.network import check_bind
-from gcache.protocol import (FLAG_RESPONSE, PREFIX_SIZE, Limits, Op, check_items,
-                             check_key, check_namespace, discard_views, encode_frame,
-                             parse_put_items, read_frame, recv_into_many,
+from gcache.protocol import (FLAG_RESPONSE, PREAUTH_MAX_HEADER_BYTES, PREFIX_SIZE,
+                             FrameHeader, Limits, Op, check_items, check_key,
+                             check_namespace, discard_views, encode_frame, parse_put_items,
+                             decode_meta, read_header, read_prefix, recv_into_many,
                              sendmsg_all)
 from gcache.status import Status
 from gcache.server.metrics import ServerMetrics
@@ -43,23 +49,49 @@ from gcache.server.tier import Tier
 from gcache.server import shm_ops
 
 log = logging.getLogger("gcache.server")
+# lines a stranger can trigger at will (refusals, failed handshakes): one per reason per 10 s
+peer_log = RateLimitedLog(log, 10.0)
 
 _SCRATCH = 1 << 20
 # Sink for drained bytes, shared by every connection: what lands here is never read, so
 # concurrent writes are harmless, and an idle connection costs no 1 MiB buffer of its own.
 _DISCARD = memoryview(bytearray(_SCRATCH))
 _LINGER_S = 1.0  # how long a failed connection drains the peer's input before closing
-_AUTH_TIMEOUT_S = 10.0  # HELLO -> AUTH must complete within this
+_PREAUTH_OPS = frozenset({Op.AUTH, Op.PING})  # all a stranger may send
 
 
 class Service:
+    """The listening socket, its connections and their deadlines.
+
+    Admission (``_admit``, accept thread, before any thread is spent on the connection):
+    a connection is refused at once past ``max_connections``, or when its address already
+    holds ``max_preauth_per_ip`` unauthenticated connections; when ``max_preauth_connections``
+    strangers are waiting, the oldest of them is shut down to make room (it has had the
+    longest to authenticate, while a real client finishes its handshake in one round trip).
+    So unauthenticated peers hold at most ``max_preauth_connections`` slots, fewer than
+    ``max_connections``, and never for longer than ``handshake_timeout_ms``.
+
+    Deadlines (``_watch``, one thread): every connection carries ``deadline`` (monotonic
+    seconds): accept + handshake timeout until AUTH succeeds, then infinity, except while a
+    reply is being sent (send start + ``send_timeout_ms``). The watchdog shuts down the
+    socket of any connection past its deadline, which fails the blocked ``recv``/``send``
+    in its thread, whose cleanup then releases the connection's pins, leases and slots.
+    A per-call socket timeout would restart on every byte; this deadline does not.
+    """
+
     def __init__(self, tier: Tier, *, listen: str, name: str, token: str, limits: Limits,
                  metrics: ServerMetrics, max_connections: int = 1024,
-                 credentials: CredentialStore | None = None) -> None:
+                 credentials: CredentialStore | None = None,
+                 max_preauth_connections: int = 256, max_preauth_per_ip: int = 128,
+                 handshake_timeout_ms: int = 5000, send_timeout_ms: int = 10000) -> None:
         self.tier, self.name, self.token, self.limits = tier, name, token, limits
         self.credentials = credentials or CredentialStore(token=token)
         self.metrics = metrics
         self.max_connections = max_connections
+        # at most half the slots ever go to strangers: authenticated clients keep the rest
+        self.max_preauth = min(max_preauth_connections, max(1, max_connections // 2))
+        self.max_preauth_per_ip = max_preauth_per_ip
+        self.handshake_s, self.send_s = handshake_timeout_ms / 1000.0, send_timeout_ms / 1000.0
         self.ownership = None  # MembershipAgent when --masters is set: NOT_OWNER checks
         self.nixl_info: dict | None = None  # arena registration, sent in the AUTH reply
         check_bind(listen, self.credentials.required)
@@ -71,10 +103,15 @@ class Service:
         self.sock.bind((host, int(port)))
         self.sock.listen(512)
         self.address = f"{host}:{self.sock.getsockname()[1]}"
-        self._conns: set[socket.socket] = set()
+        # under _lock: every open connection, the unauthenticated ones (oldest first) and
+        # their count per peer address. A socket is shut down by another thread only while
+        # it is in _conns, and closed only after leaving it (no fd-reuse race).
+        self._conns: dict[socket.socket, _Connection] = {}
+        self._preauth: dict[_Connection, None] = {}
+        self._preauth_ip: dict[str, int] = {}
         self._lock = threading.Lock()
         self._closing = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self.started = time.time()
 
     @property
@@ -82,9 +119,11 @@ class Service:
         return len(self._conns)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._accept_loop, name="gcache-accept",
-                                        daemon=True)
-        self._thread.start()
+        for target, name in ((self._accept_loop, "gcache-accept"),
+                             (self._watch, "gcache-deadlines")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
 
     def stop(self) -> None:
         self._closing.set()
@@ -97,14 +136,10 @@ class Service:
         except OSError:
             pass
         with self._lock:
-            conns = list(self._conns)
-        for c in conns:
-            try:
-                c.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        if self._thread:
-            self._thread.join(timeout=2)
+            for c in self._conns:
+                _shutdown(c)
+        for t in self._threads:
+            t.join(timeout=2)
         deadline = time.monotonic() + 3
         while self._conns and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -119,38 +154,121 @@ class Service:
                     return
                 time.sleep(0.01)
                 continue
-            with self._lock:
-                if len(self._conns) >= self.max_connections:
-                    log.warning("connection refused: max_connections reached",
-                                extra={"fields": {"peer": str(peer)}})
-                    conn.close()
-                    continue
-                self._conns.add(conn)
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self._serve, args=(conn, peer), daemon=True,
-                             name=f"gcache-conn-{peer[1] if len(peer) > 1 else peer}").start()
+            handler = self._admit(conn, peer)
+            if handler is not None:
+                threading.Thread(target=self._serve, args=(handler,), daemon=True,
+                                 name=f"gcache-conn-{peer[1] if len(peer) > 1 else peer}"
+                                 ).start()
 
-    def _serve(self, conn: socket.socket, peer: Any) -> None:
-        handler = _Connection(self, conn, peer)
+    def _admit(self, conn: socket.socket, peer: Any) -> _Connection | None:
+        """Register a fresh connection as unauthenticated, or close it at once (None)."""
+        ip = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        evicted = None
+        with self._lock:
+            if len(self._conns) >= self.max_connections:
+                refused = "max_connections"
+            elif self._preauth_ip.get(ip, 0) >= self.max_preauth_per_ip:
+                refused = "preauth_per_ip"
+            else:
+                refused = ""
+                if len(self._preauth) >= self.max_preauth:
+                    evicted = next(iter(self._preauth))
+                    self.do_drop_preauth(evicted)
+                    _shutdown(evicted.sock)
+                handler = _Connection(self, conn, peer, ip,
+                                      time.monotonic() + self.handshake_s)
+                self._conns[conn] = handler
+                self._preauth[handler] = None
+                self._preauth_ip[ip] = self._preauth_ip.get(ip, 0) + 1
+            self.metrics.preauth.set(len(self._preauth))
+        if evicted is not None:
+            self._refused("preauth_total", evicted.peer)
+        if refused:
+            conn.close()
+            self._refused(refused, peer)
+            return None
+        return handler
+
+    def _refused(self, reason: str, peer: Any) -> None:
+        self.metrics.refused.labels(reason).inc()
+        peer_log.warning(f"refused:{reason}", "connection refused: %s", _REFUSALS[reason],
+                         fields={"peer": str(peer), "reason": reason})
+
+    def do_drop_preauth(self, handler: _Connection) -> None:
+        """Forget ``handler`` as unauthenticated (caller holds ``_lock``); idempotent."""
+        if handler in self._preauth:
+            del self._preauth[handler]
+            n = self._preauth_ip[handler.ip] - 1
+            if n:
+                self._preauth_ip[handler.ip] = n
+            else:
+                del self._preauth_ip[handler.ip]
+
+    def authenticated(self, handler: _Connection) -> None:
+        with self._lock:
+            self.do_drop_preauth(handler)
+            handler.deadline = math.inf
+            self.metrics.preauth.set(len(self._preauth))
+
+    def _watch(self) -> None:
+        tick = max(0.01, min(0.1, self.handshake_s / 10, self.send_s / 10))
+        while not self._closing.wait(tick):
+            now = time.monotonic()
+            expired = []
+            with self._lock:
+                for c, h in self._conns.items():
+                    if h.deadline < now:
+                        h.deadline = math.inf  # once
+                        _shutdown(c)
+                        expired.append(h)
+            for h in expired:
+                phase = "send" if h.authed else "handshake"
+                self.metrics.deadline_closed.labels(phase).inc()
+                peer_log.warning(f"deadline:{phase}", "closing connection: %s deadline passed",
+                                 phase, fields={"peer": str(h.peer), "reason": phase})
+
+    def _serve(self, handler: _Connection) -> None:
         try:
+            handler.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             handler.run()
         except (ConnectionError, OSError):
             pass
         except Exception:  # never let one connection take the server down
-            log.exception("connection handler failed", extra={"fields": {"peer": str(peer)}})
+            log.exception("connection handler failed",
+                          extra={"fields": {"peer": str(handler.peer)}})
         finally:
             shm_ops.release_all(handler)  # the connection's shm leases and slots
             with self._lock:
-                self._conns.discard(conn)
+                self._conns.pop(handler.sock, None)
+                self.do_drop_preauth(handler)
+                self.metrics.preauth.set(len(self._preauth))
             try:
-                conn.close()
+                handler.sock.close()
             except OSError:
                 pass
 
 
+_REFUSALS = {
+    "max_connections": "max_connections reached",
+    "preauth_per_ip": "this address already holds max_preauth_per_ip unauthenticated "
+                      "connections",
+    "preauth_total": "max_preauth_connections unauthenticated connections were waiting; "
+                     "closed the oldest to admit a new one",
+}
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
 class _Connection:
-    def __init__(self, svc: Service, sock: socket.socket, peer: Any) -> None:
-        self.svc, self.sock, self.peer = svc, sock, peer
+    def __init__(self, svc: Service, sock: socket.socket, peer: Any, ip: str,
+                 deadline: float) -> None:
+        self.svc, self.sock, self.peer, self.ip = svc, sock, peer, ip
+        self.deadline = deadline  # enforced by Service._watch; see Service
         self.limits = svc.limits
         self.prefix = bytearray(PREFIX_SIZE)
         self.scratch = _DISCARD
@@ -160,18 +278,27 @@ class _Connection:
 
     def reply(self, opcode: int, rid: int, meta: Any, payload: list | None = None,
               status: int = 0) -> None:
+        """Send one reply within the send deadline (``send_timeout_ms``; before AUTH, the
+        handshake deadline if that comes first): past it the watchdog shuts the socket
+        down, and this raises OSError."""
         plen = sum(len(p) for p in payload) if payload else 0
         frame = encode_frame(opcode, rid, meta, plen, flags=FLAG_RESPONSE, status=status)
-        if payload:
-            sendmsg_all(self.sock, [frame, *payload])
-        else:
-            self.sock.sendall(frame)
+        outer = self.deadline
+        self.deadline = min(outer, time.monotonic() + self.svc.send_s)
+        try:
+            if payload:
+                sendmsg_all(self.sock, [frame, *payload])
+            else:
+                self.sock.sendall(frame)
+        finally:
+            if self.deadline != math.inf:  # not already fired by the watchdog
+                self.deadline = outer
 
     def fail(self, opcode: int, rid: int, status: int, message: str, reason: str) -> None:
         """Frame-level error: tell the peer why, then the caller closes."""
         self.svc.metrics.protocol_errors.labels(reason).inc()
-        log.warning("closing connection: %s", message,
-                    extra={"fields": {"peer": str(self.peer), "reason": reason}})
+        peer_log.warning(reason, "closing connection: %s", message,
+                         fields={"peer": str(self.peer), "reason": reason})
         try:
             self.sock.settimeout(1.0)
             self.reply(opcode, rid, {"error": message}, status=status)
@@ -189,24 +316,16 @@ class _Connection:
 
     def run(self) -> None:
         svc = self.svc
-        self.sock.settimeout(_AUTH_TIMEOUT_S)  # a peer that never authenticates is dropped
+        # a per-call cap as well; the handshake deadline itself is Service._watch's
+        self.sock.settimeout(svc.handshake_s)
         self.reply(Op.HELLO, 0, {"v": 1, "name": svc.name, "nonce": self.nonce,
                                  "auth": svc.credentials.required,
                                  "limits": {"max_key_bytes": self.limits.max_key_bytes,
                                             "max_value_bytes": self.limits.max_value_bytes,
                                             "max_batch_items": self.limits.max_batch_items,
-                                            "max_frame_bytes": self.limits.max_frame_bytes},
-                                 **shm_ops.hello_fields(svc.tier)})
-        while True:
-            try:
-                fh, meta = read_frame(self.sock, self.limits, self.prefix)
-            except ProtocolError as exc:
-                self.fail(0, 0, exc.status, str(exc), "malformed")
-                return
-            if fh.is_response:
-                self.fail(fh.opcode, fh.request_id, Status.BAD_REQUEST,
-                          "unexpected response frame from a client", "malformed")
-                return
+                                            "max_frame_bytes": self.limits.max_frame_bytes}})
+        while (request := self.next_request()) is not None:
+            fh, meta = request
             t0 = time.perf_counter()
             try:
                 if not self.handle(fh.opcode, fh.request_id, meta, fh.payload_len):
@@ -217,6 +336,52 @@ class _Connection:
             name = Op.NAMES.get(fh.opcode, "UNKNOWN")
             svc.metrics.frames.labels(name).inc()
             svc.metrics.latency.labels(name).observe(time.perf_counter() - t0)
+
+    def next_request(self) -> tuple[FrameHeader, Any] | None:
+        """Read the next request's prefix and header; None after a frame-level error
+        (replied to; the caller closes). Before AUTH the prefix is judged before any
+        header byte is read; the header is decoded only once its CRC checked out."""
+        try:
+            fh, prefix = read_prefix(self.sock, self.limits, self.prefix)
+            if not self.authed and not self.preauth_frame_ok(fh):
+                return None
+            header = read_header(self.sock, fh, prefix)
+        except ProtocolError as exc:  # the prefix is not vouched for: request id 0
+            self.fail(0, 0, exc.status, str(exc), "malformed")
+            return None
+        try:
+            meta = decode_meta(header, self.limits)
+        except ProtocolError as exc:  # the CRC vouched for the request id
+            self.fail(fh.opcode, fh.request_id, exc.status, str(exc), "malformed")
+            return None
+        if fh.is_response:
+            self.fail(fh.opcode, fh.request_id, Status.BAD_REQUEST,
+                      "unexpected response frame from a client", "malformed")
+            return None
+        return fh, meta
+
+    def preauth_frame_ok(self, fh: FrameHeader) -> bool:
+        """Judge a stranger's frame on its fixed prefix alone, before one header byte is
+        read: only AUTH and PING, as requests, with no payload and a small header. Anything
+        else gets an error reply (the prefix's request id, not yet covered by a checked
+        CRC) and False: the caller closes."""
+        if fh.opcode not in _PREAUTH_OPS:
+            status, msg, reason = (Status.AUTH, "authenticate (AUTH frame) before any other "
+                                   "op", "unauthenticated")
+        elif fh.is_response:
+            status, msg, reason = (Status.BAD_REQUEST, "unexpected response frame from a "
+                                   "client", "malformed")
+        elif fh.payload_len:
+            status, msg, reason = (Status.BAD_REQUEST, f"{Op.NAMES[fh.opcode]} carries no "
+                                   f"payload, frame says {fh.payload_len} bytes", "malformed")
+        elif fh.header_len > PREAUTH_MAX_HEADER_BYTES:
+            status, msg, reason = (Status.TOO_LARGE, f"header length {fh.header_len} "
+                                   f"exceeds {PREAUTH_MAX_HEADER_BYTES} bytes before AUTH",
+                                   "malformed")
+        else:
+            return True
+        self.fail(fh.opcode, fh.request_id, status, msg, reason)
+        return False
 
     def handle(self, op: int, rid: int, meta: Any, plen: int) -> bool:
         if op == Op.AUTH:
@@ -313,10 +478,13 @@ class _Connection:
             return False
         self.cred = cred
         self.authed = True
+        self.svc.authenticated(self)
         self.sock.settimeout(None)  # authenticated clients may keep idle pooled connections
         info = self.svc.nixl_info
-        # the NIXL metadata carries memory keys: only authenticated peers get it
-        self.reply(Op.AUTH, rid, {"ok": True, **({"nixl": info} if info else {})})
+        # only authenticated peers learn where the arena is (shm: path, uid, boot id) and
+        # how to reach it (nixl: metadata carrying memory keys)
+        self.reply(Op.AUTH, rid, {"ok": True, **shm_ops.identity_fields(self.svc.tier),
+                                  **({"nixl": info} if info else {})})
         return True
 
     def put(self, rid: int, meta: Any, plen: int) -> None:

@@ -79,9 +79,11 @@ def memory_tier(tier: Any) -> Any:
     return mem if isinstance(mem, MemoryTier) else None
 
 
-def hello_fields(tier: Any) -> dict:
-    """``{"shm": identity}`` for HELLO: what a co-located client needs to find and trust
-    the arena (it stats ``path`` and must see the same dev/ino and its own uid)."""
+def identity_fields(tier: Any) -> dict:
+    """``{"shm": identity}`` for the AUTH reply: what a co-located client needs to find and
+    trust the arena (it stats ``path`` and must see the same dev/ino and its own uid).
+    Never in HELLO: the arena path, its owner uid and the boot id are for authenticated
+    peers only."""
     mem = memory_tier(tier)
     if mem is None:
         return {}

@@ -2,7 +2,8 @@
 
 The shm client maps the arena file named in HELLO and copies at offsets the server
 gives in LEASE/ALLOC replies; a memmove at a bad offset would crash the *engine*.
-A stand-in server replays a real server's HELLO (so the client maps a real arena),
+A stand-in server replays a real server's HELLO and AUTH reply (so the client maps a
+real arena),
 then answers LEASE/ALLOC with out-of-bounds, negative and malformed spans: every
 case must be a miss or failed put (no exception escapes, no crash), and the client
 keeps working against the real server afterwards.
@@ -23,11 +24,11 @@ pytestmark = pytest.mark.integration
 
 
 class Hostile:
-    """Accepts connections, sends the real HELLO, OKs AUTH, answers LEASE/ALLOC with
-    ``reply(op, meta)``."""
+    """Accepts connections, sends the real HELLO, answers AUTH with the real AUTH reply
+    (which names the arena), answers LEASE/ALLOC with ``reply(op, meta)``."""
 
-    def __init__(self, hello: dict, reply) -> None:
-        self.hello, self.reply = hello, reply
+    def __init__(self, handshake: tuple[dict, dict], reply) -> None:
+        (self.hello, self.auth_reply), self.reply = handshake, reply
         self.ls = socket.socket()
         self.ls.bind(("127.0.0.1", 0))
         self.ls.listen(8)
@@ -49,7 +50,7 @@ class Hostile:
             while True:
                 fh, meta = read_frame(c, lim)
                 if fh.opcode == Op.AUTH:
-                    out = {"ok": True}
+                    out = self.auth_reply
                 else:
                     out = self.reply(fh.opcode, meta)
                 c.sendall(encode_frame(fh.opcode, fh.request_id, out, flags=FLAG_RESPONSE))
@@ -60,13 +61,14 @@ class Hostile:
         self.ls.close()
 
 
-def _real_hello(addr: str) -> dict:
+def _real_handshake(addr: str) -> tuple[dict, dict]:
+    """A real server's HELLO and AUTH reply."""
     t = TcpTransport(addr, "", Limits(), 2.0)
     import time
     t.connect(time.monotonic() + 5)
-    hello = dict(t.hello)
+    out = dict(t.hello), dict(t.auth_reply)
     t.close()
-    return hello
+    return out
 
 
 BAD_LEASES = {
@@ -85,8 +87,8 @@ BAD_LEASES = {
 def test_bad_lease_spans_are_misses_not_crashes(cluster, case, monkeypatch):
     monkeypatch.setenv("GCACHE_ONE_SIDED_MIN_BYTES", "1")  # small frames one-sided too
     real = cluster.addresses[0]
-    hello = _real_hello(real)
-    size = hello["shm"]["size"]
+    handshake = _real_handshake(real)
+    size = handshake[1]["shm"]["size"]
 
     seen: list[int] = []
 
@@ -98,7 +100,7 @@ def test_bad_lease_spans_are_misses_not_crashes(cluster, case, monkeypatch):
             return {"items": [[0, size - 10, 1]]}  # a slot past the end of the arena
         return {"st": [0] * len(meta.get("leases", meta.get("slots", [])))}
 
-    h = Hostile(hello, reply)
+    h = Hostile(handshake, reply)
     try:
         with Client([h.address], transport="shm", timeout_ms=2000) as c:
             out = bytearray(4096)
