@@ -204,6 +204,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("send_timeout_ms", "duration_ms", 10000, "Deadline of one reply (a whole GET "
            "payload included); a peer that does not read it in time is disconnected and "
            "its pins, leases and slots are released.", "server"),
+    Option("request_timeout_ms", "duration_ms", 10000, "Deadline for an authenticated "
+           "peer to deliver the rest of a request (header and payload) once its 36-byte "
+           "prefix arrived; a peer that stalls mid-frame is disconnected and the reservations "
+           "its put holds are released.", "server"),
     Option("masters", "str", "", "Master API addresses HOST:PORT,...; empty = no master.",
            "server"),
     Option("advertise", "str", "", "Address clients reach this server at (default: listen).",

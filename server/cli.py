@@ -118,7 +118,8 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
                       max_preauth_connections=cfg.max_preauth_connections,
                       max_preauth_per_ip=cfg.max_preauth_per_ip,
                       handshake_timeout_ms=cfg.handshake_timeout_ms,
-                      send_timeout_ms=cfg.send_timeout_ms)
+                      send_timeout_ms=cfg.send_timeout_ms,
+                      request_timeout_ms=cfg.request_timeout_ms)
     except (ValueError, OSError) as exc:
         if nixl is not None:
             nixl.close()

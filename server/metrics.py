@@ -75,7 +75,7 @@ class ServerMetrics:
                                "preauth_total)", ["reason"], registry=self.registry)
         self.deadline_closed = Counter("gcache_deadline_closed_total",
                                        "Connections shut down past a deadline, by phase "
-                                       "(handshake, send)", ["phase"], registry=self.registry)
+                                       "(handshake, request, send)", ["phase"], registry=self.registry)
         self.preauth = Gauge("gcache_preauth_connections",
                              "Connections accepted and not yet authenticated",
                              registry=self.registry)

@@ -83,7 +83,8 @@ class Service:
                  metrics: ServerMetrics, max_connections: int = 1024,
                  credentials: CredentialStore | None = None,
                  max_preauth_connections: int = 256, max_preauth_per_ip: int = 128,
-                 handshake_timeout_ms: int = 5000, send_timeout_ms: int = 10000) -> None:
+                 handshake_timeout_ms: int = 5000, send_timeout_ms: int = 10000,
+                 request_timeout_ms: int = 10000) -> None:
         self.tier, self.name, self.token, self.limits = tier, name, token, limits
         self.credentials = credentials or CredentialStore(token=token)
         self.metrics = metrics
@@ -92,6 +93,7 @@ class Service:
         self.max_preauth = min(max_preauth_connections, max(1, max_connections // 2))
         self.max_preauth_per_ip = max_preauth_per_ip
         self.handshake_s, self.send_s = handshake_timeout_ms / 1000.0, send_timeout_ms / 1000.0
+        self.request_s = request_timeout_ms / 1000.0
         self.ownership = None  # MembershipAgent when --masters is set: NOT_OWNER checks
         self.nixl_info: dict | None = None  # arena registration, sent in the AUTH reply
         check_bind(listen, self.credentials.required)
@@ -211,7 +213,8 @@ class Service:
             self.metrics.preauth.set(len(self._preauth))
 
     def _watch(self) -> None:
-        tick = max(0.01, min(0.1, self.handshake_s / 10, self.send_s / 10))
+        tick = max(0.01, min(0.1, self.handshake_s / 10, self.send_s / 10,
+                             self.request_s / 10))
         while not self._closing.wait(tick):
             now = time.monotonic()
             expired = []
@@ -222,7 +225,7 @@ class Service:
                         _shutdown(c)
                         expired.append(h)
             for h in expired:
-                phase = "send" if h.authed else "handshake"
+                phase = h.phase if h.authed else "handshake"
                 self.metrics.deadline_closed.labels(phase).inc()
                 peer_log.warning(f"deadline:{phase}", "closing connection: %s deadline passed",
                                  phase, fields={"peer": str(h.peer), "reason": phase})
@@ -269,6 +272,7 @@ class _Connection:
                  deadline: float) -> None:
         self.svc, self.sock, self.peer, self.ip = svc, sock, peer, ip
         self.deadline = deadline  # enforced by Service._watch; see Service
+        self.phase = "handshake"  # what the deadline bounds: handshake, request or send
         self.limits = svc.limits
         self.prefix = bytearray(PREFIX_SIZE)
         self.scratch = _DISCARD
@@ -283,8 +287,9 @@ class _Connection:
         down, and this raises OSError."""
         plen = sum(len(p) for p in payload) if payload else 0
         frame = encode_frame(opcode, rid, meta, plen, flags=FLAG_RESPONSE, status=status)
-        outer = self.deadline
+        outer, outer_phase = self.deadline, self.phase
         self.deadline = min(outer, time.monotonic() + self.svc.send_s)
+        self.phase = "send"
         try:
             if payload:
                 sendmsg_all(self.sock, [frame, *payload])
@@ -292,7 +297,7 @@ class _Connection:
                 self.sock.sendall(frame)
         finally:
             if self.deadline != math.inf:  # not already fired by the watchdog
-                self.deadline = outer
+                self.deadline, self.phase = outer, outer_phase
 
     def fail(self, opcode: int, rid: int, status: int, message: str, reason: str) -> None:
         """Frame-level error: tell the peer why, then the caller closes."""
@@ -333,6 +338,8 @@ class _Connection:
             except ProtocolError as exc:
                 self.fail(fh.opcode, fh.request_id, exc.status, str(exc), "malformed")
                 return
+            if self.authed:  # idle until the next request: an open pooled connection is fine
+                self.deadline, self.phase = math.inf, "idle"
             name = Op.NAMES.get(fh.opcode, "UNKNOWN")
             svc.metrics.frames.labels(name).inc()
             svc.metrics.latency.labels(name).observe(time.perf_counter() - t0)
@@ -345,6 +352,9 @@ class _Connection:
             fh, prefix = read_prefix(self.sock, self.limits, self.prefix)
             if not self.authed and not self.preauth_frame_ok(fh):
                 return None
+            if self.authed:  # the rest of this request (header, payload) has a deadline
+                self.deadline = time.monotonic() + self.svc.request_s
+                self.phase = "request"
             header = read_header(self.sock, fh, prefix)
         except ProtocolError as exc:  # the prefix is not vouched for: request id 0
             self.fail(0, 0, exc.status, str(exc), "malformed")
