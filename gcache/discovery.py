@@ -7,13 +7,16 @@ answered. Every call has a short timeout and failures are values
 view when every master is down. ``watch`` long-polls ``/view?since=E`` and
 returns as soon as the epoch moves past ``E`` (or after ``wait_ms``).
 
-The token travels as ``Authorization: Bearer <token>``; run the masters on a
-trusted network or behind TLS termination.
+The token travels as ``Authorization: Bearer <token>``. Give ``tls`` (a dialer
+context from ``gcache.tls``) when the masters serve https (``gcache-master
+--tls-cert-file``): every call then verifies the master's certificate, and its
+name against the address dialed, before the token is sent.
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -28,8 +31,8 @@ class MasterUnavailable(Exception):
 
 
 class MasterClient:
-    def __init__(self, masters: Sequence[str] | str, token: str = "", timeout_s: float = 2.0
-                 ) -> None:
+    def __init__(self, masters: Sequence[str] | str, token: str = "", timeout_s: float = 2.0,
+                 tls: ssl.SSLContext | None = None) -> None:
         if isinstance(masters, str):
             masters = [m for m in masters.split(",") if m.strip()]
         self.masters = [m.strip() for m in masters]
@@ -37,6 +40,7 @@ class MasterClient:
             raise ValueError("no master addresses given")
         self.token = token
         self.timeout_s = timeout_s
+        self.tls = tls
         self._good = 0
 
     def request(self, method: str, path: str, body: dict | None = None,
@@ -61,7 +65,7 @@ class MasterClient:
             addr = self.masters[idx]
             try:
                 out = http_json(addr, method, path, body, self.token,
-                                timeout_s or self.timeout_s)
+                                timeout_s or self.timeout_s, tls=self.tls)
             except urllib.error.HTTPError as exc:
                 detail = _error_text(exc)
                 if exc.code in (401, 400, 404, 409):
@@ -103,15 +107,18 @@ class MasterError(Exception):
 
 
 def http_json(addr: str, method: str, path: str, body: dict | None, token: str,
-              timeout_s: float, headers: dict[str, str] | None = None) -> dict:
+              timeout_s: float, headers: dict[str, str] | None = None,
+              tls: ssl.SSLContext | None = None) -> dict:
+    """One JSON call to a master: https with ``tls`` (a dialer context), else http."""
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(f"http://{addr}{path}", data=data, method=method)
+    scheme = "https" if tls is not None else "http"
+    req = urllib.request.Request(f"{scheme}://{addr}{path}", data=data, method=method)
     req.add_header("Content-Type", "application/json")
     for k, v in (headers or {}).items():
         req.add_header(k, v)
     if token:
         req.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+    with urllib.request.urlopen(req, timeout=timeout_s, context=tls) as resp:
         return json.loads(resp.read() or b"{}")
 
 

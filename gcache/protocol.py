@@ -25,6 +25,7 @@ docs/protocol.md is the normative description; keep the two in step.
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 import zlib
 from dataclasses import dataclass
@@ -158,9 +159,12 @@ def recv_into_many(sock: socket.socket, views: Sequence[memoryview],
     and one GIL round trip fill many buffers, e.g. 16 pages of a batch at once.
 
     ``before_each`` runs before every syscall (the SDK re-arms its deadline there).
-    ConnectionError on EOF.
+    ConnectionError on EOF. TLS sockets have no ``recvmsg_into``: they fill one view
+    at a time, still straight into it (OpenSSL decrypts into the destination).
     """
     bufs = [v for v in views if len(v)]
+    if isinstance(sock, ssl.SSLSocket):
+        return _recv_into_each(sock, bufs, before_each)
     i = 0
     while i < len(bufs):
         if before_each is not None:
@@ -173,6 +177,19 @@ def recv_into_many(sock: socket.socket, views: Sequence[memoryview],
             i += 1
         if k:
             bufs[i] = bufs[i][k:]
+
+
+def _recv_into_each(sock: ssl.SSLSocket, bufs: list[memoryview],
+                    before_each: Callable[[], None] | None) -> None:
+    for view in bufs:
+        got, n = 0, len(view)
+        while got < n:
+            if before_each is not None:
+                before_each()
+            k = sock.recv_into(view[got:], n - got)
+            if k == 0:
+                raise ConnectionError("peer closed the connection in the middle of a payload")
+            got += k
 
 
 def discard_views(n: int, scratch: memoryview) -> list[memoryview]:
@@ -201,8 +218,11 @@ def discard(sock: socket.socket, n: int, scratch: memoryview) -> None:
 
 
 def sendmsg_all(sock: socket.socket, buffers: Sequence[bytes | bytearray | memoryview]) -> None:
-    """Scatter-gather send of every buffer, handling partial writes."""
+    """Scatter-gather send of every buffer, handling partial writes. TLS sockets have
+    no ``sendmsg``: they send buffer by buffer (``_sendall_each``)."""
     bufs = [memoryview(b).cast("B") for b in buffers if len(b)]
+    if isinstance(sock, ssl.SSLSocket):
+        return _sendall_each(sock, bufs)
     i = 0
     while i < len(bufs):
         chunk = bufs[i:i + _IOV_MAX]
@@ -213,6 +233,28 @@ def sendmsg_all(sock: socket.socket, buffers: Sequence[bytes | bytearray | memor
             i += 1
         if sent:
             bufs[i] = bufs[i][sent:]
+
+
+_TLS_RECORD = 16 << 10  # largest TLS record payload
+
+
+def _sendall_each(sock: ssl.SSLSocket, bufs: list[memoryview]) -> None:
+    """One ``sendall`` per buffer; neighbours smaller than a TLS record (a frame header,
+    small values) are gathered into one record instead of one record and syscall each."""
+    small = bytearray()
+    for b in bufs:
+        if len(small) + len(b) <= _TLS_RECORD:
+            small += b
+            continue
+        if small:
+            sock.sendall(small)
+            small = bytearray()
+        if len(b) < _TLS_RECORD:
+            small += b
+        else:
+            sock.sendall(b)
+    if small:
+        sock.sendall(small)
 
 
 _HEADER_STEP = 64 << 10

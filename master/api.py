@@ -21,6 +21,7 @@ import hmac
 import http.server
 import json
 import logging
+import ssl
 import threading
 import time
 import urllib.error
@@ -28,6 +29,7 @@ import urllib.parse
 from typing import Any
 
 from gcache.discovery import http_json
+from gcache.tls import HTTPServer
 from gcache.master.raft_node import RaftNode
 
 log = logging.getLogger("gcache.master")
@@ -40,8 +42,11 @@ _FORWARD_TIMEOUT_S = 1.0  # a paused leader must not hold a heartbeat for long
 
 class MasterService:
     def __init__(self, node: RaftNode, *, listen: str, token: str, heartbeat_timeout_ms: int,
-                 raft_to_api: dict[str, str]) -> None:
+                 raft_to_api: dict[str, str], tls: ssl.SSLContext | None = None,
+                 peer_tls: ssl.SSLContext | None = None) -> None:
         self.node, self.token = node, token
+        # tls: serve https; peer_tls: the dialer context for forwarding to the leader
+        self.peer_tls = peer_tls
         self.heartbeat_timeout = heartbeat_timeout_ms / 1000.0
         self.raft_to_api = raft_to_api
         self.last_seen: dict[str, float] = {}
@@ -65,8 +70,7 @@ class MasterService:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.http = http.server.ThreadingHTTPServer((host.strip("[]"), int(port)), Handler)
-        self.http.daemon_threads = True
+        self.http = HTTPServer((host.strip("[]"), int(port)), Handler, tls=tls)
         self.address = f"{host}:{self.http.server_address[1]}"
 
     def start(self) -> None:
@@ -137,7 +141,8 @@ class MasterService:
                                   "quorum); retry shortly"}
         try:
             return 200, http_json(api, method, path, body if method == "POST" else None,
-                                  self.token, _FORWARD_TIMEOUT_S, {_FORWARDED: "1"})
+                                  self.token, _FORWARD_TIMEOUT_S, {_FORWARDED: "1"},
+                                  tls=self.peer_tls)
         except urllib.error.HTTPError as exc:
             try:
                 return exc.code, json.loads(exc.read() or b"{}")

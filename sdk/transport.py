@@ -16,6 +16,12 @@ dispatcher and the Client do not change.
 TCP specifics: put payloads are sent with one scatter-gather ``sendmsg``
 straight from the caller's buffers; get payloads are received with
 ``recv_into`` straight into the caller's destination views.
+
+TLS (``tls``, a dialer context): the handshake runs inside ``connect`` before
+HELLO, within the connect deadline, and the server's certificate must name the
+host dialed. A refused certificate on either side raises ``AuthFailed`` (the
+items' status is ``AUTH``); over TLS, payloads move one buffer per syscall
+(``sendall``/``recv_into``), still without staging copies on this side.
 """
 
 from __future__ import annotations
@@ -23,10 +29,12 @@ from __future__ import annotations
 import abc
 import itertools
 import socket
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from gcache import tls as tlslib
 from gcache.errors import ProtocolError
 from gcache.protocol import (PREFIX_SIZE, Limits, Op, auth_mac, encode_frame, read_frame,
                              recv_into_many, sendmsg_all)
@@ -82,8 +90,10 @@ class Transport(abc.ABC):
 
 
 class TcpTransport(Transport):
-    def __init__(self, address: str, token: str, limits: Limits, connect_timeout: float) -> None:
+    def __init__(self, address: str, token: str, limits: Limits, connect_timeout: float,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.address = address
+        self.tls = tls
         host, port = address.rsplit(":", 1)
         self.host, self.port = host.strip("[]"), int(port)
         self.token = token
@@ -113,8 +123,15 @@ class TcpTransport(Transport):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
         try:
-            self._settimeout(min(deadline, time.monotonic() + self.connect_timeout * 4))
+            hs_deadline = min(deadline, time.monotonic() + self.connect_timeout * 4)
+            if self.tls is not None:
+                self.sock = sock = tlslib.connect(self.tls, sock, self.host, hs_deadline)
+            self._settimeout(hs_deadline)
             fh, hello = read_frame(sock, self.limits, self.prefix)
+            if fh.status:  # refused before HELLO, e.g. a TLS-only server to a plain client
+                err = hello.get("error", "") if isinstance(hello, dict) else ""
+                exc_type = AuthFailed if fh.status == Status.AUTH else ConnectionError
+                raise exc_type(f"{self.address} refused the connection: {err}")
             if fh.opcode != Op.HELLO or not isinstance(hello, dict):
                 raise ConnectionError(f"{self.address} did not greet with HELLO")
             self.server_name = str(hello.get("name", ""))
@@ -131,6 +148,10 @@ class TcpTransport(Transport):
         except socket.timeout:
             self.close()
             raise TransportTimeout() from None
+        except ssl.SSLError as exc:
+            self.close()
+            is_auth, why = tlslib.explain(exc, self.address)
+            raise (AuthFailed if is_auth else ConnectionError)(why) from None
         except BaseException:
             self.close()
             raise

@@ -13,6 +13,14 @@ before any data op. A malformed frame gets an error reply (when the request id
 is known) and the connection is closed; per-item faults (miss, no space, too
 large) are statuses inside a normal reply and the stream stays in sync: the
 bytes of a refused item are drained through a bounded scratch buffer.
+
+TLS (``tls_cert_file``): the server speaks TLS only. The connection's thread
+(never the accept loop) peeks at the first byte: a TLS ClientHello gets the
+handshake, bounded by ``_TLS_HANDSHAKE_S``; a plain gcache client (silent for
+``_TLS_PLAIN_WAIT_S``, waiting for HELLO) or any other bytes get one plaintext
+``AUTH`` error frame saying TLS is required, then the connection closes. TLS
+sockets have no ``sendmsg``/``recvmsg_into``: the protocol helpers fall back to
+one ``sendall``/``recv_into`` per buffer, still straight from/into the arena.
 """
 
 from __future__ import annotations
@@ -21,10 +29,12 @@ import hmac
 import logging
 import os
 import socket
+import ssl
 import threading
 import time
 from typing import Any
 
+from gcache import tls as tlslib
 from gcache.errors import ProtocolError
 from gcache.network import check_bind
 from gcache.protocol import (FLAG_RESPONSE, PREFIX_SIZE, Limits, Op, auth_mac, check_items,
@@ -44,12 +54,18 @@ _SCRATCH = 1 << 20
 _DISCARD = memoryview(bytearray(_SCRATCH))
 _LINGER_S = 1.0  # how long a failed connection drains the peer's input before closing
 _AUTH_TIMEOUT_S = 10.0  # HELLO -> AUTH must complete within this
+_TLS_HANDSHAKE_S = 5.0  # accept -> TLS handshake done, one deadline
+_TLS_PLAIN_WAIT_S = 1.0  # a peer silent this long after connecting is a plain gcache client
+_TLS_LOG_EVERY_S = 10.0  # failed handshakes log at most this often (all are counted)
 
 
 class Service:
     def __init__(self, tier: Tier, *, listen: str, name: str, token: str, limits: Limits,
-                 metrics: ServerMetrics, max_connections: int = 1024) -> None:
+                 metrics: ServerMetrics, max_connections: int = 1024,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.tier, self.name, self.token, self.limits = tier, name, token, limits
+        self.tls = tls  # a server context: every connection must speak TLS
+        self._tls_log_at = 0.0
         self.metrics = metrics
         self.max_connections = max_connections
         self.ownership = None  # MembershipAgent when --masters is set: NOT_OWNER checks
@@ -123,6 +139,10 @@ class Service:
                              name=f"gcache-conn-{peer[1] if len(peer) > 1 else peer}").start()
 
     def _serve(self, conn: socket.socket, peer: Any) -> None:
+        if self.tls is not None:
+            conn = self._start_tls(conn, peer)
+            if conn is None:
+                return
         handler = _Connection(self, conn, peer)
         try:
             handler.run()
@@ -138,6 +158,63 @@ class Service:
                 conn.close()
             except OSError:
                 pass
+
+
+    def _start_tls(self, conn: socket.socket, peer: Any) -> ssl.SSLSocket | None:
+        """On the connection's thread: the TLS handshake, or a plaintext refusal. The
+        wrapped socket replaces ``conn`` in ``_conns`` (``stop`` shuts it down); None
+        when the connection is over (closed and forgotten here)."""
+        deadline = time.monotonic() + _TLS_HANDSHAKE_S
+        live: socket.socket = conn
+        try:
+            first = tlslib.peek_first_byte(conn, _TLS_PLAIN_WAIT_S)
+            if first != tlslib.HANDSHAKE_RECORD:
+                if first is not None:
+                    self._refuse_plain(conn, peer)
+                raise ConnectionError("no TLS ClientHello")
+            tls = self.tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+            with self._lock:  # conn is detached now: stop() must shut the TLS socket down
+                self._conns.discard(conn)
+                self._conns.add(tls)
+            live = tls
+            if self._closing.is_set():
+                raise ConnectionError("server stopping")
+            return tlslib.handshake(tls, deadline)
+        except (OSError, ValueError) as exc:
+            if not isinstance(exc, ConnectionError):
+                self.metrics.protocol_errors.labels("tls").inc()
+                now = time.monotonic()
+                if now >= self._tls_log_at:
+                    self._tls_log_at = now + _TLS_LOG_EVERY_S
+                    log.warning("TLS handshake failed: %s (for %.0f s further failures are "
+                                "only counted: gcache_protocol_errors_total{reason=\"tls\"})",
+                                exc, _TLS_LOG_EVERY_S, extra={"fields": {"peer": str(peer)}})
+            with self._lock:
+                self._conns.discard(live)
+                self._conns.discard(conn)
+            try:
+                live.close()
+            except OSError:
+                pass
+            return None
+
+    def _refuse_plain(self, conn: socket.socket, peer: Any) -> None:
+        """Tell a peer that does not speak TLS why it is refused, in plaintext."""
+        self.metrics.protocol_errors.labels("tls_required").inc()
+        try:
+            conn.settimeout(1.0)
+            conn.sendall(encode_frame(0, 0, {"error": "this server accepts TLS connections "
+                                             "only: connect with tls=True (gcache --tls) and "
+                                             "the cluster's CA (tls_ca_file)"},
+                                      flags=FLAG_RESPONSE, status=Status.AUTH))
+            conn.shutdown(socket.SHUT_WR)  # lingering close, as in _Connection.fail
+            end = time.monotonic() + _LINGER_S
+            while (left := end - time.monotonic()) > 0:
+                conn.settimeout(left)
+                if not conn.recv_into(_DISCARD):
+                    break
+        except OSError:
+            pass
 
 
 class _Connection:
