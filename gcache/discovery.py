@@ -23,6 +23,7 @@ import urllib.request
 from typing import Any, Sequence
 
 from gcache.ring import Member
+from gcache.tls import explain
 from gcache.view import View
 
 
@@ -73,7 +74,10 @@ class MasterClient:
                 last = f"{addr}: HTTP {exc.code} {detail}"
                 continue
             except (OSError, ValueError) as exc:
-                last = f"{addr}: {exc}"
+                # urllib wraps TLS failures of the connect, not those of the reply
+                reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+                last = (explain(reason, addr)[1] if isinstance(reason, ssl.SSLError)
+                        else f"{addr}: {exc}")
                 continue
             self._good = idx
             return out

@@ -139,10 +139,15 @@ def peek_first_byte(sock: socket.socket, wait_s: float) -> int | None:
 def accept(ctx: ssl.SSLContext, sock: socket.socket, deadline: float) -> ssl.SSLSocket:
     """Server side: wrap ``sock`` and finish the handshake by ``deadline`` (monotonic).
 
-    ``sock`` is detached by the wrap: use only the returned socket afterwards (also on
-    failure, which raises OSError / ssl.SSLError / TimeoutError and closes it)."""
+    ``sock`` is detached by the wrap: use only the returned socket afterwards. A failure
+    raises OSError / ssl.SSLError / TimeoutError after a lingering close, so the peer
+    can read the alert that says why."""
     tls = ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-    return handshake(tls, deadline)
+    try:
+        return handshake(tls, deadline)
+    except BaseException:
+        linger_close(tls)
+        raise
 
 
 def connect(ctx: ssl.SSLContext, sock: socket.socket, host: str, deadline: float
@@ -150,22 +155,41 @@ def connect(ctx: ssl.SSLContext, sock: socket.socket, host: str, deadline: float
     """Client side: wrap ``sock`` for ``host`` (the name its certificate must carry) and
     finish the handshake by ``deadline``. Raises TimeoutError or ssl.SSLError."""
     tls = ctx.wrap_socket(sock, server_hostname=host, do_handshake_on_connect=False)
-    return handshake(tls, deadline)
+    try:
+        return handshake(tls, deadline)
+    except BaseException:
+        tls.close()
+        raise
 
 
 def handshake(tls: ssl.SSLSocket, deadline: float) -> ssl.SSLSocket:
     """Run ``do_handshake`` bounded by ``deadline``: in timeout mode CPython computes one
-    deadline for the whole handshake, so a peer trickling bytes cannot stretch it."""
+    deadline for the whole handshake, so a peer trickling bytes cannot stretch it.
+    The caller closes ``tls`` on failure."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("no time left for the TLS handshake")
+    tls.settimeout(left)
+    tls.do_handshake()
+    return tls
+
+
+def linger_close(sock: socket.socket, linger_s: float = 1.0) -> None:
+    """Close after a failed server handshake without destroying the alert: closing with
+    unread input (a TLS 1.3 client may already have sent its request) makes the kernel
+    send RST, which discards what the peer has not read yet. Send FIN, drain the
+    peer's input for at most ``linger_s``, then close."""
     try:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("no time left for the TLS handshake")
-        tls.settimeout(left)
-        tls.do_handshake()
-        return tls
-    except BaseException:
-        tls.close()
-        raise
+        sock.shutdown(socket.SHUT_WR)  # an SSLSocket drops its TLS layer here
+        end, sink = time.monotonic() + linger_s, bytearray(16 << 10)
+        while (left := end - time.monotonic()) > 0:
+            sock.settimeout(left)
+            if not sock.recv_into(sink):
+                break
+    except (OSError, ValueError):
+        pass
+    finally:
+        sock.close()
 
 
 def explain(exc: ssl.SSLError, peer: str) -> tuple[bool, str]:

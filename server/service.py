@@ -189,6 +189,8 @@ class Service:
                     log.warning("TLS handshake failed: %s (for %.0f s further failures are "
                                 "only counted: gcache_protocol_errors_total{reason=\"tls\"})",
                                 exc, _TLS_LOG_EVERY_S, extra={"fields": {"peer": str(peer)}})
+            if live is not conn:  # let the client read the TLS alert that says why
+                tlslib.linger_close(live, _LINGER_S)
             with self._lock:
                 self._conns.discard(live)
                 self._conns.discard(conn)
