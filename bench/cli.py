@@ -23,6 +23,13 @@ keys per call for large sizes. ``--raw-transport`` replaces the cases by the raw
 single-process transport reads of ``raw_transport``. ``--plot FILE.png`` draws GB/s
 against size, one line per transport and op (matplotlib).
 
+``--tls`` runs every client connection over TLS: ``--local`` servers get a
+throwaway CA and certificates (``gcache.testing.certs``) and speak TLS only;
+with ``--servers`` give ``--tls-ca-file`` (and ``--tls-cert-file``/
+``--tls-key-file`` for mTLS). The raw-socket baseline stays plain TCP, so "vs
+raw" then includes the cost of TLS; run the same command without ``--tls`` for
+the plain figures (bench/RESULTS.md records both).
+
 ``--tier disk`` (with ``--local``) gives the server an NVMe tier in
 ``--disk-dir``, a small memory tier (128 MiB unless ``--memory`` is given) and
 ``promote_policy=never``, so gets are served from disk. Each get case then
@@ -103,7 +110,8 @@ def render_table(cases: list[dict[str, Any]], baseline: dict[str, Any] | None) -
     for col in cols:
         t.add_column(col, justify="left" if col in ("op", "transport") else "right")
     for c in cases:
-        row = [c.get("transport", "auto"), str(c.get("threads", "-")), c["op"],
+        row = [c.get("transport", "auto") + ("+tls" if c.get("tls") else ""),
+               str(c.get("threads", "-")), c["op"],
                format_size(c["size"]), str(c["batch"]), str(c["concurrency"]),
                _fmt(c["gbps"]), _fmt(c["keys_per_s"], ",.0f"), _fmt(c["p50_us"], ",.0f"),
                _fmt(c["p99_us"], ",.0f"), _fmt(c["key_p50_us"], ",.1f"),
@@ -223,6 +231,11 @@ def _wait_settled(client: Client, quiet_s: float = 0.5, timeout_s: float = 120.0
               help="Keys per foreground get of --demotion-impact (hot set: 4 batches).")
 @click.option("--impact-memory", default="512MiB", show_default=True, callback=_size,
               help="Arena of the two --demotion-impact servers (disk tier, memory only).")
+@click.option("--tls", is_flag=True, help="Every client connection over TLS (--local: "
+              "servers with throwaway certificates, TLS only).")
+@click.option("--tls-ca-file", help="With --servers --tls: the CA of their certificates.")
+@click.option("--tls-cert-file", help="With --servers --tls: client certificate (mTLS).")
+@click.option("--tls-key-file", help="Key of --tls-cert-file.")
 @click.pass_context
 def main(ctx: click.Context, servers: str | None, local: int | None, memory: int,
          slab_bytes: int, ops: tuple[str, ...], sizes: tuple[int, ...],
@@ -234,7 +247,9 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
          bg_mbps: float, impact_size: int, impact_batch: int, impact_memory: int,
          transports: tuple[str, ...], threads_list: tuple[int, ...], sweep: bool,
          max_batch_bytes: int, raw_transport: bool, no_register: bool,
-         plot_path: str | None, log_dir: str | None, checksums: str) -> None:
+         plot_path: str | None, log_dir: str | None, checksums: str, tls: bool,
+         tls_ca_file: str | None, tls_cert_file: str | None, tls_key_file: str | None
+         ) -> None:
     """Benchmark gcache put/get batches against a raw loopback-TCP baseline
     (and, with --tier disk, the disk tier against a raw pread of its files)."""
     if (servers is None) == (local is None):
@@ -259,6 +274,12 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
                                "--transport tcp|shm|nixl")
     if raw_transport and (tier == "disk" or duration is None):
         raise click.UsageError("--raw-transport needs the memory tier and a --duration")
+    if tls and ("nixl" in transports or raw_transport or demotion_impact):
+        raise click.UsageError("--tls measures the SDK's tcp/shm/auto transports: drop "
+                               "nixl, --raw-transport and --demotion-impact")
+    if tls and local is not None and (tls_ca_file or tls_cert_file or tls_key_file):
+        raise click.UsageError("--local --tls makes its own certificates; --tls-*-file "
+                               "options are for --servers")
     if "nixl" in transports:
         from gcache.nixl_lib import available
 
@@ -284,7 +305,19 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
     impact: list[dict[str, Any]] = []
     baseline = None
     disk_roots: list[str] = []
+    tls_kw: dict[str, Any] = {}
+    if tls:
+        tls_kw = {"tls": True, "tls_ca_file": tls_ca_file, "tls_cert_file": tls_cert_file,
+                  "tls_key_file": tls_key_file}
     with ExitStack() as stack:
+        tls_files = None
+        if local is not None and tls:
+            from gcache.testing.certs import make_certs
+
+            cert_dir = tempfile.mkdtemp(prefix="gcache-bench-tls-")
+            stack.callback(shutil.rmtree, cert_dir, True)
+            tls_files = make_certs(cert_dir)
+            tls_kw = tls_files.client_kwargs()
         if local is not None:
             from gcache.testing.cluster import Cluster
 
@@ -304,7 +337,7 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
                          if tier == "disk" else ""))
             cluster = Cluster(local, format_size(memory), slab=format_size(slab_bytes),
                               token=token, prefix=f"bench{os.getpid()}", extra=extra,
-                              log_dir=log_dir)
+                              log_dir=log_dir, tls=tls_files)
             stack.callback(cluster.close)
             addresses = cluster.start().addresses
             if tier == "disk":
@@ -315,7 +348,7 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
             addresses = [s.strip() for s in servers.split(",") if s.strip()]
         client = Client(addresses, namespace=namespace, timeout_ms=timeout_ms, token=token,
                         credential=credential or None, conns_per_server=conns_per_server,
-                        transport="tcp")
+                        transport="tcp", **tls_kw)
         stack.callback(client.close)
         capacity = cluster_capacity(client)
         target = TARGET_BYTES
@@ -341,7 +374,7 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
                 run_client = clients[(transport, threads, checked)] = Client(
                     addresses, namespace=namespace, timeout_ms=timeout_ms, token=token,
                     credential=credential or None, conns_per_server=threads,
-                    transport=transport, verify_checksums=checked)
+                    transport=transport, verify_checksums=checked, **tls_kw)
                 stack.callback(run_client.close)
             batch = min(batch, max(1, max_batch_bytes // size))
             label = f"{transport} t{run_client.conns} {op} {format_size(size)} x{batch} c{conc}"
@@ -377,6 +410,7 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
                            register=transport == "nixl" and not no_register)
             row["transport"] = transport if checked else f"{transport}/noverify"
             row["threads"], row["verify_checksums"] = run_client.conns, checked
+            row["tls"] = tls
             raw = raw_gbps(baseline, op, size)
             row["vs_raw"] = row["gbps"] / raw if raw else None
             if raws:
@@ -448,6 +482,7 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
                if local else None,
                "settings": {"duration": duration, "iters": iters, "verify": verify,
                             "transports": list(transports), "raw_transport": raw_transport,
+                            "tls": tls,
                             "max_batch_bytes": max_batch_bytes,
                             "timeout_ms": timeout_ms, "capacity_bytes": capacity,
                             "conns_per_server": client.conns, "slice_bytes": client.slice},

@@ -68,9 +68,16 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
 @click.option("--transport", type=click.Choice(["auto", "tcp", "shm", "nixl"]), default="auto",
               show_default=True, help="The workload client's data path; nixl also starts the "
               "servers with --nixl on (UCX over loopback unless UCX_NET_DEVICES is set).")
+@click.option("--tls", is_flag=True, help="TLS everywhere: make a throwaway CA and "
+              "certificates in the log directory, start masters and servers with them "
+              "(data port, master API and metrics speak TLS only) and run the workload over "
+              "TLS with a client certificate.")
+@click.option("--mtls", is_flag=True, help="With --tls: servers and masters also require "
+              "client certificates.")
 def up(n: int, n_masters: int, memory: int, slab_bytes: int, token: str, workload: str,
        trace: str | None, page_bytes: int, sessions: int, turns: int, limit: int | None,
-       concurrency: int, json_out: str | None, keep_arenas: bool, transport: str) -> None:
+       concurrency: int, json_out: str | None, keep_arenas: bool, transport: str, tls: bool,
+       mtls: bool) -> None:
     """Start a local cluster of N servers on 127.0.0.1 (foreground)."""
     from rich.console import Console
 
@@ -78,6 +85,11 @@ def up(n: int, n_masters: int, memory: int, slab_bytes: int, token: str, workloa
 
     console = Console(stderr=True)
     extra: list[str] = []
+    if mtls and not tls:
+        raise click.UsageError("--mtls needs --tls")
+    if tls and transport == "nixl":
+        raise click.UsageError("--transport nixl cannot run under --tls: nixl moves bytes by "
+                               "RDMA outside the TLS channel; use tcp, shm or auto")
     if transport == "nixl":
         from gcache.nixl_lib import available
 
@@ -86,17 +98,27 @@ def up(n: int, n_masters: int, memory: int, slab_bytes: int, token: str, workloa
         os.environ.setdefault("UCX_NET_DEVICES", "lo")  # servers inherit it
         extra = ["--nixl", "on"]
     logs = tempfile.mkdtemp(prefix="gcache-up-")
+    files = None
+    if tls:
+        from gcache.testing.certs import make_certs
+
+        files = make_certs(os.path.join(logs, "tls"))
     cluster = Cluster(n, format_size(memory), slab=format_size(slab_bytes), token=token,
                       log_dir=logs, prefix=f"up{int(time.time()) % 100000}",
                       keep_arenas=keep_arenas, masters=n_masters, heartbeat_timeout_ms=3000,
-                      extra=extra)
+                      extra=extra, tls=files, mtls=mtls)
     console.print(f"starting {n_masters} gcache-master(s) and {n} gcache-server(s), "
-                  f"{format_size(memory)} each; logs in {logs}")
+                  f"{format_size(memory)} each{', TLS' + (' + mTLS' if mtls else '') if tls else ''}"
+                  f"; logs in {logs}")
     cluster.start()
     if n_masters:
         _wait_registered(cluster, token, n)
         print(f"GCACHE_MASTERS={','.join(cluster.master_addresses)}", flush=True)
     print(f"GCACHE_SERVERS={','.join(cluster.addresses)}", flush=True)
+    if files is not None:  # what `gcache status --masters ...` and clients need
+        print(f"GCACHE_TLS_CA_FILE={files.ca_file}", flush=True)
+        print(f"GCACHE_TLS_CERT_FILE={files.client_cert_file}", flush=True)
+        print(f"GCACHE_TLS_KEY_FILE={files.client_key_file}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -141,7 +163,7 @@ def _wait_registered(cluster, token: str, n: int, timeout: float = 30.0) -> None
     """Block until all n servers are up in the masters' view."""
     from gcache.discovery import MasterClient, MasterUnavailable
 
-    mc = MasterClient(cluster.master_addresses, token)
+    mc = MasterClient(cluster.master_addresses, token, tls=_cluster_tls(cluster))
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         try:
@@ -154,9 +176,21 @@ def _wait_registered(cluster, token: str, n: int, timeout: float = 30.0) -> None
     raise click.ClickException(f"servers did not all register with the masters in {timeout}s")
 
 
+def _cluster_tls(cluster):
+    """The dialer context of a ``gcache up --tls`` cluster's own clients, or None."""
+    if cluster.tls is None:
+        return None
+    from gcache.tls import client_context
+
+    f = cluster.tls
+    return client_context(f.ca_file, f.client_cert_file, f.client_key_file)
+
+
 def _client_for(cluster, token: str, **kw):
     from gcache.sdk import Client
 
+    if cluster.tls is not None:
+        kw.update(cluster.tls.client_kwargs())
     if cluster.masters:
         return Client(masters=cluster.master_addresses, token=token, **kw)
     return Client(cluster.addresses, token=token, **kw)
@@ -197,7 +231,7 @@ def _run_workload(console, cluster, token: str, workload: str, trace: str | None
                      page_bytes=page_bytes, concurrency=concurrency, limit=limit, on_step=on_step)
     s = rep.summary()
     table = Table(title=f"gcache up: {name} workload over {len(servers)} servers "
-                        f"({transport} transport)")
+                        f"({transport} transport{', TLS' if cluster.tls else ''})")
     table.add_column("metric")
     table.add_column("value", justify="right")
     rows = [
@@ -231,11 +265,34 @@ def tier_cells(stats: dict) -> tuple[str, str]:
     return disk, f"{stats.get('demoted', 0):,}↓ {stats.get('promoted', 0):,}↑"
 
 
-def _masters_client(masters: str, token: str):
+def _tls_options(fn):
+    """``--tls``/``--tls-ca-file``/``--tls-cert-file``/``--tls-key-file`` (the client
+    scope's options), gathered into one ``tls`` dict argument."""
+    for flag, help_text in reversed((
+            ("--tls-ca-file", "PEM CA bundle that signed the masters' certificates; "
+             "implies --tls. [env GCACHE_TLS_CA_FILE]"),
+            ("--tls-cert-file", "This client's certificate, for masters that require one "
+             "(mTLS). [env GCACHE_TLS_CERT_FILE]"),
+            ("--tls-key-file", "Key of --tls-cert-file. [env GCACHE_TLS_KEY_FILE]"))):
+        fn = click.option(flag, default=None,
+                          envvar="GCACHE_" + flag[2:].upper().replace("-", "_"),
+                          help=help_text)(fn)
+    return click.option("--tls", is_flag=True, default=None, envvar="GCACHE_TLS",
+                        help="Talk https to the masters (verifying them with --tls-ca-file "
+                        "or the system store). [env GCACHE_TLS]")(fn)
+
+
+def _masters_client(masters: str, token: str, tls: dict):
+    from gcache.config import load_config
     from gcache.discovery import MasterClient
+    from gcache.errors import ConfigError
+    from gcache.tls import dialer_context
 
     try:
-        return MasterClient(masters, token, timeout_s=3.0)
+        ctx = dialer_context(load_config("client", env={}, cli=tls))
+        return MasterClient(masters, token, timeout_s=3.0, tls=ctx)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--masters") from None
 
@@ -246,8 +303,9 @@ def _masters_client(masters: str, token: str):
 @click.option("--token", default="", envvar="GCACHE_TOKEN", help="[env GCACHE_TOKEN]")
 @click.option("--credential", default="", envvar="GCACHE_CREDENTIAL",
               help="'id:secret' with admin on \"*\"; wins over --token. [env GCACHE_CREDENTIAL]")
+@_tls_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-def status(masters: str, token: str, credential: str, as_json: bool) -> None:
+def status(masters: str, token: str, credential: str, as_json: bool, **tls: object) -> None:
     """Show the leader, the epoch and every member with its state and usage."""
     from rich.console import Console
     from rich.table import Table
@@ -255,7 +313,7 @@ def status(masters: str, token: str, credential: str, as_json: bool) -> None:
     from gcache.discovery import MasterError, MasterUnavailable
 
     try:
-        doc = _masters_client(masters, credential or token).status()
+        doc = _masters_client(masters, credential or token, tls).status()
     except (MasterUnavailable, MasterError) as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
@@ -287,11 +345,11 @@ def admin() -> None:
     """Operator actions on members (replicated through the masters)."""
 
 
-def _admin(op: str, member_id: str, masters: str, token: str) -> None:
+def _admin(op: str, member_id: str, masters: str, token: str, tls: dict) -> None:
     from gcache.discovery import MasterError, MasterUnavailable
 
     try:
-        res = _masters_client(masters, token).admin(op, member_id)
+        res = _masters_client(masters, token, tls).admin(op, member_id)
     except (MasterUnavailable, MasterError) as exc:
         raise click.ClickException(str(exc)) from None
     state = (res.get("member") or {}).get("state", "removed")
@@ -312,9 +370,10 @@ _cred_opt = click.option("--credential", default="", envvar="GCACHE_CREDENTIAL",
 @_masters_opt
 @_token_opt
 @_cred_opt
-def drain(member_id: str, masters: str, token: str, credential: str) -> None:
+@_tls_options
+def drain(member_id: str, masters: str, token: str, credential: str, **tls: object) -> None:
     """Stop placing new keys on MEMBER_ID (it keeps serving what it holds)."""
-    _admin("drain", member_id, masters, credential or token)
+    _admin("drain", member_id, masters, credential or token, tls)
 
 
 @admin.command()
@@ -322,9 +381,10 @@ def drain(member_id: str, masters: str, token: str, credential: str) -> None:
 @_masters_opt
 @_token_opt
 @_cred_opt
-def add(member_id: str, masters: str, token: str, credential: str) -> None:
+@_tls_options
+def add(member_id: str, masters: str, token: str, credential: str, **tls: object) -> None:
     """Bring a drained or down MEMBER_ID back into placement."""
-    _admin("undrain", member_id, masters, credential or token)
+    _admin("undrain", member_id, masters, credential or token, tls)
 
 
 @admin.command()
@@ -332,9 +392,10 @@ def add(member_id: str, masters: str, token: str, credential: str) -> None:
 @_masters_opt
 @_token_opt
 @_cred_opt
-def remove(member_id: str, masters: str, token: str, credential: str) -> None:
+@_tls_options
+def remove(member_id: str, masters: str, token: str, credential: str, **tls: object) -> None:
     """Forget MEMBER_ID (it re-registers if it is still running)."""
-    _admin("remove", member_id, masters, credential or token)
+    _admin("remove", member_id, masters, credential or token, tls)
 
 
 if __name__ == "__main__":

@@ -234,6 +234,21 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "server"),
     Option("failpoints", "str", "", "Fault injection for tests, e.g. 'disk_write=eio:3x'; "
            "empty = off.", "server"),
+    Option("tls_cert_file", "str", "", "PEM certificate chain this process presents. A "
+           "server with one speaks TLS only, on its data port and metrics endpoint, and "
+           "dials its masters over https presenting it; a client presents it to servers "
+           "and masters that ask (mTLS). Empty = no certificate.", "common"),
+    Option("tls_key_file", "str", "", "PEM private key of tls_cert_file (empty: the key is "
+           "in the tls_cert_file PEM).", "common"),
+    Option("tls_ca_file", "str", "", "PEM CA bundle this process trusts. Clients verify "
+           "servers and masters with it (empty = the system store); a TLS server verifies "
+           "client certificates and its masters with it.", "common"),
+    Option("tls_require_client_cert", "bool", False, "mTLS: refuse clients without a "
+           "certificate signed by tls_ca_file (needs tls_cert_file and tls_ca_file).",
+           "server"),
+    Option("tls", "bool", False, "Speak TLS to servers and masters (on as well when "
+           "tls_ca_file or tls_cert_file is set). Refuses transport nixl, whose bytes "
+           "bypass the TLS channel.", "client"),
     Option("timeout_ms", "duration_ms", 2000, "Deadline of one client operation.", "client"),
     Option("slice_bytes", "size", _MIB, "Size of one slice of a large value.", "client"),
     Option("conns_per_server", "int", 4, "Connections the client opens per server.", "client"),

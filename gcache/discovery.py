@@ -7,15 +7,19 @@ answered. Every call has a short timeout and failures are values
 view when every master is down. ``watch`` long-polls ``/view?since=E`` and
 returns as soon as the epoch moves past ``E`` (or after ``wait_ms``).
 
-Timeouts are deadlines: one HTTP exchange (connect, request, status line,
-headers, body) ends by ``timeout_s`` after it starts however slowly a master
-trickles its answer, because the socket timeout is recomputed from the time
-left before every syscall. A call made on behalf of a data op (``deadline=``,
-e.g. the view refresh after ``NOT_OWNER``) ends by that op's deadline too.
+Timeouts are deadlines: one HTTP exchange (connect, TLS handshake, request,
+status line, headers, body) ends by ``timeout_s`` after it starts however slowly
+a master trickles its answer, because the socket timeout is recomputed from the
+time left before every syscall. A call made on behalf of a data op
+(``deadline=``, e.g. the view refresh after ``NOT_OWNER``) ends by that op's
+deadline too.
 
 The credential travels as ``Authorization: Bearer id:secret`` (or the legacy
-``Bearer <token>``); run the masters on a trusted network or behind TLS
-termination. A 401 (unknown credential) or 403 (no right for the route) raises
+``Bearer <token>``). Give ``tls`` (a dialer context from ``gcache.tls``) when
+the masters serve https (``gcache-master --tls-cert-file``): every call then
+verifies the master's certificate, and its name against the address dialed,
+before the credential is sent; otherwise run the masters on a trusted network.
+A 401 (unknown credential) or 403 (no right for the route) raises
 ``MasterError`` at once: another master would answer the same.
 """
 
@@ -25,12 +29,14 @@ import http.client
 import io
 import json
 import socket
+import ssl
 import time
 import urllib.error
 from typing import Any, Sequence
 
 from gcache.protocol import arm
 from gcache.ring import Member
+from gcache.tls import connect as tls_connect, explain
 from gcache.view import View
 
 
@@ -39,9 +45,10 @@ class MasterUnavailable(Exception):
 
 
 class MasterClient:
-    def __init__(self, masters: Sequence[str] | str, token: str = "", timeout_s: float = 2.0
-                 ) -> None:
-        """``token``: what follows ``Bearer``: a credential ``id:secret`` or the token."""
+    def __init__(self, masters: Sequence[str] | str, token: str = "", timeout_s: float = 2.0,
+                 tls: ssl.SSLContext | None = None) -> None:
+        """``token``: what follows ``Bearer``: a credential ``id:secret`` or the token.
+        ``tls``: a dialer context when the masters serve https."""
         if isinstance(masters, str):
             masters = [m for m in masters.split(",") if m.strip()]
         self.masters = [m.strip() for m in masters]
@@ -49,6 +56,7 @@ class MasterClient:
             raise ValueError("no master addresses given")
         self.token = token
         self.timeout_s = timeout_s
+        self.tls = tls
         self._good = 0
 
     def request(self, method: str, path: str, body: dict | None = None,
@@ -84,7 +92,7 @@ class MasterClient:
                     last = last or "the caller's deadline passed"
                     break
             try:
-                out = http_json(addr, method, path, body, self.token, t)
+                out = http_json(addr, method, path, body, self.token, t, tls=self.tls)
             except urllib.error.HTTPError as exc:
                 detail = _error_text(exc)
                 if exc.code in (400, 401, 403, 404, 409):
@@ -92,7 +100,8 @@ class MasterClient:
                 last = f"{addr}: HTTP {exc.code} {detail}"
                 continue
             except (OSError, ValueError) as exc:
-                last = f"{addr}: {exc}"
+                last = (explain(exc, addr)[1] if isinstance(exc, ssl.SSLError)
+                        else f"{addr}: {exc}")
                 continue
             self._good = idx
             return out
@@ -126,48 +135,63 @@ class MasterError(Exception):
         self.code = code
 
 
-class _DeadlineSocket(socket.socket):
-    """A socket whose sends and receives all end by one deadline: http.client reads
-    through ``makefile``, which calls ``recv_into`` once per buffer fill."""
+class _DeadlineIO:
+    """What http.client needs of a socket (``sendall``, ``makefile``, ``close``), with
+    every send and receive ending by one deadline. It wraps a plain or a TLS socket
+    alike: http.client reads through ``makefile``, which calls ``recv_into`` once per
+    buffer fill, and each call is re-armed from the time left."""
 
-    deadline = 0.0
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock, self.deadline = sock, deadline
 
-    def recv_into(self, *args: Any, **kw: Any) -> int:
-        arm(self, self.deadline)
-        return super().recv_into(*args, **kw)
+    def recv_into(self, buf: Any, n: int = 0) -> int:
+        arm(self.sock, self.deadline)
+        return self.sock.recv_into(buf, n)
 
-    def recv(self, *args: Any, **kw: Any) -> bytes:
-        arm(self, self.deadline)
-        return super().recv(*args, **kw)
+    def sendall(self, data: Any) -> None:
+        view, sent = memoryview(data).cast("B"), 0
+        while sent < len(view):
+            arm(self.sock, self.deadline)
+            sent += self.sock.send(view[sent:])
 
-    def sendall(self, *args: Any, **kw: Any) -> None:
-        arm(self, self.deadline)  # sendall bounds its whole send by the timeout
-        return super().sendall(*args, **kw)
+    def makefile(self, mode: str = "rb", *args: Any, **kw: Any) -> io.BufferedReader:
+        return io.BufferedReader(socket.SocketIO(self, "rb"))  # type: ignore[arg-type]
+
+    def _decref_socketios(self) -> None:  # SocketIO.close calls it
+        pass
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 class _DeadlineHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, addr: str, deadline: float) -> None:
+    def __init__(self, addr: str, deadline: float, tls: ssl.SSLContext | None = None
+                 ) -> None:
         super().__init__(addr, timeout=max(0.001, deadline - time.monotonic()))
-        self.deadline = deadline
+        self.deadline, self.tls = deadline, tls
 
     def connect(self) -> None:
         super().connect()  # create_connection under the time left
-        sock = _DeadlineSocket(fileno=self.sock.detach())
-        sock.deadline = self.deadline
-        self.sock = sock
+        sock = self.sock
+        if self.tls is not None:  # the handshake, under the same deadline
+            sock = tls_connect(self.tls, sock, self.host, self.deadline)
+        self.sock = _DeadlineIO(sock, self.deadline)
 
 
 def http_json(addr: str, method: str, path: str, body: dict | None, token: str,
-              timeout_s: float, headers: dict[str, str] | None = None) -> dict:
-    """One JSON request/response, ended by ``timeout_s`` from now whatever the peer does.
+              timeout_s: float, headers: dict[str, str] | None = None,
+              tls: ssl.SSLContext | None = None) -> dict:
+    """One JSON request/response, ended by ``timeout_s`` from now whatever the peer does;
+    https with ``tls`` (a dialer context), else http.
 
     Raises ``urllib.error.HTTPError`` for a non-2xx answer, ``OSError`` (a
-    ``TimeoutError`` past the deadline) when the master is unreachable or too slow."""
+    ``TimeoutError`` past the deadline, an ``ssl.SSLError`` for a refused certificate)
+    when the master is unreachable or too slow."""
     data = json.dumps(body).encode() if body is not None else None
     hdrs = {"Content-Type": "application/json", "Connection": "close", **(headers or {})}
     if token:
         hdrs["Authorization"] = f"Bearer {token}"
-    conn = _DeadlineHTTPConnection(addr, time.monotonic() + timeout_s)
+    conn = _DeadlineHTTPConnection(addr, time.monotonic() + timeout_s, tls)
     try:
         conn.request(method, path, body=data, headers=hdrs)
         resp = conn.getresponse()
@@ -177,7 +201,8 @@ def http_json(addr: str, method: str, path: str, body: dict | None, token: str,
     finally:
         conn.close()
     if not 200 <= resp.status < 300:
-        raise urllib.error.HTTPError(f"http://{addr}{path}", resp.status, resp.reason,
+        scheme = "https" if tls is not None else "http"
+        raise urllib.error.HTTPError(f"{scheme}://{addr}{path}", resp.status, resp.reason,
                                      resp.headers, io.BytesIO(raw))
     return json.loads(raw or b"{}")
 

@@ -25,6 +25,7 @@ docs/protocol.md is the normative description; keep the two in step.
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 import time
 import zlib
@@ -236,9 +237,13 @@ def recv_into_many(sock: socket.socket, views: Sequence[memoryview],
     """Fill every view in order with scatter reads (``recvmsg_into``): one syscall
     and one GIL round trip fill many buffers, e.g. 16 pages of a batch at once.
 
-    The whole read ends by ``deadline``. ConnectionError on EOF.
+    The whole read ends by ``deadline``. ConnectionError on EOF. TLS sockets have no
+    ``recvmsg_into``: they fill one view at a time, still straight into it (OpenSSL
+    decrypts into the destination), re-armed before every call.
     """
     bufs = [v for v in views if len(v)]
+    if isinstance(sock, ssl.SSLSocket):
+        return _recv_into_each(sock, bufs, deadline)
     i = 0
     while i < len(bufs):
         arm(sock, deadline)
@@ -250,6 +255,18 @@ def recv_into_many(sock: socket.socket, views: Sequence[memoryview],
             i += 1
         if k:
             bufs[i] = bufs[i][k:]
+
+
+def _recv_into_each(sock: ssl.SSLSocket, bufs: list[memoryview],
+                    deadline: float | None) -> None:
+    for view in bufs:
+        got, n = 0, len(view)
+        while got < n:
+            arm(sock, deadline)
+            k = sock.recv_into(view[got:], n - got)
+            if k == 0:
+                raise ConnectionError("peer closed the connection in the middle of a payload")
+            got += k
 
 
 def discard_views(n: int, scratch: memoryview) -> list[memoryview]:
@@ -282,8 +299,11 @@ def discard(sock: socket.socket, n: int, scratch: memoryview,
 def sendmsg_all(sock: socket.socket, buffers: Sequence[bytes | bytearray | memoryview],
                 deadline: float | None = None) -> None:
     """Scatter-gather send of every buffer by ``deadline``, handling partial writes
-    (a peer that reads slowly cannot hold the sender past it)."""
+    (a peer that reads slowly cannot hold the sender past it). TLS sockets have no
+    ``sendmsg``: they send buffer by buffer (``_send_each``)."""
     bufs = [memoryview(b).cast("B") for b in buffers if len(b)]
+    if isinstance(sock, ssl.SSLSocket):
+        return _send_each(sock, bufs, deadline)
     i = 0
     while i < len(bufs):
         chunk = bufs[i:i + _IOV_MAX]
@@ -295,6 +315,36 @@ def sendmsg_all(sock: socket.socket, buffers: Sequence[bytes | bytearray | memor
             i += 1
         if sent:
             bufs[i] = bufs[i][sent:]
+
+
+_TLS_RECORD = 16 << 10  # largest TLS record payload
+
+
+def _send_each(sock: ssl.SSLSocket, bufs: list[memoryview], deadline: float | None) -> None:
+    """Send every buffer by ``deadline``; neighbours smaller than a TLS record (a frame
+    header, small values) are gathered into one record instead of one record and syscall
+    each. ``send`` (not ``sendall``) so the deadline is re-armed before every call."""
+    small = bytearray()
+    for b in bufs:
+        if len(small) + len(b) <= _TLS_RECORD:
+            small += b
+            continue
+        if small:
+            _send_all(sock, memoryview(small), deadline)
+            small = bytearray()
+        if len(b) < _TLS_RECORD:
+            small += b
+        else:
+            _send_all(sock, b, deadline)
+    if small:
+        _send_all(sock, memoryview(small), deadline)
+
+
+def _send_all(sock: ssl.SSLSocket, view: memoryview, deadline: float | None) -> None:
+    sent = 0
+    while sent < len(view):
+        arm(sock, deadline)
+        sent += sock.send(view[sent:sent + (1 << 20)])
 
 
 _HEADER_STEP = 64 << 10

@@ -28,6 +28,7 @@ from __future__ import annotations
 import http.server
 import json
 import logging
+import ssl
 import threading
 import time
 import urllib.error
@@ -36,6 +37,7 @@ from typing import Any
 
 from gcache.credentials import Credential, CredentialStore
 from gcache.discovery import http_json
+from gcache.tls import HTTPServer
 from gcache.master.raft_node import RaftNode
 
 log = logging.getLogger("gcache.master")
@@ -59,10 +61,13 @@ def _denied(cred: Credential, path: str) -> str:
 
 class MasterService:
     def __init__(self, node: RaftNode, *, listen: str, token: str, heartbeat_timeout_ms: int,
-                 raft_to_api: dict[str, str], credentials: CredentialStore | None = None
+                 raft_to_api: dict[str, str], credentials: CredentialStore | None = None,
+                 tls: ssl.SSLContext | None = None, peer_tls: ssl.SSLContext | None = None
                  ) -> None:
         self.node, self.token = node, token
         self.credentials = credentials or CredentialStore(token=token)
+        # tls: serve https; peer_tls: the dialer context for forwarding to the leader
+        self.peer_tls = peer_tls
         self.heartbeat_timeout = heartbeat_timeout_ms / 1000.0
         self.raft_to_api = raft_to_api
         self.last_seen: dict[str, float] = {}
@@ -86,8 +91,7 @@ class MasterService:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.http = http.server.ThreadingHTTPServer((host.strip("[]"), int(port)), Handler)
-        self.http.daemon_threads = True
+        self.http = HTTPServer((host.strip("[]"), int(port)), Handler, tls=tls)
         self.address = f"{host}:{self.http.server_address[1]}"
 
     def start(self) -> None:
@@ -167,7 +171,8 @@ class MasterService:
             # the caller's own credential: the leader checks the same rights
             return 200, http_json(api, method, path, body if method == "POST" else None,
                                   "", _FORWARD_TIMEOUT_S,
-                                  {_FORWARDED: "1", "Authorization": self._local.auth})
+                                  {_FORWARDED: "1", "Authorization": self._local.auth},
+                                  tls=self.peer_tls)
         except urllib.error.HTTPError as exc:
             try:
                 return exc.code, json.loads(exc.read() or b"{}")

@@ -16,10 +16,12 @@ import threading
 
 import click
 
+from gcache.config import parse_bool
 from gcache.credentials import CredentialStore
 from gcache.errors import ConfigError
 from gcache.logs import setup_logging
 from gcache.network import check_bind
+from gcache.tls import client_context, server_context
 
 log = logging.getLogger("gcache.master")
 
@@ -49,11 +51,24 @@ def raft_address(api: str) -> str:
 @click.option("--heartbeat-timeout-ms", default=3000, show_default=True, type=click.IntRange(100),
               envvar="GCACHE_HEARTBEAT_TIMEOUT_MS",
               help="A server silent this long is marked down (epoch moves).")
+@click.option("--tls-cert-file", default="", envvar="GCACHE_TLS_CERT_FILE",
+              help="PEM certificate chain: the API serves https only, and forwards to the "
+                   "leader over https presenting it. [env GCACHE_TLS_CERT_FILE]")
+@click.option("--tls-key-file", default="", envvar="GCACHE_TLS_KEY_FILE",
+              help="PEM key of --tls-cert-file (empty: in the same PEM). "
+                   "[env GCACHE_TLS_KEY_FILE]")
+@click.option("--tls-ca-file", default="", envvar="GCACHE_TLS_CA_FILE",
+              help="PEM CA bundle: verifies client certificates and the other masters. "
+                   "[env GCACHE_TLS_CA_FILE]")
+@click.option("--tls-require-client-cert", default="false", envvar="GCACHE_TLS_REQUIRE_CLIENT_CERT",
+              help="mTLS on the API: refuse clients without a certificate signed by "
+                   "--tls-ca-file (true|false). [env GCACHE_TLS_REQUIRE_CLIENT_CERT]")
 @click.option("--log-level", default="INFO", show_default=True, envvar="GCACHE_LOG_LEVEL")
 @click.option("--log-format", type=click.Choice(["json", "text"]), default="json",
               show_default=True, envvar="GCACHE_LOG_FORMAT")
 def main(listen: str, peers: str, data_dir: str, token: str, credentials_file: str,
-         heartbeat_timeout_ms: int, log_level: str, log_format: str) -> None:
+         heartbeat_timeout_ms: int, tls_cert_file: str, tls_key_file: str, tls_ca_file: str,
+         tls_require_client_cert: str, log_level: str, log_format: str) -> None:
     """Run a gcache-master (membership, heartbeats, discovery; never on the IO path)."""
     setup_logging(log_level, log_format)
     try:
@@ -63,6 +78,14 @@ def main(listen: str, peers: str, data_dir: str, token: str, credentials_file: s
         check_bind(listen, token)
     except (ValueError, ConfigError) as exc:
         raise SystemExit(f"gcache-master: {exc}") from None
+    try:
+        require = parse_bool(tls_require_client_cert)
+        tls = peer_tls = None
+        if tls_cert_file or tls_key_file or require:
+            tls = server_context(tls_cert_file, tls_key_file, tls_ca_file, require)
+            peer_tls = client_context(tls_ca_file, tls_cert_file, tls_key_file)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
     from gcache.master.api import MasterService
     from gcache.master.raft_node import RaftNode
 
@@ -74,11 +97,13 @@ def main(listen: str, peers: str, data_dir: str, token: str, credentials_file: s
     node = RaftNode(raft_address(listen), [raft_address(p) for p in peer_list], data_dir,
                     password)
     svc = MasterService(node, listen=listen, token=token, credentials=credentials,
-                        heartbeat_timeout_ms=heartbeat_timeout_ms, raft_to_api=raft_to_api)
+                        heartbeat_timeout_ms=heartbeat_timeout_ms, raft_to_api=raft_to_api,
+                        tls=tls, peer_tls=peer_tls)
     svc.start()
     log.info("gcache-master serving", extra={"fields": {
         "listen": svc.address, "raft": raft_address(listen), "peers": peer_list,
-        "data_dir": os.path.abspath(data_dir), "epoch": node.membership.epoch}})
+        "data_dir": os.path.abspath(data_dir), "epoch": node.membership.epoch,
+        "tls": "mtls" if require else "on" if tls is not None else "off"}})
     stop, hup = threading.Event(), threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import operator
 import os
+import ssl
 import threading
 import time
 from concurrent.futures import Future
@@ -35,6 +36,7 @@ from gcache.errors import ConfigError
 from gcache.hashing import checksum, placement_hash
 from gcache.protocol import Limits, Op
 from gcache.status import Status
+from gcache.tls import dialer_context
 from gcache.view import View
 from gcache.sdk.dispatcher import Lane, Reaper
 from gcache.sdk.transport import ItemResult, TcpTransport, Work
@@ -191,6 +193,14 @@ class Client:
             all its bytes landed (default on); a mismatch is a ``CORRUPT`` miss, never a
             hit. Puts always carry the value's checksum, and the server verifies it
             before the value becomes visible.
+        tls: ``True`` to speak TLS to every server and master (verifying their
+            certificates against ``tls_ca_file``, or the system store, and their names
+            against the addresses dialed), or a ready ``ssl.SSLContext`` (used as is).
+            Also on when ``tls_ca_file`` or ``tls_cert_file`` is set. Under TLS
+            ``transport`` may be tcp, shm or auto (never nixl: its bytes bypass TLS).
+        tls_ca_file: PEM CA bundle that signed the servers' and masters' certificates.
+        tls_cert_file, tls_key_file: this client's certificate and key, for servers
+            that require client certificates (mTLS).
         config_file: TOML file with ``[client]`` keys; env ``GCACHE_*`` overrides it,
             and explicit arguments override both.
 
@@ -207,7 +217,9 @@ class Client:
                  connect_timeout_ms: int | None = None, config_file: str | None = None,
                  limits: Limits | None = None, transport: str | None = None,
                  nixl_bounce_bytes: int | None = None,
-                 verify_checksums: bool | None = None) -> None:
+                 verify_checksums: bool | None = None,
+                 tls: bool | ssl.SSLContext | None = None, tls_ca_file: str | None = None,
+                 tls_cert_file: str | None = None, tls_key_file: str | None = None) -> None:
         if isinstance(servers, str):
             servers = servers.split(",")
         if isinstance(masters, str):
@@ -220,8 +232,13 @@ class Client:
             "conns_per_server": conns_per_server, "queue_depth": queue_depth,
             "frame_target_bytes": frame_target_bytes, "probe_interval_ms": probe_interval_ms,
             "connect_timeout_ms": connect_timeout_ms, "transport": transport,
-            "nixl_bounce_bytes": nixl_bounce_bytes, "verify_checksums": verify_checksums})
+            "nixl_bounce_bytes": nixl_bounce_bytes, "verify_checksums": verify_checksums,
+            "tls": tls if tls is None or isinstance(tls, bool) else True,
+            "tls_ca_file": tls_ca_file, "tls_cert_file": tls_cert_file,
+            "tls_key_file": tls_key_file})
         self.config = cfg
+        # the dialer context of every data connection and master call (None = plain)
+        self._tls = tls if isinstance(tls, ssl.SSLContext) else dialer_context(cfg)
         self.namespace = namespace.encode() if isinstance(namespace, str) else bytes(namespace)
         self.limits = limits or Limits()
         if len(self.namespace) > self.limits.max_namespace_bytes:
@@ -239,9 +256,15 @@ class Client:
         if self.transport not in TRANSPORTS:
             raise ConfigError(f"transport must be one of {', '.join(TRANSPORTS)}, "
                               f"not {self.transport!r}")
+        if self._tls is not None and self.transport == "nixl":
+            raise ConfigError("transport='nixl' cannot run under TLS: its bytes move by "
+                              "RDMA outside the TLS channel; use transport tcp, shm or auto "
+                              "with TLS, or turn TLS off on a trusted fabric")
         self._device_ok = self.transport == "nixl"  # CUDA buffers need one-sided transfers
         # nixl is in play: asked for, or auto on a host with an RDMA device and the library
-        self._nixl = self.transport == "nixl" or (self.transport == "auto" and nixl_usable())
+        # (never under TLS)
+        self._nixl = self.transport == "nixl" or (self.transport == "auto" and nixl_usable()
+                                                  and self._tls is None)
         if self._nixl:
             # the agent takes ~0.4 s to start: here, not inside the first op's deadline
             from gcache.nixl_lib import NixlUnavailable
@@ -265,7 +288,8 @@ class Client:
         self._ring = self._view.ring
         if masters:
             self._master = MasterClient(masters, bearer_of(self._token),
-                                        timeout_s=max(0.5, cfg.connect_timeout_ms / 1000.0))
+                                        timeout_s=max(0.5, cfg.connect_timeout_ms / 1000.0),
+                                        tls=self._tls)
             self._view = View(-1, ())
             if not self._refresh_view(wait_ms=0) and servers:
                 self._view = View.static(list(servers))  # bootstrap until a master answers
@@ -314,7 +338,7 @@ class Client:
                     lane = Lane(address, lambda: make_transport(
                         self.transport, address, self._token, self.limits,
                         cfg.connect_timeout_ms / 1000.0, int(cfg.nixl_bounce_bytes),
-                        int(cfg.one_sided_min_bytes)),
+                        int(cfg.one_sided_min_bytes), self._tls),
                         threads=self.conns, queue_depth=cfg.queue_depth,
                         probe_interval=cfg.probe_interval_ms / 1000.0,
                         state_lock=self._state_lock)
@@ -356,7 +380,7 @@ class Client:
         for lane in list(self._lanes.values()):
             if lane.suspect_until and not self._closed:
                 t = TcpTransport(lane.address, self._token, self.limits,
-                                 self.config.connect_timeout_ms / 1000.0)
+                                 self.config.connect_timeout_ms / 1000.0, self._tls)
                 try:
                     t.connect(time.monotonic() + self.config.connect_timeout_ms / 1000.0)
                     lane.clear_suspect()
@@ -799,7 +823,8 @@ class Client:
         out: dict[str, dict] = {}
 
         def one(addr: str) -> None:
-            t = TcpTransport(addr, self._token, self.limits, self.config.connect_timeout_ms / 1000)
+            t = TcpTransport(addr, self._token, self.limits, self.config.connect_timeout_ms / 1000,
+                             self._tls)
             try:
                 t.connect(deadline)
                 out[addr] = t.call_stats(deadline)

@@ -23,6 +23,7 @@ import functools
 import logging
 import mmap
 import os
+import ssl
 import threading
 
 import numpy as np
@@ -114,8 +115,9 @@ def _copy(dst_addr: int, src_addr: int, n: int) -> None:
 
 class ShmTransport(OneSidedTransport):
     def __init__(self, address: str, token: str | ClientCredential, limits: Limits,
-                 connect_timeout: float, mode: str = "auto") -> None:
-        super().__init__(address, token, limits, connect_timeout)
+                 connect_timeout: float, mode: str = "auto",
+                 tls: ssl.SSLContext | None = None) -> None:
+        super().__init__(address, token, limits, connect_timeout, tls)
         if mode not in ("auto", "shm", "nixl"):
             raise ValueError(f"ShmTransport mode must be auto, shm or nixl, not {mode!r}")
         self.mode = mode
@@ -188,21 +190,28 @@ class ShmTransport(OneSidedTransport):
 
 def make_transport(mode: str, address: str, token: str | ClientCredential, limits: Limits,
                    connect_timeout: float, nixl_bounce_bytes: int = 8 << 20,
-                   one_sided_min_bytes: int = 256 << 10) -> Transport:
+                   one_sided_min_bytes: int = 256 << 10,
+                   tls: ssl.SSLContext | None = None) -> Transport:
     """The transport for one dispatch thread.
 
     ``tcp`` -> TcpTransport; ``shm`` -> ShmTransport; ``nixl`` -> NixlTransport;
     ``auto`` -> shm when co-located, else nixl when this host has an RDMA device and
-    the server offers NIXL, else TCP (decided per connection)."""
+    the server offers NIXL, else TCP (decided per connection). With ``tls`` every
+    connection is TLS; nixl is refused (its bytes bypass the TLS channel), shm works
+    unchanged (its control RPCs ride the TLS socket, its bytes stay on this host)."""
     if mode == "tcp":
-        return TcpTransport(address, token, limits, connect_timeout)
+        return TcpTransport(address, token, limits, connect_timeout, tls)
     if mode not in MODES:
         raise ValueError(f"transport must be one of {', '.join(MODES)}, not {mode!r}")
-    if mode == "nixl" or (mode == "auto" and nixl_usable()):
+    if tls is not None and mode == "nixl":
+        raise ValueError("transport nixl cannot run under TLS: its bytes move by RDMA "
+                         "outside the TLS channel; use tcp, shm or auto")
+    if tls is not None:
+        t: OneSidedTransport = ShmTransport(address, token, limits, connect_timeout, mode, tls)
+    elif mode == "nixl" or (mode == "auto" and nixl_usable()):
         from gcache.sdk.nixl_transport import NixlTransport
 
-        t: OneSidedTransport = NixlTransport(address, token, limits, connect_timeout, mode,
-                                             nixl_bounce_bytes)
+        t = NixlTransport(address, token, limits, connect_timeout, mode, nixl_bounce_bytes)
     else:
         t = ShmTransport(address, token, limits, connect_timeout, mode)
     t.min_bytes = one_sided_min_bytes

@@ -23,6 +23,12 @@ dispatcher and the Client do not change.
 TCP specifics: put payloads are sent with one scatter-gather ``sendmsg``
 straight from the caller's buffers; get payloads are received with
 ``recv_into`` straight into the caller's destination views.
+
+TLS (``tls``, a dialer context): the handshake runs inside ``connect`` before
+HELLO, within the connect deadline, and the server's certificate must name the
+host dialed. A refused certificate on either side raises ``AuthFailed`` (the
+items' status is ``AUTH``); over TLS, payloads move one buffer per syscall
+(``sendall``/``recv_into``), still without staging copies on this side.
 """
 
 from __future__ import annotations
@@ -30,10 +36,12 @@ from __future__ import annotations
 import abc
 import itertools
 import socket
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from gcache import tls as tlslib
 from gcache.credentials import ClientCredential, auth_fields
 from gcache.errors import ProtocolError
 from gcache.protocol import (PREFIX_SIZE, Limits, Op, encode_frame, read_frame,
@@ -94,9 +102,11 @@ class Transport(abc.ABC):
 
 class TcpTransport(Transport):
     def __init__(self, address: str, token: str | ClientCredential, limits: Limits,
-                 connect_timeout: float) -> None:
-        """``token``: the client's ``ClientCredential``, or the legacy token ('' = none)."""
+                 connect_timeout: float, tls: ssl.SSLContext | None = None) -> None:
+        """``token``: the client's ``ClientCredential``, or the legacy token ('' = none);
+        ``tls``: a dialer context to speak TLS to the server."""
         self.address = address
+        self.tls = tls
         host, port = address.rsplit(":", 1)
         self.host, self.port = host.strip("[]"), int(port)
         self.token = token
@@ -122,7 +132,13 @@ class TcpTransport(Transport):
         # one deadline for the whole handshake, re-armed before every syscall
         hs_deadline = min(deadline, time.monotonic() + self.connect_timeout * 4)
         try:
+            if self.tls is not None:
+                self.sock = sock = tlslib.connect(self.tls, sock, self.host, hs_deadline)
             fh, hello = read_frame(sock, self.limits, self.prefix, deadline=hs_deadline)
+            if fh.status:  # refused before HELLO, e.g. a TLS-only server to a plain client
+                err = hello.get("error", "") if isinstance(hello, dict) else ""
+                exc_type = AuthFailed if fh.status == Status.AUTH else ConnectionError
+                raise exc_type(f"{self.address} refused the connection: {err}")
             if fh.opcode != Op.HELLO or not isinstance(hello, dict):
                 raise ConnectionError(f"{self.address} did not greet with HELLO")
             self.server_name = str(hello.get("name", ""))
@@ -140,6 +156,10 @@ class TcpTransport(Transport):
         except socket.timeout:
             self.close()
             raise TransportTimeout() from None
+        except ssl.SSLError as exc:
+            self.close()
+            is_auth, why = tlslib.explain(exc, self.address)
+            raise (AuthFailed if is_auth else ConnectionError)(why) from None
         except BaseException:
             self.close()
             raise

@@ -13,6 +13,7 @@ for keys placed by a client with an older view.
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 import uuid
 from typing import Callable, Sequence
@@ -26,11 +27,13 @@ log = logging.getLogger("gcache.server.agent")
 class MembershipAgent:
     def __init__(self, masters: Sequence[str] | str, token: str, member_id: str, address: str,
                  capacity_bytes: int, stats_fn: Callable[[], dict],
-                 heartbeat_interval_ms: int = 500) -> None:
+                 heartbeat_interval_ms: int = 500, tls: ssl.SSLContext | None = None
+                 ) -> None:
         # short per-try timeouts: a paused master must not delay a heartbeat past the
-        # masters' heartbeat timeout; the client moves on to the next master instead
-        self.client = MasterClient(masters, token, timeout_s=0.5)
-        self.watcher = MasterClient(masters, token, timeout_s=2.0)
+        # masters' heartbeat timeout; the client moves on to the next master instead.
+        # ``tls``: a dialer context, the masters speak https
+        self.client = MasterClient(masters, token, timeout_s=0.5, tls=tls)
+        self.watcher = MasterClient(masters, token, timeout_s=2.0, tls=tls)
         self.member_id, self.address = member_id, address
         self.capacity_bytes = capacity_bytes
         self.stats_fn = stats_fn

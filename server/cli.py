@@ -23,6 +23,7 @@ from gcache import failpoints
 from gcache.config import click_options, load_config
 from gcache.credentials import CredentialStore
 from gcache.errors import ConfigError
+from gcache.tls import dialer_context, listener_context
 from gcache.logs import setup_logging
 from gcache.protocol import Limits
 from gcache.server.arena import Arena, ArenaError, arena_path, header_len
@@ -60,6 +61,12 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
     try:
         cfg = load_config("server", config_file, cli=flags)
         failpoints.configure(cfg.failpoints)
+        tls = listener_context(cfg)  # bad certificate files fail here, before the arena
+        masters_tls = dialer_context(cfg)
+        if tls is not None and cfg.nixl == "on":
+            raise ConfigError("--nixl on with TLS: nixl moves bytes by RDMA outside the TLS "
+                              "channel, and TLS clients never use it; use --nixl off (or "
+                              "auto, which is off under TLS)")
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     setup_logging(cfg.log_level, cfg.log_format)
@@ -96,7 +103,8 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
     limits = build_limits(cfg)
     tier = memory_tier if not cfg.disk_dir else _open_disk_tier(cfg, memory_tier, limits)
     try:
-        nixl = nixl_ops.start(cfg.nixl, arena, cfg.name)
+        # under TLS nixl stays off: its bytes would bypass the TLS channel
+        nixl = nixl_ops.start("off" if tls is not None else cfg.nixl, arena, cfg.name)
     except Exception as exc:  # NixlUnavailable, or the backend refused the registration
         tier.close(clean=True)
         log.error("cannot start the nixl transport: %s", exc)
@@ -119,7 +127,7 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
                       max_preauth_per_ip=cfg.max_preauth_per_ip,
                       handshake_timeout_ms=cfg.handshake_timeout_ms,
                       send_timeout_ms=cfg.send_timeout_ms,
-                      request_timeout_ms=cfg.request_timeout_ms)
+                      request_timeout_ms=cfg.request_timeout_ms, tls=tls)
     except (ValueError, OSError) as exc:
         if nixl is not None:
             nixl.close()
@@ -138,22 +146,25 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
 
             advertise = f"{socket.getfqdn()}:{advertise.rsplit(':', 1)[1]}"
         # the masters take the server's credential (one with server = true), else the token
-        agent = MembershipAgent(cfg.masters, cfg.credential or cfg.token, cfg.name, advertise, tier.capacity,
-                                stats, cfg.heartbeat_interval_ms)
+        agent = MembershipAgent(cfg.masters, cfg.credential or cfg.token, cfg.name, advertise,
+                                tier.capacity, stats, cfg.heartbeat_interval_ms,
+                                tls=masters_tls)
         svc.ownership = agent
         agent.start()  # in the background: serving never waits for the masters
     http = None
     if cfg.metrics_listen:
         http = serve_http(cfg.metrics_listen, metrics,
-                          lambda: {"status": "ok", "name": cfg.name, **stats()})
-        log.info("metrics on http://%s:%d/metrics", *http.server_address[:2])
+                          lambda: {"status": "ok", "name": cfg.name, **stats()}, tls=tls)
+        log.info("metrics on %s://%s:%d/metrics", http.scheme, *http.server_address[:2])
     tier.start()
     svc.start()
     stop, hup = threading.Event(), threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     signal.signal(signal.SIGHUP, lambda *_: hup.set())  # reloaded below, not in the handler
-    log.info("serving", extra={"fields": {"listen": svc.address, "name": cfg.name}})
+    log.info("serving", extra={"fields": {"listen": svc.address, "name": cfg.name,
+                                          "tls": "mtls" if cfg.tls_require_client_cert
+                                          else "on" if tls is not None else "off"}})
     print(f"GCACHE_LISTEN={svc.address}", flush=True)
     if http is not None:
         print(f"GCACHE_METRICS={http.server_address[0]}:{http.server_address[1]}", flush=True)

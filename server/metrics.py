@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import http.server
 import json
+import ssl
 import threading
 from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, CounterMetricFamily
+
+from gcache.tls import HTTPServer
 
 _LAT_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 2.0)
 
@@ -174,8 +177,10 @@ class _TierCollector:
             yield g
 
 
-def serve_http(listen: str, metrics: ServerMetrics, health_fn: Callable[[], dict]
-               ) -> http.server.ThreadingHTTPServer:
+def serve_http(listen: str, metrics: ServerMetrics, health_fn: Callable[[], dict],
+               tls: ssl.SSLContext | None = None) -> HTTPServer:
+    """Serve /metrics and /healthz on ``listen``; https when ``tls`` (the data port's
+    context, so mTLS applies to scrapers too) is given."""
     host, port = listen.rsplit(":", 1)
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -196,7 +201,6 @@ def serve_http(listen: str, metrics: ServerMetrics, health_fn: Callable[[], dict
         def log_message(self, *args) -> None:
             pass
 
-    srv = http.server.ThreadingHTTPServer((host, int(port)), Handler)
-    srv.daemon_threads = True
+    srv = HTTPServer((host, int(port)), Handler, tls=tls)
     threading.Thread(target=srv.serve_forever, name="gcache-http", daemon=True).start()
     return srv

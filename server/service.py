@@ -22,6 +22,14 @@ in ``gcache_auth_refused_total``. A malformed frame gets an error reply (when th
 is known) and the connection is closed; per-item faults (miss, no space, too
 large) are statuses inside a normal reply and the stream stays in sync: the
 bytes of a refused item are drained through a bounded scratch buffer.
+
+TLS (``tls_cert_file``): the server speaks TLS only. The connection's thread
+(never the accept loop) peeks at the first byte: a TLS ClientHello gets the
+handshake, bounded by ``_TLS_HANDSHAKE_S``; a plain gcache client (silent for
+``_TLS_PLAIN_WAIT_S``, waiting for HELLO) or any other bytes get one plaintext
+``AUTH`` error frame saying TLS is required, then the connection closes. TLS
+sockets have no ``sendmsg``/``recvmsg_into``: the protocol helpers fall back to
+one ``sendall``/``recv_into`` per buffer, still straight from/into the arena.
 """
 
 from __future__ import annotations
@@ -30,10 +38,12 @@ import logging
 import math
 import os
 import socket
+import ssl
 import threading
 import time
 from typing import Any
 
+from gcache import tls as tlslib
 from gcache.credentials import Credential, CredentialStore, Right
 from gcache.errors import ProtocolError
 from gcache.logs import RateLimitedLog
@@ -58,6 +68,7 @@ _SCRATCH = 1 << 20
 _DISCARD = memoryview(bytearray(_SCRATCH))
 _LINGER_S = 1.0  # how long a failed connection drains the peer's input before closing
 _PREAUTH_OPS = frozenset({Op.AUTH, Op.PING})  # all a stranger may send
+_TLS_PLAIN_WAIT_S = 1.0  # a peer silent this long after connecting is a plain gcache client
 
 
 class Service:
@@ -84,9 +95,10 @@ class Service:
                  credentials: CredentialStore | None = None,
                  max_preauth_connections: int = 256, max_preauth_per_ip: int = 128,
                  handshake_timeout_ms: int = 5000, send_timeout_ms: int = 10000,
-                 request_timeout_ms: int = 10000) -> None:
+                 request_timeout_ms: int = 10000, tls: ssl.SSLContext | None = None) -> None:
         self.tier, self.name, self.token, self.limits = tier, name, token, limits
         self.credentials = credentials or CredentialStore(token=token)
+        self.tls = tls  # a server context: every connection must speak TLS
         self.metrics = metrics
         self.max_connections = max_connections
         # at most half the slots ever go to strangers: authenticated clients keep the rest
@@ -233,6 +245,8 @@ class Service:
     def _serve(self, handler: _Connection) -> None:
         try:
             handler.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.tls is not None and not self._start_tls(handler):
+                return
             handler.run()
         except (ConnectionError, OSError):
             pass
@@ -249,6 +263,55 @@ class Service:
                 handler.sock.close()
             except OSError:
                 pass
+
+
+    def _start_tls(self, handler: _Connection) -> bool:
+        """On the connection's thread: the TLS handshake, by the connection's handshake
+        deadline (which the watchdog enforces too), or a plaintext refusal to a peer that
+        does not speak TLS. The wrapped socket replaces the plain one in ``_conns`` and in
+        ``handler``; False when the connection is over (the caller's cleanup closes it)."""
+        conn, peer = handler.sock, handler.peer
+        try:
+            first = tlslib.peek_first_byte(conn, _TLS_PLAIN_WAIT_S)
+            if first != tlslib.HANDSHAKE_RECORD:
+                if first is not None:
+                    self._refuse_plain(conn)
+                return False
+            tls = self.tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+            with self._lock:  # conn is detached now: the watchdog and stop() shut down tls
+                self._conns.pop(conn, None)
+                self._conns[tls] = handler
+                handler.sock = tls
+            if self._closing.is_set():
+                return False
+            tlslib.handshake(tls, handler.deadline)
+            return True
+        except (OSError, ValueError) as exc:
+            if not isinstance(exc, ConnectionError):
+                self.metrics.protocol_errors.labels("tls").inc()
+                peer_log.warning("tls", "TLS handshake failed: %s", exc,
+                                 fields={"peer": str(peer), "reason": "tls"})
+            if handler.sock is not conn:  # let the client read the TLS alert that says why
+                tlslib.linger_close(handler.sock, _LINGER_S)
+            return False
+
+    def _refuse_plain(self, conn: socket.socket) -> None:
+        """Tell a peer that does not speak TLS why it is refused, in plaintext."""
+        self.metrics.protocol_errors.labels("tls_required").inc()
+        try:
+            conn.settimeout(1.0)
+            conn.sendall(encode_frame(0, 0, {"error": "this server accepts TLS connections "
+                                             "only: connect with tls=True (gcache --tls) and "
+                                             "the cluster's CA (tls_ca_file)"},
+                                      flags=FLAG_RESPONSE, status=Status.AUTH))
+            conn.shutdown(socket.SHUT_WR)  # lingering close, as in _Connection.fail
+            end = time.monotonic() + _LINGER_S
+            while (left := end - time.monotonic()) > 0:
+                conn.settimeout(left)
+                if not conn.recv_into(_DISCARD):
+                    break
+        except OSError:
+            pass
 
 
 _REFUSALS = {

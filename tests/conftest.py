@@ -24,3 +24,43 @@ def make_cluster(tmp_path):
 @pytest.fixture
 def cluster(make_cluster):
     return make_cluster(1)
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory):
+    """TLS material from trustme: a CA, a node certificate for 127.0.0.1 / localhost
+    (servers and masters) and a client certificate, as ``TlsFiles`` PEM paths."""
+    import trustme
+
+    from gcache.testing.certs import TlsFiles
+
+    d = tmp_path_factory.mktemp("tls")
+    ca = trustme.CA()
+    node = ca.issue_cert("127.0.0.1", "localhost")
+    client = ca.issue_cert("client.gcache.test")
+    paths = TlsFiles(*(str(d / n) for n in ("ca.pem", "node.pem", "node.key", "client.pem",
+                                            "client.key")))
+    ca.cert_pem.write_to_path(paths.ca_file)
+    node.cert_chain_pems[0].write_to_path(paths.cert_file)
+    node.private_key_pem.write_to_path(paths.key_file)
+    client.cert_chain_pems[0].write_to_path(paths.client_cert_file)
+    client.private_key_pem.write_to_path(paths.client_key_file)
+    return paths
+
+
+@pytest.fixture(scope="session")
+def other_ca_files(tmp_path_factory):
+    """A second, unrelated trustme CA with its own client certificate (not trusted by
+    ``tls_files``' servers)."""
+    import trustme
+
+    from gcache.testing.certs import TlsFiles
+
+    d = tmp_path_factory.mktemp("tls-other")
+    ca = trustme.CA()
+    client = ca.issue_cert("intruder.gcache.test")
+    paths = TlsFiles(str(d / "ca.pem"), "", "", str(d / "client.pem"), str(d / "client.key"))
+    ca.cert_pem.write_to_path(paths.ca_file)
+    client.cert_chain_pems[0].write_to_path(paths.client_cert_file)
+    client.private_key_pem.write_to_path(paths.client_key_file)
+    return paths

@@ -22,6 +22,8 @@ import time
 import uuid
 from pathlib import Path
 
+from gcache.testing.certs import TlsFiles
+
 
 class _Daemon:
     """A gcache daemon subprocess: spawn, wait for its ready line, and the nemesis."""
@@ -180,6 +182,7 @@ class MasterProc(_Daemon):
         self.name, self.port, self.peers, self.data_dir = name, port, peers, data_dir
         self.extra = list(extra or [])
         self.token, self.log_dir = token, log_dir
+        self.extra = list(extra or [])
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.address = f"127.0.0.1:{port}"
         self.proc = None
@@ -199,7 +202,9 @@ class Cluster:
     """N real gcache-server processes (and optionally M masters) on 127.0.0.1.
 
     With ``masters=M`` the servers register with the masters (``--masters``); use
-    ``master_addresses`` for ``Client(masters=...)``. Use as a context manager."""
+    ``master_addresses`` for ``Client(masters=...)``. With ``tls`` (a ``TlsFiles`` from
+    ``gcache.testing.certs``) servers and masters speak TLS only, and require client
+    certificates when ``mtls``. Use as a context manager."""
 
     def __init__(self, n: int = 1, memory: str = "64MiB", *, slab: str | None = "1MiB",
                  token: str = "", shm_dir: str = "/dev/shm", extra: list[str] | None = None,
@@ -207,8 +212,11 @@ class Cluster:
                  keep_arenas: bool = False, ready_timeout: float = 60.0, masters: int = 0,
                  data_dir: str | None = None, heartbeat_timeout_ms: int = 1500,
                  server_extra: list[str] | None = None,
-                 master_extra: list[str] | None = None) -> None:
+                 master_extra: list[str] | None = None, tls: TlsFiles | None = None,
+                 mtls: bool = False) -> None:
         tag = prefix or f"t{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.tls = tls
+        tls_flags = tls.server_flags(mtls) if tls is not None else []
         self.masters: list[MasterProc] = []
         self._tmp = None
         if masters:
@@ -226,11 +234,11 @@ class Cluster:
             self.masters = [MasterProc(f"{tag}-m{i}", p, [a for a in addrs if a != addrs[i]],
                                        os.path.join(data_dir, f"m{i}"), token=token,
                                        log_dir=log_dir, heartbeat_timeout_ms=heartbeat_timeout_ms,
-                                       extra=master_extra)
+                                       extra=list(master_extra or []) + tls_flags)
                             for i, p in enumerate(ports)]
             extra = list(extra or []) + ["--masters", ",".join(addrs),
                                          "--heartbeat-interval-ms", "200"]
-        extra = list(extra or []) + list(server_extra or [])
+        extra = list(extra or []) + list(server_extra or []) + tls_flags
         self.keep_arenas = keep_arenas
         self.ready_timeout = ready_timeout
         self.servers = [ServerProc(f"{tag}-{i}", memory, slab=slab, token=token,
