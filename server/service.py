@@ -25,11 +25,13 @@ bytes of a refused item are drained through a bounded scratch buffer.
 
 TLS (``tls_cert_file``): the server speaks TLS only. The connection's thread
 (never the accept loop) peeks at the first byte: a TLS ClientHello gets the
-handshake, bounded by ``_TLS_HANDSHAKE_S``; a plain gcache client (silent for
+handshake, bounded by the connection's handshake deadline (``handshake_timeout_ms``
+from accept, TLS and AUTH together); a plain gcache client (silent for
 ``_TLS_PLAIN_WAIT_S``, waiting for HELLO) or any other bytes get one plaintext
 ``AUTH`` error frame saying TLS is required, then the connection closes. TLS
 sockets have no ``sendmsg``/``recvmsg_into``: the protocol helpers fall back to
-one ``sendall``/``recv_into`` per buffer, still straight from/into the arena.
+one ``send``/``recv_into`` per buffer (re-armed from the deadline before each),
+still straight from/into the arena.
 """
 
 from __future__ import annotations
