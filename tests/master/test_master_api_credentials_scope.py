@@ -73,8 +73,9 @@ def ccluster(tmp_path):
     cl.creds_path = path
     cl.start()
     try:
-        ops = MasterClient(cl.master_addresses, f"ops:{SO}")
-        wait_for(lambda: [m["state"] for m in ops.view()["members"]] == ["up"], 20)
+        for addr in cl.master_addresses:  # every master, followers included, applied it
+            ops = MasterClient([addr], f"ops:{SO}")
+            wait_for(lambda o=ops: [m["state"] for m in o.view()["members"]] == ["up"], 20)
         yield cl
     finally:
         cl.close()
