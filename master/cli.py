@@ -3,28 +3,80 @@
 ``--listen`` is the HTTP API address; the Raft port is the API port + 1.
 ``--peers`` lists the other masters' API addresses. Prints
 ``GCACHE_MASTER=host:port`` once the API serves; stops cleanly on SIGTERM.
+
+The Raft secret. pysyncobj decrypts every Raft frame with a key derived from
+its password and then unpickles it, so whoever knows the password and can
+reach the Raft port runs code in the master. The password is therefore the
+masters' own secret (``--raft-secret-file`` / ``GCACHE_RAFT_SECRET``), never
+the token that servers and clients hold:
+
+* a Raft port off loopback, or any master with peers, requires it;
+* a lone master on loopback without one gets a random per-process secret
+  (it has nobody to share it with);
+* it must differ from the token and be at least 16 characters.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
+import secrets
 import signal
 import threading
 
 import click
 
 from gcache.logs import setup_logging
-from gcache.network import check_bind
+from gcache.network import check_bind, is_loopback, split_hostport
 
 log = logging.getLogger("gcache.master")
 
 RAFT_PORT_OFFSET = 1
+RAFT_SECRET_MIN_CHARS = 16
+_RAFT_SECRET_HOWTO = ("generate one with `openssl rand -hex 32` and give the same value to the "
+                      "masters only, in GCACHE_RAFT_SECRET or a file named by "
+                      "--raft-secret-file (never to servers or clients)")
 
 
 def raft_address(api: str) -> str:
     host, port = api.rsplit(":", 1)
     return f"{host}:{int(port) + RAFT_PORT_OFFSET}"
+
+
+def resolve_raft_secret(listen: str, peers: list[str], secret: str, secret_file: str | None,
+                        token: str) -> tuple[str, str]:
+    """The Raft password and where it came from; ValueError says what to set."""
+    if secret and secret_file:
+        raise ValueError("give the Raft secret once: --raft-secret (GCACHE_RAFT_SECRET) or "
+                         "--raft-secret-file (GCACHE_RAFT_SECRET_FILE), not both")
+    source = "GCACHE_RAFT_SECRET"
+    if secret_file:
+        try:
+            with open(secret_file, encoding="utf-8") as f:
+                secret = f.read().strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read the Raft secret file {secret_file}: {exc}") from None
+        if not secret:
+            raise ValueError(f"the Raft secret file {secret_file} is empty: "
+                             f"{_RAFT_SECRET_HOWTO}")
+        source = f"file {secret_file}"
+    if not secret:
+        host = split_hostport(raft_address(listen))[0]
+        if not is_loopback(host):
+            raise ValueError(f"refusing to bind the Raft port on non-loopback host {host} "
+                             f"without a Raft secret: {_RAFT_SECRET_HOWTO}")
+        if peers:
+            raise ValueError("masters with --peers need a shared Raft secret (a random one "
+                             f"per process cannot be shared): {_RAFT_SECRET_HOWTO}")
+        return secrets.token_hex(32), "random (a lone loopback master)"
+    if len(secret) < RAFT_SECRET_MIN_CHARS:
+        raise ValueError(f"the Raft secret is shorter than {RAFT_SECRET_MIN_CHARS} characters: "
+                         f"{_RAFT_SECRET_HOWTO}")
+    if token and hmac.compare_digest(secret.encode(), token.encode()):
+        raise ValueError("the Raft secret equals the token, which every server and client "
+                         f"holds: {_RAFT_SECRET_HOWTO}")
+    return secret, source
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -36,30 +88,39 @@ def raft_address(api: str) -> str:
               envvar="GCACHE_MASTER_DATA_DIR",
               help="RocksDB state + Raft journal; keep it on a persistent volume.")
 @click.option("--token", default="", envvar="GCACHE_TOKEN",
-              help="Shared token: API auth and the Raft password. Required off loopback. "
-                   "[env GCACHE_TOKEN]")
+              help="Shared token of masters, servers and clients: API auth. Required off "
+                   "loopback. [env GCACHE_TOKEN]")
+@click.option("--raft-secret", default="", envvar="GCACHE_RAFT_SECRET", show_default=False,
+              help="The masters' own Raft password (pysyncobj unpickles what it decrypts "
+                   "with it): the same random value on every master, never on servers or "
+                   "clients. Required off loopback and with --peers. Prefer the env var or "
+                   "--raft-secret-file: a flag shows in ps. [env GCACHE_RAFT_SECRET]")
+@click.option("--raft-secret-file", default=None, envvar="GCACHE_RAFT_SECRET_FILE",
+              type=click.Path(dir_okay=False),
+              help="Read the Raft secret from this file (a mounted Secret, a systemd "
+                   "credential). [env GCACHE_RAFT_SECRET_FILE]")
 @click.option("--heartbeat-timeout-ms", default=3000, show_default=True, type=click.IntRange(100),
               envvar="GCACHE_HEARTBEAT_TIMEOUT_MS",
               help="A server silent this long is marked down (epoch moves).")
 @click.option("--log-level", default="INFO", show_default=True, envvar="GCACHE_LOG_LEVEL")
 @click.option("--log-format", type=click.Choice(["json", "text"]), default="json",
               show_default=True, envvar="GCACHE_LOG_FORMAT")
-def main(listen: str, peers: str, data_dir: str, token: str, heartbeat_timeout_ms: int,
-         log_level: str, log_format: str) -> None:
+def main(listen: str, peers: str, data_dir: str, token: str, raft_secret: str,
+         raft_secret_file: str | None, heartbeat_timeout_ms: int, log_level: str,
+         log_format: str) -> None:
     """Run a gcache-master (membership, heartbeats, discovery; never on the IO path)."""
     setup_logging(log_level, log_format)
+    peer_list = [p.strip() for p in peers.split(",") if p.strip() and p.strip() != listen]
     try:
         check_bind(listen, token)
+        password, secret_source = resolve_raft_secret(listen, peer_list, raft_secret,
+                                                      raft_secret_file, token)
     except ValueError as exc:
         raise SystemExit(f"gcache-master: {exc}") from None
     from gcache.master.api import MasterService
     from gcache.master.raft_node import RaftNode
 
-    peer_list = [p.strip() for p in peers.split(",") if p.strip() and p.strip() != listen]
     raft_to_api = {raft_address(a): a for a in [listen, *peer_list]}
-    # pysyncobj pickles on the wire: always set a password. Loopback dev clusters without a
-    # token share a fixed one; off loopback a token is required (checked above).
-    password = token or "gcache-loopback-dev"
     node = RaftNode(raft_address(listen), [raft_address(p) for p in peer_list], data_dir,
                     password)
     svc = MasterService(node, listen=listen, token=token,
@@ -67,7 +128,8 @@ def main(listen: str, peers: str, data_dir: str, token: str, heartbeat_timeout_m
     svc.start()
     log.info("gcache-master serving", extra={"fields": {
         "listen": svc.address, "raft": raft_address(listen), "peers": peer_list,
-        "data_dir": os.path.abspath(data_dir), "epoch": node.membership.epoch}})
+        "data_dir": os.path.abspath(data_dir), "epoch": node.membership.epoch,
+        "raft_secret": secret_source}})
     print(f"GCACHE_MASTER={svc.address}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
