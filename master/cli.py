@@ -102,12 +102,22 @@ def resolve_raft_secret(listen: str, peers: list[str], secret: str, secret_file:
 @click.option("--heartbeat-timeout-ms", default=3000, show_default=True, type=click.IntRange(100),
               envvar="GCACHE_HEARTBEAT_TIMEOUT_MS",
               help="A server silent this long is marked down (epoch moves).")
+@click.option("--request-deadline-ms", default=5000, show_default=True,
+              type=click.IntRange(100), envvar="GCACHE_MASTER_REQUEST_DEADLINE_MS",
+              help="A request's line, headers and body must all arrive within this (one "
+                   "deadline, not per read); the answer, e.g. a /view long-poll, is not under "
+                   "it. [env GCACHE_MASTER_REQUEST_DEADLINE_MS]")
+@click.option("--max-connections", default=1024, show_default=True, type=click.IntRange(1),
+              envvar="GCACHE_MASTER_MAX_CONNECTIONS",
+              help="API connections served at once (one thread each; every server and SDK "
+                   "client holds one for its /view long-poll). Beyond it: 503 and close. "
+                   "[env GCACHE_MASTER_MAX_CONNECTIONS]")
 @click.option("--log-level", default="INFO", show_default=True, envvar="GCACHE_LOG_LEVEL")
 @click.option("--log-format", type=click.Choice(["json", "text"]), default="json",
               show_default=True, envvar="GCACHE_LOG_FORMAT")
 def main(listen: str, peers: str, data_dir: str, token: str, raft_secret: str,
-         raft_secret_file: str | None, heartbeat_timeout_ms: int, log_level: str,
-         log_format: str) -> None:
+         raft_secret_file: str | None, heartbeat_timeout_ms: int, request_deadline_ms: int,
+         max_connections: int, log_level: str, log_format: str) -> None:
     """Run a gcache-master (membership, heartbeats, discovery; never on the IO path)."""
     setup_logging(log_level, log_format)
     peer_list = [p.strip() for p in peers.split(",") if p.strip() and p.strip() != listen]
@@ -124,7 +134,8 @@ def main(listen: str, peers: str, data_dir: str, token: str, raft_secret: str,
     node = RaftNode(raft_address(listen), [raft_address(p) for p in peer_list], data_dir,
                     password)
     svc = MasterService(node, listen=listen, token=token,
-                        heartbeat_timeout_ms=heartbeat_timeout_ms, raft_to_api=raft_to_api)
+                        heartbeat_timeout_ms=heartbeat_timeout_ms, raft_to_api=raft_to_api,
+                        request_deadline_ms=request_deadline_ms, max_connections=max_connections)
     svc.start()
     log.info("gcache-master serving", extra={"fields": {
         "listen": svc.address, "raft": raft_address(listen), "peers": peer_list,
