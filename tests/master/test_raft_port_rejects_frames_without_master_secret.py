@@ -101,6 +101,24 @@ def test_token_holder_cannot_run_code_through_the_raft_port(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.timeout(120)
+def test_even_the_master_secret_cannot_unpickle_code(tmp_path):
+    """Defence in depth: Raft frames are unpickled as plain data only, so a peer holding the
+    masters' secret (a leaked secret, a compromised master) still cannot run code by a frame."""
+    marker = tmp_path / "pwned"
+    with Cluster(0, masters=3, token=TOKEN, log_dir=str(tmp_path)) as cl:
+        mc = MasterClient(cl.master_addresses, TOKEN)
+        wait_for(lambda: mc.status()["leader"], 20)
+        for api in cl.master_addresses:
+            send_to_raft_port(api, attack_frame(cl.raft_secret, marker))
+        assert_no_marker(marker)
+        assert all(m.alive for m in cl.masters)
+        wait_for(lambda: mc.register("after-attack", "127.0.0.1:1", 1 << 20, "boot"), 20)
+    logs = "".join(p.read_text() for p in tmp_path.glob("*.log"))
+    assert "refused a Raft frame" in logs
+    assert not marker.exists()
+
+
 @pytest.mark.timeout(60)
 def test_lone_loopback_master_without_secret_uses_no_well_known_password(tmp_path):
     marker = tmp_path / "pwned"
