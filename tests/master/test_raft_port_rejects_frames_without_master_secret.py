@@ -96,8 +96,8 @@ def test_token_holder_cannot_run_code_through_the_raft_port(tmp_path):
         # the group still replicates: a registration commits and every master serves it
         wait_for(lambda: mc.register("after-attack", "127.0.0.1:1", 1 << 20, "boot"), 20)
         for api in cl.master_addresses:
-            one = MasterClient([api], TOKEN)
-            wait_for(lambda: any(m["id"] == "after-attack" for m in one.view()["members"]), 10)
+            wait_for(lambda api=api: any(m["id"] == "after-attack" for m in
+                                         MasterClient([api], TOKEN).view()["members"]), 10)
     assert not marker.exists()
 
 
