@@ -18,8 +18,9 @@ replaced): every membership change is one ``apply_op`` log entry, applied by
   frames pysyncobj receives are unpickled by ``_PlainDataUnpickler``: only
   plain data (dict, list, tuple, str, bytes, numbers, set), never a lookup of
   anything callable, so even a peer holding the secret cannot run code by a
-  frame. Command payloads travel inside frames as bytes and are unpickled by
-  pysyncobj only after a majority committed them.
+  frame. The commands frames carry (pickled bytes) are unpickled the same way
+  when applied. Snapshots (``_load_snapshot``, local files or a catch-up
+  transfer from a peer) are still plain pickle.
 * ``is_leader`` is pysyncobj's own view; two nodes may briefly both believe
   it, which is safe because every decision is a log write that only a real
   majority can commit.
@@ -34,6 +35,7 @@ import pickle
 import threading
 from typing import Any, Callable
 
+import pysyncobj.syncobj
 import pysyncobj.tcp_connection
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.config import FAIL_REASON
@@ -79,8 +81,9 @@ class _PlainDataUnpickler(pickle.Unpickler):
 
 
 class _WirePickle:
-    """Stands in for the pickle module inside pysyncobj's TCP connection: its frames
-    are pickled as before and unpickled as plain data only."""
+    """Stands in for the pickle module inside pysyncobj's TCP connection (frames) and
+    its SyncObj (committed commands, which arrive inside frames from the leader):
+    pickled as before, unpickled as plain data only."""
 
     dumps = staticmethod(pysyncobj.tcp_connection.pickle.dumps)
 
@@ -90,22 +93,26 @@ class _WirePickle:
 
 
 def _restrict_wire_unpickling() -> None:
-    """Make pysyncobj unpickle received frames as plain data only (idempotent).
+    """Make pysyncobj unpickle received frames and log entries as plain data only
+    (idempotent).
 
-    pysyncobj has no hook for this; its ``tcp_connection`` module calls
-    ``pickle.loads`` on every decrypted frame, so that module's ``pickle`` is
-    replaced. Checked, so a pysyncobj that changed shape fails loudly here.
+    pysyncobj has no hook for this: its ``tcp_connection`` module calls
+    ``pickle.loads`` on every decrypted frame and its ``syncobj`` module on every
+    command it applies (ours are ``(func id, args, kwargs)`` of plain dicts), so
+    those modules' ``pickle`` is replaced. Checked, so a pysyncobj that changed
+    shape fails loudly here. (Dynamic membership commands carry node objects;
+    they are off: ``dynamicMembershipChange=False``.)
     """
-    mod = pysyncobj.tcp_connection
-    current = getattr(mod, "pickle", None)
-    if current is _WirePickle:
-        return
-    if not (callable(getattr(current, "loads", None)) and callable(getattr(current, "dumps",
-                                                                           None))):
-        raise RuntimeError("pysyncobj.tcp_connection no longer unpickles through a module "
-                           "named pickle: re-check gcache.master.raft_node before upgrading "
-                           "pysyncobj")
-    mod.pickle = _WirePickle
+    for mod in (pysyncobj.tcp_connection, pysyncobj.syncobj):
+        current = getattr(mod, "pickle", None)
+        if current is _WirePickle:
+            continue
+        if not (callable(getattr(current, "loads", None))
+                and callable(getattr(current, "dumps", None))):
+            raise RuntimeError(f"{mod.__name__} no longer unpickles through a module named "
+                               "pickle: re-check gcache.master.raft_node before upgrading "
+                               "pysyncobj")
+        mod.pickle = _WirePickle
 
 
 class RaftNode(SyncObj):
