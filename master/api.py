@@ -195,10 +195,9 @@ class MasterService:
                 pass
 
             def log_error(self, fmt: str, *args: Any) -> None:
-                if self.reader.received:  # not just an idle keep-alive connection
-                    svc._timeouts.warn("master API: %s sent no complete request within "
-                                       "%.1fs: closed", self.client_address[0],
-                                       svc.request_deadline)
+                if self.reader.received:  # not just an idle keep-alive connection closing
+                    svc._timeouts.warn("master API: %s: %s", self.client_address[0],
+                                       fmt % args)
 
         self.http = _BoundedHTTPServer((host.strip("[]"), int(port)), Handler, max_connections)
         self.address = f"{host}:{self.http.server_address[1]}"
@@ -238,6 +237,8 @@ class MasterService:
                 raw_body = h.rfile.read(n) if n else b""
             except TimeoutError:
                 h.reader.disarm()
+                self._timeouts.warn("master API: %s: body not received within %.1fs",
+                                    h.client_address[0], self.request_deadline)
                 return self._send(h, 408, {"error": "the request body did not arrive within "
                                                     f"{self.request_deadline:.1f}s"})
             if len(raw_body) < n:
@@ -258,6 +259,8 @@ class MasterService:
             self._local.forwarded = h.headers.get(_FORWARDED) is not None
             code, out = fn(query, body, method, h.path)
             self._send(h, code, out)
+        except ConnectionError:  # the peer left before its answer (a long-poll given up)
+            h.close_connection = True
         except (ValueError, KeyError, TypeError) as exc:
             self._send(h, 400, {"error": f"bad request: {exc}"})
         except Exception as exc:  # the API must never take the master down
@@ -265,7 +268,7 @@ class MasterService:
             self._send(h, 500, {"error": str(exc)})
 
     @staticmethod
-    def _send(h: http.server.BaseHTTPRequestHandler, code: int, doc: dict) -> None:
+    def _send(h: Any, code: int, doc: dict) -> None:
         """Answer; an error answer also closes the connection (its body may be unread)."""
         data = json.dumps(doc).encode()
         h.reader.disarm()  # the send gets its own timeout, whatever was left of the deadline
