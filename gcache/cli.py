@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import sys
 import tempfile
@@ -103,10 +104,12 @@ def up(n: int, n_masters: int, memory: int, slab_bytes: int, token: str, workloa
         from gcache.testing.certs import make_certs
 
         files = make_certs(os.path.join(logs, "tls"))
+    # The masters' own Raft secret: fresh per cluster, in their environment only (pysyncobj
+    # unpickles what it decrypts with it, so servers and the workload never see it).
     cluster = Cluster(n, format_size(memory), slab=format_size(slab_bytes), token=token,
                       log_dir=logs, prefix=f"up{int(time.time()) % 100000}",
                       keep_arenas=keep_arenas, masters=n_masters, heartbeat_timeout_ms=3000,
-                      extra=extra, tls=files, mtls=mtls)
+                      extra=extra, tls=files, mtls=mtls, raft_secret=secrets.token_hex(32))
     console.print(f"starting {n_masters} gcache-master(s) and {n} gcache-server(s), "
                   f"{format_size(memory)} each{', TLS' + (' + mTLS' if mtls else '') if tls else ''}"
                   f"; logs in {logs}")

@@ -21,13 +21,30 @@ otherwise. ``/register`` and ``/heartbeat`` need a credential with
 namespaces ``"*"``): 403 otherwise. ``/view`` and ``/healthz`` take any valid
 credential (every client routes by the view). A follower forwards the caller's
 own Authorization header, so the leader decides with the same credential.
+
+Limits (everything before auth is bounded, in time and in count):
+
+* one deadline per request, not per ``recv``: the request line, headers and
+  body must all arrive within ``request_deadline_ms`` of the first wait
+  (``_DeadlineReader`` recomputes the time left before every read), else the
+  connection is closed (408 when the headers were read). The answer is not
+  under it, so the ``/view`` long-poll keeps working;
+* at most ``max_connections`` connections are served at once, one thread
+  each; beyond that a connection gets a 503 and is closed, never queued on a
+  thread. The listen backlog is ``_LISTEN_BACKLOG``;
+* ``Content-Length`` must be a plain decimal at most ``_MAX_BODY``; chunked
+  bodies are refused; any error answer closes the connection (an unread body
+  must not be parsed as the next request).
 """
 
 from __future__ import annotations
 
 import http.server
+import io
 import json
 import logging
+import re
+import socket
 import ssl
 import threading
 import time
@@ -46,6 +63,108 @@ _MAX_BODY = 1 << 20
 _MAX_WAIT_MS = 30_000
 _FORWARDED = "X-Gcache-Forwarded"
 _FORWARD_TIMEOUT_S = 1.0  # a paused leader must not hold a heartbeat for long
+_LISTEN_BACKLOG = 1024
+_SEND_TIMEOUT_S = 10.0  # answers are small: one send fills no socket buffer
+_CONTENT_LENGTH = re.compile(r"[0-9]{1,10}")
+DEFAULT_REQUEST_DEADLINE_MS = 5000
+DEFAULT_MAX_CONNECTIONS = 1024
+
+
+class _EveryFewSeconds:
+    """One log line per ``period_s`` for an event that may repeat fast (a flood must not
+    flood the log); the line says how many occurrences it stands for."""
+
+    def __init__(self, period_s: float = 10.0) -> None:
+        self.period_s = period_s
+        self._lock = threading.Lock()
+        self._next = 0.0
+        self._folded = 0
+
+    def warn(self, msg: str, *args: Any) -> None:
+        with self._lock:
+            self._folded += 1
+            now = time.monotonic()
+            if now < self._next:
+                return
+            n, self._folded, self._next = self._folded, 0, now + self.period_s
+        log.warning(msg + " (%d such in the last %.0fs)", *args, n, self.period_s)
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's reads under one deadline: the time left is recomputed before every
+    ``recv``, so a peer trickling a byte at a time is cut off when the deadline passes."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.deadline: float | None = None
+        self.received = 0  # bytes since arm(): 0 means an idle keep-alive, not a slow peer
+
+    def arm(self, deadline: float) -> None:
+        self.deadline, self.received = deadline, 0
+
+    def disarm(self) -> None:
+        """The request is in: the answer (maybe a long-poll) is not under the deadline."""
+        self.deadline = None
+        self._sock.settimeout(_SEND_TIMEOUT_S)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the request did not arrive within its deadline")
+            self._sock.settimeout(left)
+        n = self._sock.recv_into(b)
+        self.received += n
+        return n
+
+
+class _BoundedHTTPServer(HTTPServer):
+    """An (https when given ``tls``) HTTP server with at most ``max_connections`` connection
+    threads: past the cap a connection is answered 503 from the accept loop (non-blocking;
+    plain HTTP only: a TLS peer is just closed) and closed. A TLS handshake runs on the
+    connection's thread, within ``handshake_s``."""
+
+    daemon_threads = True
+    request_queue_size = _LISTEN_BACKLOG
+
+    def __init__(self, address: tuple[str, int], handler: type, max_connections: int, *,
+                 tls: ssl.SSLContext | None = None, handshake_s: float = 10.0) -> None:
+        self.max_connections = max_connections
+        self.handshake_s = handshake_s
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._refusals = _EveryFewSeconds()
+        body = json.dumps({"error": f"gcache-master is serving its maximum of {max_connections} "
+                                    "connections; retry, or raise --max-connections"}).encode()
+        self._busy = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                      b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        super().__init__(address, handler, tls=tls)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self._refusals.warn("master API at its connection cap (%d): refused %s",
+                                self.max_connections, client_address[0])
+            if self.tls is None:
+                try:
+                    request.setblocking(False)
+                    request.send(self._busy)
+                except OSError:
+                    pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 def _denied(cred: Credential, path: str) -> str:
@@ -62,13 +181,16 @@ def _denied(cred: Credential, path: str) -> str:
 class MasterService:
     def __init__(self, node: RaftNode, *, listen: str, token: str, heartbeat_timeout_ms: int,
                  raft_to_api: dict[str, str], credentials: CredentialStore | None = None,
-                 tls: ssl.SSLContext | None = None, peer_tls: ssl.SSLContext | None = None
-                 ) -> None:
+                 tls: ssl.SSLContext | None = None, peer_tls: ssl.SSLContext | None = None,
+                 request_deadline_ms: int = DEFAULT_REQUEST_DEADLINE_MS,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
         self.node, self.token = node, token
         self.credentials = credentials or CredentialStore(token=token)
         # tls: serve https; peer_tls: the dialer context for forwarding to the leader
         self.peer_tls = peer_tls
         self.heartbeat_timeout = heartbeat_timeout_ms / 1000.0
+        self.request_deadline = request_deadline_ms / 1000.0
+        self._timeouts = _EveryFewSeconds()
         self.raft_to_api = raft_to_api
         self.last_seen: dict[str, float] = {}
         self.stats: dict[str, dict] = {}
@@ -81,6 +203,17 @@ class MasterService:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            reader: _DeadlineReader
+
+            def setup(self) -> None:
+                super().setup()
+                self.rfile.close()  # replaced by one that reads under the request deadline
+                self.reader = _DeadlineReader(self.connection)
+                self.rfile = io.BufferedReader(self.reader)
+
+            def handle_one_request(self) -> None:
+                self.reader.arm(time.monotonic() + svc.request_deadline)
+                super().handle_one_request()
 
             def do_GET(self) -> None:  # noqa: N802
                 svc.dispatch(self, "GET")
@@ -91,7 +224,13 @@ class MasterService:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.http = HTTPServer((host.strip("[]"), int(port)), Handler, tls=tls)
+            def log_error(self, fmt: str, *args: Any) -> None:
+                if self.reader.received:  # not just an idle keep-alive connection closing
+                    svc._timeouts.warn("master API: %s: %s", self.client_address[0],
+                                       fmt % args)
+
+        self.http = _BoundedHTTPServer((host.strip("[]"), int(port)), Handler, max_connections,
+                                       tls=tls, handshake_s=self.request_deadline)
         self.address = f"{host}:{self.http.server_address[1]}"
 
     def start(self) -> None:
@@ -106,7 +245,7 @@ class MasterService:
         self.http.server_close()
 
     # ------------------------------------------------------------------ plumbing
-    def dispatch(self, h: http.server.BaseHTTPRequestHandler, method: str) -> None:
+    def dispatch(self, h: Any, method: str) -> None:
         try:
             auth = h.headers.get("Authorization", "")
             cred = self.credentials.table.verify_bearer(auth)
@@ -121,11 +260,31 @@ class MasterService:
                 return self._send(h, 403, {"error": denied})
             self._local.auth = auth
             body: dict = {}
+            if h.headers.get("Transfer-Encoding"):
+                return self._send(h, 400, {"error": "chunked bodies are not accepted: send "
+                                                    "Content-Length"})
+            raw_length = (h.headers.get("Content-Length") or "0").strip()
+            if not _CONTENT_LENGTH.fullmatch(raw_length):
+                return self._send(h, 400, {"error": f"bad Content-Length {raw_length[:32]!r}: "
+                                                    "must be a decimal byte count"})
+            n = int(raw_length)
+            if n > _MAX_BODY:
+                return self._send(h, 400, {"error": f"body of {n} bytes is too large "
+                                                    f"(limit {_MAX_BODY})"})
+            try:
+                raw_body = h.rfile.read(n) if n else b""
+            except TimeoutError:
+                h.reader.disarm()
+                self._timeouts.warn("master API: %s: body not received within %.1fs",
+                                    h.client_address[0], self.request_deadline)
+                return self._send(h, 408, {"error": "the request body did not arrive within "
+                                                    f"{self.request_deadline:.1f}s"})
+            if len(raw_body) < n:
+                h.close_connection = True  # the peer closed mid-body: nobody to answer
+                return
+            h.reader.disarm()
             if method == "POST":
-                n = int(h.headers.get("Content-Length") or 0)
-                if n > _MAX_BODY:
-                    return self._send(h, 400, {"error": f"body of {n} bytes is too large"})
-                body = json.loads(h.rfile.read(n) or b"{}")
+                body = json.loads(raw_body or b"{}")
                 if not isinstance(body, dict):
                     return self._send(h, 400, {"error": "body must be a JSON object"})
             route = {("GET", "/view"): self.view, ("GET", "/status"): self.status,
@@ -138,6 +297,8 @@ class MasterService:
             self._local.forwarded = h.headers.get(_FORWARDED) is not None
             code, out = fn(query, body, method, h.path)
             self._send(h, code, out)
+        except ConnectionError:  # the peer left before its answer (a long-poll given up)
+            h.close_connection = True
         except (ValueError, KeyError, TypeError) as exc:
             self._send(h, 400, {"error": f"bad request: {exc}"})
         except Exception as exc:  # the API must never take the master down
@@ -145,11 +306,15 @@ class MasterService:
             self._send(h, 500, {"error": str(exc)})
 
     @staticmethod
-    def _send(h: http.server.BaseHTTPRequestHandler, code: int, doc: dict) -> None:
+    def _send(h: Any, code: int, doc: dict) -> None:
+        """Answer; an error answer also closes the connection (its body may be unread)."""
         data = json.dumps(doc).encode()
+        h.reader.disarm()  # the send gets its own timeout, whatever was left of the deadline
         h.send_response(code)
         h.send_header("Content-Type", "application/json")
         h.send_header("Content-Length", str(len(data)))
+        if code >= 400:
+            h.send_header("Connection", "close")  # send_header sets close_connection too
         h.end_headers()
         h.wfile.write(data)
 

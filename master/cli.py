@@ -5,12 +5,25 @@
 ``GCACHE_MASTER=host:port`` once the API serves; stops cleanly on SIGTERM.
 ``--credentials-file`` scopes the API (gcache.credentials); SIGHUP reloads it (a
 bad file keeps the old credentials and logs why).
+
+The Raft secret. pysyncobj decrypts every Raft frame with a key derived from
+its password and then unpickles it, so whoever knows the password and can
+reach the Raft port runs code in the master. The password is therefore the
+masters' own secret (``--raft-secret-file`` / ``GCACHE_RAFT_SECRET``), never
+the token that servers and clients hold:
+
+* a Raft port off loopback, or any master with peers, requires it;
+* a lone master on loopback without one gets a random per-process secret
+  (it has nobody to share it with);
+* it must differ from the token and be at least 16 characters.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
+import secrets
 import signal
 import threading
 
@@ -20,17 +33,56 @@ from gcache.config import parse_bool
 from gcache.credentials import CredentialStore
 from gcache.errors import ConfigError
 from gcache.logs import setup_logging
-from gcache.network import check_bind
+from gcache.network import check_bind, is_loopback, split_hostport
 from gcache.tls import client_context, server_context
 
 log = logging.getLogger("gcache.master")
 
 RAFT_PORT_OFFSET = 1
+RAFT_SECRET_MIN_CHARS = 16
+_RAFT_SECRET_HOWTO = ("generate one with `openssl rand -hex 32` and give the same value to the "
+                      "masters only, in GCACHE_RAFT_SECRET or a file named by "
+                      "--raft-secret-file (never to servers or clients)")
 
 
 def raft_address(api: str) -> str:
     host, port = api.rsplit(":", 1)
     return f"{host}:{int(port) + RAFT_PORT_OFFSET}"
+
+
+def resolve_raft_secret(listen: str, peers: list[str], secret: str, secret_file: str | None,
+                        token: str) -> tuple[str, str]:
+    """The Raft password and where it came from; ValueError says what to set."""
+    if secret and secret_file:
+        raise ValueError("give the Raft secret once: --raft-secret (GCACHE_RAFT_SECRET) or "
+                         "--raft-secret-file (GCACHE_RAFT_SECRET_FILE), not both")
+    source = "GCACHE_RAFT_SECRET"
+    if secret_file:
+        try:
+            with open(secret_file, encoding="utf-8") as f:
+                secret = f.read().strip()
+        except OSError as exc:
+            raise ValueError(f"cannot read the Raft secret file {secret_file}: {exc}") from None
+        if not secret:
+            raise ValueError(f"the Raft secret file {secret_file} is empty: "
+                             f"{_RAFT_SECRET_HOWTO}")
+        source = f"file {secret_file}"
+    if not secret:
+        host = split_hostport(raft_address(listen))[0]
+        if not is_loopback(host):
+            raise ValueError(f"refusing to bind the Raft port on non-loopback host {host} "
+                             f"without a Raft secret: {_RAFT_SECRET_HOWTO}")
+        if peers:
+            raise ValueError("masters with --peers need a shared Raft secret (a random one "
+                             f"per process cannot be shared): {_RAFT_SECRET_HOWTO}")
+        return secrets.token_hex(32), "random (a lone loopback master)"
+    if len(secret) < RAFT_SECRET_MIN_CHARS:
+        raise ValueError(f"the Raft secret is shorter than {RAFT_SECRET_MIN_CHARS} characters: "
+                         f"{_RAFT_SECRET_HOWTO}")
+    if token and hmac.compare_digest(secret.encode(), token.encode()):
+        raise ValueError("the Raft secret equals the token, which every server and client "
+                         f"holds: {_RAFT_SECRET_HOWTO}")
+    return secret, source
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -42,8 +94,18 @@ def raft_address(api: str) -> str:
               envvar="GCACHE_MASTER_DATA_DIR",
               help="RocksDB state + Raft journal; keep it on a persistent volume.")
 @click.option("--token", default="", envvar="GCACHE_TOKEN",
-              help="Shared token: API auth and the Raft password. Required off loopback. "
+              help="Legacy shared token of masters, servers and clients: full-rights API auth "
+                   "(prefer --credentials-file). Off loopback one of them is required. "
                    "[env GCACHE_TOKEN]")
+@click.option("--raft-secret", default="", envvar="GCACHE_RAFT_SECRET", show_default=False,
+              help="The masters' own Raft password (pysyncobj unpickles what it decrypts "
+                   "with it): the same random value on every master, never on servers or "
+                   "clients. Required off loopback and with --peers. Prefer the env var or "
+                   "--raft-secret-file: a flag shows in ps. [env GCACHE_RAFT_SECRET]")
+@click.option("--raft-secret-file", default=None, envvar="GCACHE_RAFT_SECRET_FILE",
+              type=click.Path(dir_okay=False),
+              help="Read the Raft secret from this file (a mounted Secret, a systemd "
+                   "credential). [env GCACHE_RAFT_SECRET_FILE]")
 @click.option("--credentials-file", default="", envvar="GCACHE_CREDENTIALS_FILE",
               help="TOML file of scoped credentials (see gcache.credentials); servers need "
                    "server = true, /admin and /status need admin on \"*\". Reloaded on "
@@ -51,6 +113,16 @@ def raft_address(api: str) -> str:
 @click.option("--heartbeat-timeout-ms", default=3000, show_default=True, type=click.IntRange(100),
               envvar="GCACHE_HEARTBEAT_TIMEOUT_MS",
               help="A server silent this long is marked down (epoch moves).")
+@click.option("--request-deadline-ms", default=5000, show_default=True,
+              type=click.IntRange(100), envvar="GCACHE_MASTER_REQUEST_DEADLINE_MS",
+              help="A request's line, headers and body must all arrive within this (one "
+                   "deadline, not per read); the answer, e.g. a /view long-poll, is not under "
+                   "it. [env GCACHE_MASTER_REQUEST_DEADLINE_MS]")
+@click.option("--max-connections", default=1024, show_default=True, type=click.IntRange(1),
+              envvar="GCACHE_MASTER_MAX_CONNECTIONS",
+              help="API connections served at once (one thread each; every server and SDK "
+                   "client holds one for its /view long-poll). Beyond it: 503 and close. "
+                   "[env GCACHE_MASTER_MAX_CONNECTIONS]")
 @click.option("--tls-cert-file", default="", envvar="GCACHE_TLS_CERT_FILE",
               help="PEM certificate chain: the API serves https only, and forwards to the "
                    "leader over https presenting it. [env GCACHE_TLS_CERT_FILE]")
@@ -66,16 +138,19 @@ def raft_address(api: str) -> str:
 @click.option("--log-level", default="INFO", show_default=True, envvar="GCACHE_LOG_LEVEL")
 @click.option("--log-format", type=click.Choice(["json", "text"]), default="json",
               show_default=True, envvar="GCACHE_LOG_FORMAT")
-def main(listen: str, peers: str, data_dir: str, token: str, credentials_file: str,
-         heartbeat_timeout_ms: int, tls_cert_file: str, tls_key_file: str, tls_ca_file: str,
-         tls_require_client_cert: str, log_level: str, log_format: str) -> None:
+def main(listen: str, peers: str, data_dir: str, token: str, raft_secret: str,
+         raft_secret_file: str | None, credentials_file: str, heartbeat_timeout_ms: int,
+         request_deadline_ms: int, max_connections: int, tls_cert_file: str, tls_key_file: str,
+         tls_ca_file: str, tls_require_client_cert: str, log_level: str, log_format: str
+         ) -> None:
     """Run a gcache-master (membership, heartbeats, discovery; never on the IO path)."""
     setup_logging(log_level, log_format)
+    peer_list = [p.strip() for p in peers.split(",") if p.strip() and p.strip() != listen]
     try:
         credentials = CredentialStore(credentials_file, token)
-        # the token is also the Raft password (below), so off loopback it stays required
-        # even with a credentials file, until the masters get a Raft secret of their own
-        check_bind(listen, token)
+        check_bind(listen, credentials.required)
+        password, secret_source = resolve_raft_secret(listen, peer_list, raft_secret,
+                                                      raft_secret_file, token)
     except (ValueError, ConfigError) as exc:
         raise SystemExit(f"gcache-master: {exc}") from None
     try:
@@ -89,21 +164,19 @@ def main(listen: str, peers: str, data_dir: str, token: str, credentials_file: s
     from gcache.master.api import MasterService
     from gcache.master.raft_node import RaftNode
 
-    peer_list = [p.strip() for p in peers.split(",") if p.strip() and p.strip() != listen]
     raft_to_api = {raft_address(a): a for a in [listen, *peer_list]}
-    # pysyncobj pickles on the wire: always set a password. Loopback dev clusters without a
-    # token share a fixed one; off loopback a token is required (checked above).
-    password = token or "gcache-loopback-dev"
     node = RaftNode(raft_address(listen), [raft_address(p) for p in peer_list], data_dir,
                     password)
     svc = MasterService(node, listen=listen, token=token, credentials=credentials,
                         heartbeat_timeout_ms=heartbeat_timeout_ms, raft_to_api=raft_to_api,
-                        tls=tls, peer_tls=peer_tls)
+                        tls=tls, peer_tls=peer_tls, request_deadline_ms=request_deadline_ms,
+                        max_connections=max_connections)
     svc.start()
     log.info("gcache-master serving", extra={"fields": {
         "listen": svc.address, "raft": raft_address(listen), "peers": peer_list,
         "data_dir": os.path.abspath(data_dir), "epoch": node.membership.epoch,
-        "tls": "mtls" if require else "on" if tls is not None else "off"}})
+        "tls": "mtls" if require else "on" if tls is not None else "off",
+        "raft_secret": secret_source}})
     stop, hup = threading.Event(), threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

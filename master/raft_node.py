@@ -13,7 +13,14 @@ replaced): every membership change is one ``apply_op`` log entry, applied by
   journal is an mmap file without fsync, so after an OS crash a node may lose
   its log tail and catches up from its peers. Snapshots (log compaction and
   catch-up of a wiped node) carry the whole membership and the applied index.
-* Always run with a password: pysyncobj uses pickle on the wire.
+* Always run with a password: pysyncobj uses pickle on the wire. The password is
+  the masters' own secret (see ``master/cli.py``), and, as a second wall, the
+  frames pysyncobj receives are unpickled by ``_PlainDataUnpickler``: only
+  plain data (dict, list, tuple, str, bytes, numbers, set), never a lookup of
+  anything callable, so even a peer holding the secret cannot run code by a
+  frame. The commands frames carry (pickled bytes) are unpickled the same way
+  when applied. Snapshots (``_load_snapshot``, local files or a catch-up
+  transfer from a peer) are still plain pickle.
 * ``is_leader`` is pysyncobj's own view; two nodes may briefly both believe
   it, which is safe because every decision is a log write that only a real
   majority can commit.
@@ -21,12 +28,15 @@ replaced): every membership change is one ``apply_op`` log entry, applied by
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import pickle
 import threading
 from typing import Any, Callable
 
+import pysyncobj.syncobj
+import pysyncobj.tcp_connection
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.config import FAIL_REASON
 
@@ -36,11 +46,81 @@ from gcache.master.store import Store
 log = logging.getLogger("gcache.master.raft")
 
 
+def _latin1_encode(text: str, encoding: str = "latin1") -> bytes:
+    """Pickle protocol 2 (pysyncobj's) writes bytes as ``_codecs.encode(str, 'latin1')``."""
+    if encoding not in ("latin1", "latin-1"):
+        raise pickle.UnpicklingError(f"Raft frame asks for codec {encoding!r}: refused")
+    return text.encode("latin1")
+
+
+def _empty_bytes(*args: Any) -> bytes:
+    """Protocol 2 writes b'' as ``bytes()``; ``bytes(n)`` would allocate n bytes."""
+    if args:
+        raise pickle.UnpicklingError("Raft frame calls bytes() with arguments: refused")
+    return b""
+
+
+class _PlainDataUnpickler(pickle.Unpickler):
+    """Unpickles what pysyncobj sends between masters (plain data only) and refuses any
+    other global, which is how a pickle runs code."""
+
+    _ALLOWED: dict[tuple[str, str], Any] = {
+        ("_codecs", "encode"): _latin1_encode,
+        ("__builtin__", "bytes"): _empty_bytes, ("builtins", "bytes"): _empty_bytes,
+        ("__builtin__", "set"): set, ("builtins", "set"): set,
+        ("__builtin__", "frozenset"): frozenset, ("builtins", "frozenset"): frozenset,
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = self._ALLOWED.get((module, name))
+        if found is None:
+            log.warning("refused a Raft frame that refers to %s.%s (not plain data)",
+                        module, name)
+            raise pickle.UnpicklingError(f"Raft frame refers to {module}.{name}: refused")
+        return found
+
+
+class _WirePickle:
+    """Stands in for the pickle module inside pysyncobj's TCP connection (frames) and
+    its SyncObj (committed commands, which arrive inside frames from the leader):
+    pickled as before, unpickled as plain data only."""
+
+    dumps = staticmethod(pysyncobj.tcp_connection.pickle.dumps)
+
+    @staticmethod
+    def loads(data: bytes) -> Any:
+        return _PlainDataUnpickler(io.BytesIO(data)).load()
+
+
+def _restrict_wire_unpickling() -> None:
+    """Make pysyncobj unpickle received frames and log entries as plain data only
+    (idempotent).
+
+    pysyncobj has no hook for this: its ``tcp_connection`` module calls
+    ``pickle.loads`` on every decrypted frame and its ``syncobj`` module on every
+    command it applies (ours are ``(func id, args, kwargs)`` of plain dicts), so
+    those modules' ``pickle`` is replaced. Checked, so a pysyncobj that changed
+    shape fails loudly here. (Dynamic membership commands carry node objects;
+    they are off: ``dynamicMembershipChange=False``.)
+    """
+    for mod in (pysyncobj.tcp_connection, pysyncobj.syncobj):
+        current = getattr(mod, "pickle", None)
+        if current is _WirePickle:
+            continue
+        if not (callable(getattr(current, "loads", None))
+                and callable(getattr(current, "dumps", None))):
+            raise RuntimeError(f"{mod.__name__} no longer unpickles through a module named "
+                               "pickle: re-check gcache.master.raft_node before upgrading "
+                               "pysyncobj")
+        mod.pickle = _WirePickle
+
+
 class RaftNode(SyncObj):
     def __init__(self, self_addr: str, partners: list[str], data_dir: str, password: str,
                  *, on_leader_change: Callable[[bool], None] | None = None,
                  min_timeout: float = 0.15, max_timeout: float = 0.35,
                  append_period: float = 0.03) -> None:
+        _restrict_wire_unpickling()
         os.makedirs(data_dir, exist_ok=True)
         self._store = Store(os.path.join(data_dir, "state.rocksdb"))
         self.membership = Membership(self._store)

@@ -5,6 +5,8 @@ arena names, waits for each ``GCACHE_LISTEN=`` line, and on ``close()`` stops
 them (SIGTERM, then SIGKILL), removes their arenas and checks that no process
 is left behind. ``ServerProc`` is the nemesis handle: ``kill9``, ``terminate``,
 ``pause``/``resume`` (SIGSTOP/SIGCONT) and ``restart`` under the same name.
+Masters share a random Raft secret per cluster, passed in their environment
+(never argv, which ``ps`` shows; never to servers).
 
 It spawns processes (``python -m gcache.server.cli``) and imports no server
 or SDK code, so the core stays the bottom layer.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import os
 import queue
+import secrets
 import signal
 import subprocess
 import sys
@@ -37,12 +40,17 @@ class _Daemon:
     def argv(self) -> list[str]:
         raise NotImplementedError
 
+    def env(self) -> dict[str, str]:
+        """The child's environment: ours, minus any Raft secret (only masters get one)."""
+        return {k: v for k, v in os.environ.items()
+                if k not in ("GCACHE_RAFT_SECRET", "GCACHE_RAFT_SECRET_FILE")}
+
     def spawn(self) -> None:
         stderr = subprocess.DEVNULL
         if self.log_dir:
             stderr = open(Path(self.log_dir) / f"{self.name}.log", "ab")
         self.proc = subprocess.Popen(self.argv(), stdout=subprocess.PIPE, stderr=stderr,
-                                     text=True, bufsize=1)
+                                     text=True, bufsize=1, env=self.env())
         self._lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._pump, args=(self.proc, self._lines), daemon=True).start()
 
@@ -177,13 +185,12 @@ class MasterProc(_Daemon):
     READY = "GCACHE_MASTER"
 
     def __init__(self, name: str, port: int, peers: list[str], data_dir: str, *,
-                 token: str = "", log_dir: str | None = None,
+                 token: str = "", raft_secret: str = "", log_dir: str | None = None,
                  heartbeat_timeout_ms: int = 1500, extra: list[str] | None = None) -> None:
         self.name, self.port, self.peers, self.data_dir = name, port, peers, data_dir
-        self.extra = list(extra or [])
-        self.token, self.log_dir = token, log_dir
-        self.extra = list(extra or [])
+        self.token, self.raft_secret, self.log_dir = token, raft_secret, log_dir
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        self.extra = list(extra or [])
         self.address = f"127.0.0.1:{port}"
         self.proc = None
 
@@ -192,6 +199,12 @@ class MasterProc(_Daemon):
              "--peers", ",".join(self.peers), "--data-dir", self.data_dir, "--log-format", "text",
              "--heartbeat-timeout-ms", str(self.heartbeat_timeout_ms)]
         return a + (["--token", self.token] if self.token else []) + self.extra
+
+    def env(self) -> dict[str, str]:
+        env = super().env()
+        if self.raft_secret:
+            env["GCACHE_RAFT_SECRET"] = self.raft_secret
+        return env
 
     def wait_ready(self, timeout: float = 30.0) -> str:
         self._wait_line(timeout)
@@ -204,20 +217,22 @@ class Cluster:
     With ``masters=M`` the servers register with the masters (``--masters``); use
     ``master_addresses`` for ``Client(masters=...)``. With ``tls`` (a ``TlsFiles`` from
     ``gcache.testing.certs``) servers and masters speak TLS only, and require client
-    certificates when ``mtls``. Use as a context manager."""
+    certificates when ``mtls``. The masters share ``raft_secret`` (a fresh random one
+    unless given). Use as a context manager."""
 
     def __init__(self, n: int = 1, memory: str = "64MiB", *, slab: str | None = "1MiB",
                  token: str = "", shm_dir: str = "/dev/shm", extra: list[str] | None = None,
                  log_dir: str | None = None, prefix: str | None = None,
                  keep_arenas: bool = False, ready_timeout: float = 60.0, masters: int = 0,
                  data_dir: str | None = None, heartbeat_timeout_ms: int = 1500,
-                 server_extra: list[str] | None = None,
+                 server_extra: list[str] | None = None, raft_secret: str | None = None,
                  master_extra: list[str] | None = None, tls: TlsFiles | None = None,
                  mtls: bool = False) -> None:
         tag = prefix or f"t{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.tls = tls
         tls_flags = tls.server_flags(mtls) if tls is not None else []
         self.masters: list[MasterProc] = []
+        self.raft_secret = raft_secret or secrets.token_hex(32)
         self._tmp = None
         if masters:
             import tempfile
@@ -233,7 +248,8 @@ class Cluster:
             addrs = [f"127.0.0.1:{p}" for p in ports]
             self.masters = [MasterProc(f"{tag}-m{i}", p, [a for a in addrs if a != addrs[i]],
                                        os.path.join(data_dir, f"m{i}"), token=token,
-                                       log_dir=log_dir, heartbeat_timeout_ms=heartbeat_timeout_ms,
+                                       raft_secret=self.raft_secret, log_dir=log_dir,
+                                       heartbeat_timeout_ms=heartbeat_timeout_ms,
                                        extra=list(master_extra or []) + tls_flags)
                             for i, p in enumerate(ports)]
             extra = list(extra or []) + ["--masters", ",".join(addrs),

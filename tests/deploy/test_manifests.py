@@ -227,7 +227,8 @@ def test_plain_manifest_is_valid_k8s(obj):
 def test_plain_manifests_have_every_piece():
     objs = index(plain_objects())
     for key in [("Namespace", "gcache"), ("ConfigMap", "gcache-config"),
-                ("Secret", "gcache-token"), ("Service", "gcache-master"),
+                ("Secret", "gcache-token"), ("Secret", "gcache-raft-secret"),
+                ("Service", "gcache-master"),
                 ("Service", "gcache-master-client"), ("StatefulSet", "gcache-master"),
                 ("DaemonSet", "gcache-server")]:
         assert key in objs, f"deploy/k8s lacks {key[0]} {key[1]}"
@@ -276,6 +277,7 @@ def test_chart_parameters_reach_the_objects():
     values = {
         "image": {"repository": "registry.example.com/gcache", "tag": "9.9.9"},
         "token": {"existingSecret": "my-token", "existingSecretKey": "tok"},
+        "raftSecret": {"existingSecret": "my-raft", "existingSecretKey": "rs"},
         "server": {"memory": "100GiB", "disk": {"hostPath": "/nvme1/kv", "size": "2TiB"},
                    "resources": {"requests": {"cpu": "8", "memory": "110Gi"},
                                  "limits": {"cpu": "8", "memory": "110Gi"}},
@@ -311,6 +313,8 @@ def test_chart_parameters_reach_the_objects():
     assert "preferredDuringSchedulingIgnoredDuringExecution" in \
         sts["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
     check_master_script(sts, "kv-gcache-master", "prod")
+    assert raft_secret_of(sts) == ("my-raft", "rs")
+    assert "my-raft" not in secret_refs(ds)
 
 
 def test_chart_without_disk_tier():
@@ -416,6 +420,83 @@ def check_token_env(objs: list[dict], c: dict) -> None:
     assert ref["key"] in secret["stringData"]
     assert "REPLACE" in secret["stringData"][ref["key"]], "the example token must say so"
     assert "--token" not in c.get("args", []), "a token on the command line shows in ps"
+
+
+def secret_refs(workload: dict) -> set[str]:
+    """Every Secret a workload's pods can read: env, envFrom, and secret/projected volumes."""
+    pod = workload["spec"]["template"]["spec"]
+    refs: set[str] = set()
+    for c in pod["containers"] + pod.get("initContainers", []):
+        for e in c.get("env", []):
+            ref = e.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                refs.add(ref["name"])
+        for e in c.get("envFrom", []):
+            if "secretRef" in e:
+                refs.add(e["secretRef"]["name"])
+    for v in pod.get("volumes", []):
+        if "secret" in v:
+            refs.add(v["secret"]["secretName"])
+        for src in v.get("projected", {}).get("sources", []):
+            if "secret" in src:
+                refs.add(src["secret"]["name"])
+    return refs
+
+
+def raft_secret_of(sts: dict) -> tuple[str, str]:
+    """(Secret name, key) the masters read their Raft secret from, checked end to end:
+    GCACHE_RAFT_SECRET_FILE names a file in a read-only mount of that Secret's key."""
+    c = container(sts, "master")
+    env = {e["name"]: e for e in c["env"]}
+    assert "GCACHE_RAFT_SECRET" not in env, "mount the Raft secret as a file"
+    path = Path(env["GCACHE_RAFT_SECRET_FILE"]["value"])
+    mount = next(m for m in c["volumeMounts"] if path.parent == Path(m["mountPath"]))
+    assert mount.get("readOnly") is True
+    volume = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}[mount["name"]]
+    item = next(i for i in volume["secret"]["items"] if i["path"] == path.name)
+    assert volume["secret"]["defaultMode"] & 0o007 == 0, "the Raft secret is not world-readable"
+    return volume["secret"]["secretName"], item["key"]
+
+
+@pytest.mark.parametrize("source", _sources())
+def test_only_masters_get_the_raft_secret(source):
+    """pysyncobj unpickles what it decrypts with the Raft secret: the masters get their own,
+    from a Secret the server DaemonSet never mounts, and it is not the token's."""
+    objs = source()
+    sts, ds = one(objs, "StatefulSet"), one(objs, "DaemonSet")
+    name, key = raft_secret_of(sts)
+    token_ref = {e["name"]: e for e in container(sts, "master")["env"]}["GCACHE_TOKEN"]
+    assert name != token_ref["valueFrom"]["secretKeyRef"]["name"], \
+        "the Raft secret must live in its own Secret, apart from the token"
+    secret = one(objs, "Secret", name)
+    assert "REPLACE" in secret["stringData"][key], "the example Raft secret must say so"
+    assert secret["stringData"][key] != one(objs, "Secret", token_ref["valueFrom"][
+        "secretKeyRef"]["name"])["stringData"]["token"]
+    assert name in secret_refs(sts)
+    assert name not in secret_refs(ds), "the servers must never be able to read the Raft secret"
+    server_env = {e["name"] for c in ds["spec"]["template"]["spec"]["containers"]
+                  for e in c.get("env", [])}
+    assert not {"GCACHE_RAFT_SECRET", "GCACHE_RAFT_SECRET_FILE"} & server_env
+    check_flags("master", {"--raft-secret-file"}, f"{source.__name__} StatefulSet")
+
+
+def test_systemd_raft_secret_is_the_masters_alone():
+    """The env file is read by both units: the Raft secret is a credential of the master
+    unit only, never a variable in gcache.env."""
+    env = read_env_example()
+    assert not any(k.startswith("GCACHE_RAFT_SECRET") for k in env)
+    units = {}
+    for unit in ("gcache-master", "gcache-server"):
+        cp = configparser.ConfigParser(strict=False, interpolation=None)
+        cp.optionxform = str
+        cp.read_string((SYSTEMD / f"{unit}.service").read_text())
+        units[unit] = cp["Service"]
+    master, server = units["gcache-master"], units["gcache-server"]
+    cred_name, cred_path = master["LoadCredential"].split(":", 1)
+    assert cred_path.startswith("/etc/gcache/") and cred_path != "/etc/gcache/gcache.env"
+    argv = shlex.split(master["ExecStart"].replace("\\\n", " ").replace("\n", " "))
+    assert argv[argv.index("--raft-secret-file") + 1] == f"%d/{cred_name}"
+    assert "raft" not in " ".join(f"{k}={v}" for k, v in server.items()).lower()
 
 
 # ---------------------------------------------------------------- servers

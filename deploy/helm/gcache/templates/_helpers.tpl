@@ -56,6 +56,11 @@ app.kubernetes.io/component: {{ . }}
 {{- default (printf "%s-token" (include "gcache.fullname" .)) .Values.token.existingSecret -}}
 {{- end -}}
 
+{{/* The masters' own Raft secret: mounted by the masters only. */}}
+{{- define "gcache.raftSecret" -}}
+{{- default (printf "%s-raft-secret" (include "gcache.fullname" .)) .Values.raftSecret.existingSecret -}}
+{{- end -}}
+
 {{- define "gcache.masterName" -}}
 {{- printf "%s-master" (include "gcache.fullname" .) -}}
 {{- end -}}
