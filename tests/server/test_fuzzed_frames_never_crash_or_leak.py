@@ -52,6 +52,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from gcache.errors import ProtocolError
+from gcache.hashing import checksum
 from gcache.protocol import (FLAG_RESPONSE, MAGIC, PREFIX, PREFIX_SIZE, VERSION, Limits, Op,
                              check_crc, decode_meta, decode_prefix)
 from gcache.sdk import Client
@@ -166,6 +167,12 @@ def with_extra(draw, item: list) -> Any:
     return item
 
 
+def with_checksum(draw, item: list, key: bytes) -> list:
+    """Now and then, the item with its value's checksum (xxh3 of the whole oracle value)
+    appended, as a newer SDK sends it; a server that verifies it must accept it."""
+    return item + [checksum(_oracle_bytes(key, item[1]))] if chance(draw, 30) else item
+
+
 def put_item(draw, op: int, payload: list[bytes] | None, plan: tuple) -> Any:
     """One PUT/ALLOC item; appends its exact bytes to ``payload`` (None: not sendable).
 
@@ -177,7 +184,7 @@ def put_item(draw, op: int, payload: list[bytes] | None, plan: tuple) -> Any:
         n = draw(st.one_of(st.integers(0, 64), st.integers(0, CAP)))
         if payload is not None:
             payload.append(_oracle_bytes(key, n))
-        return [key, n, 0, n, draw(PUT_ID)]
+        return with_checksum(draw, [key, n, 0, n, draw(PUT_ID)], key)
     if op == Op.PUT and kind == "slice":
         # mostly the example's one sliced object (key, total, put_id), so slices meet:
         # duplicates, gaps, overlaps, slices over several frames and connections
@@ -187,7 +194,7 @@ def put_item(draw, op: int, payload: list[bytes] | None, plan: tuple) -> Any:
         ln = draw(st.one_of(st.just(tl - off), st.integers(0, tl - off)))
         if payload is not None:
             payload.append(_oracle_bytes(key, off + ln)[off:])
-        return [key, tl, off, ln, pid]
+        return with_checksum(draw, [key, tl, off, ln, pid], key)
     key = draw_key(draw, WILD_KEYS)
     if chance(draw, 15):
         ints = [draw(INTS) for _ in range(4)]
@@ -199,7 +206,10 @@ def put_item(draw, op: int, payload: list[bytes] | None, plan: tuple) -> Any:
     ln = draw(st.one_of(st.just(tl - off), st.integers(0, tl - off)))
     if payload is not None:
         payload.append(b"\xee" * ln)
-    return with_extra(draw, [key, tl, off, ln, draw(PUT_ID)])
+    item = [key, tl, off, ln, draw(PUT_ID)]
+    if op == Op.ALLOC and not chance(draw, 20):  # a checksum nobody will write bytes for
+        item.append(draw(st.integers(0, 2**64 - 1)))
+    return with_extra(draw, item)
 
 
 def get_item(draw) -> Any:
