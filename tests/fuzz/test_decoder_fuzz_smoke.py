@@ -6,6 +6,7 @@ Seeds are valid frames of the data ops, so the fuzzer starts past the magic and 
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -41,8 +42,13 @@ def test_decoder_survives_a_few_seconds_of_coverage_guided_fuzzing(tmp_path):
     corpus.mkdir()
     for i, frame in enumerate(SEEDS):
         (corpus / f"seed{i}").write_bytes(_seed(frame))
+    # libFuzzer's RSS guard reads the peak RSS, which a child inherits from this process
+    # across fork and exec: give it this process's peak plus the harness's own budget, or
+    # a long pytest run (GiBs of arenas and torch) trips it before the first input.
+    inherited_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     r = subprocess.run([sys.executable, str(HARNESS), "-max_total_time=5", "-max_len=512",
-                        "-seed=1", f"-artifact_prefix={tmp_path}/", str(corpus)],
+                        "-seed=1", f"-rss_limit_mb={inherited_mb + 1024}",
+                        f"-artifact_prefix={tmp_path}/", str(corpus)],
                        capture_output=True, text=True, timeout=80)
     assert r.returncode == 0, r.stderr[-4000:]
     assert "Done" in r.stderr, r.stderr[-2000:]
