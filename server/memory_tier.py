@@ -479,10 +479,6 @@ class MemoryTier(Tier):
             self._quota_wants[ns] = max(need, self._quota_wants.get(ns, 0))
         self.pressure.set()
 
-    def quota_room(self, ns: bytes, need: int) -> bool:
-        """Whether ``need`` more bytes fit ``ns``'s memory quota (a hint: no lock)."""
-        return not self.do_over_quota(ns, need)
-
     def evict_ns(self, ns: bytes, nbytes: int) -> int:
         """Evict at least ``nbytes`` of ``ns``'s own LRU objects (fewer if none are left
         unpinned); returns the bytes freed."""
