@@ -172,6 +172,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("credentials_file", "str", "", "TOML file of namespace-scoped credentials "
            "(gcache.credentials); reloaded on SIGHUP. The token still works next to it.",
            "server"),
+    Option("quota_file", "str", "", "TOML file of per-namespace memory/disk quotas "
+           "([[quota]] tables, gcache.quotas); reloaded on SIGHUP.", "server"),
     Option("metrics_max_namespaces", "int", 64, "Namespaces with their own label in the "
            "per-namespace metrics; later ones are counted as 'other'.", "server"),
     Option("shm_dir", "str", "/dev/shm", "Directory holding the arena file.", "server"),

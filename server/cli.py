@@ -6,7 +6,8 @@ cleanly on SIGTERM/SIGINT: connections are closed, the arena is marked clean,
 the disk tier (``--disk-dir``/``--disk``) writes its index, and a restart
 under the same ``--name`` finds every acknowledged object on both tiers.
 SIGHUP re-reads ``--credentials-file`` (a bad file keeps the old credentials and
-logs why); connections apply the new grants from their next frame.
+logs why); connections apply the new grants from their next frame. It also re-reads
+``--quota-file`` (per-namespace memory/disk quotas, ``gcache.quotas``) the same way.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import click
 from gcache import failpoints
 from gcache.config import click_options, load_config
 from gcache.credentials import CredentialStore
+from gcache.quotas import QuotaStore
 from gcache.errors import ConfigError
 from gcache.tls import dialer_context, listener_context
 from gcache.logs import setup_logging
@@ -74,6 +76,7 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
                                                          "pid": os.getpid()}})
     try:
         credentials = CredentialStore(cfg.credentials_file, cfg.token)
+        quotas = QuotaStore(cfg.quota_file)
     except ConfigError as exc:
         log.error("%s", exc)
         raise SystemExit(f"gcache-server: {exc}") from None
@@ -96,9 +99,20 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
     else:
         log.info("clean start of arena %s: %s", path, arena.reuse_reason)
     metrics_holder: dict = {}
+
+    def stats() -> dict:
+        s = tier.stats()
+        svc = metrics_holder.get("svc")
+        s["connections"] = svc.connections if svc else 0
+        s.update(shm_ops.transport_stats(nixl is not None))
+        return s
+
+    metrics = ServerMetrics(stats, cfg.metrics_max_namespaces,
+                            usage_fn=lambda: tier.namespace_usage(), quotas=quotas)
     memory_tier = MemoryTier(arena, high_watermark=cfg.high_watermark,
                              low_watermark=cfg.low_watermark,
-                             pending_put_timeout_ms=cfg.pending_put_timeout_ms)
+                             pending_put_timeout_ms=cfg.pending_put_timeout_ms,
+                             quotas=quotas, on_quota=metrics.quota_event)
     log.info("arena ready", extra={"fields": {k: v for k, v in memory_tier.recovery.items()}})
     limits = build_limits(cfg)
     tier = memory_tier if not cfg.disk_dir else _open_disk_tier(cfg, memory_tier, limits)
@@ -111,14 +125,6 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
         raise SystemExit(f"gcache-server: cannot start the nixl transport (--nixl on): {exc}"
                          ) from None
 
-    def stats() -> dict:
-        s = tier.stats()
-        svc = metrics_holder.get("svc")
-        s["connections"] = svc.connections if svc else 0
-        s.update(shm_ops.transport_stats(nixl is not None))
-        return s
-
-    metrics = ServerMetrics(stats, cfg.metrics_max_namespaces)
     try:
         svc = Service(tier, listen=cfg.listen, name=cfg.name, token=cfg.token, limits=limits,
                       metrics=metrics, max_connections=cfg.max_connections,
@@ -127,7 +133,7 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
                       max_preauth_per_ip=cfg.max_preauth_per_ip,
                       handshake_timeout_ms=cfg.handshake_timeout_ms,
                       send_timeout_ms=cfg.send_timeout_ms,
-                      request_timeout_ms=cfg.request_timeout_ms, tls=tls)
+                      request_timeout_ms=cfg.request_timeout_ms, tls=tls, quotas=quotas)
     except (ValueError, OSError) as exc:
         if nixl is not None:
             nixl.close()
@@ -172,6 +178,7 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
         if hup.is_set():
             hup.clear()
             credentials.reload()
+            quotas.reload()
     log.info("stopping: closing connections and marking the arena clean")
     if agent is not None:
         agent.stop()

@@ -31,7 +31,21 @@ header + data, so objects are limited to one slab page.
   contributed to and frees its quarantined chunks. A quarantined chunk (an ALLOC slot
   expired while its writer may still be copying into it) stays allocated and charged
   to that holder until it closes, so a late write can never land in another object.
-  ``reserved_by_ns`` is where per-namespace quotas plug in.
+  ``reserved_by_ns`` is the reserved part of each namespace's bytes.
+* Quotas (``gcache.quotas``, optional). Every allocated chunk is charged to its
+  namespace (``_NsUse.mem``: committed objects, puts in flight, ALLOC slots and
+  quarantined chunks, so reservations count against the writer's quota), and each
+  namespace keeps its own LRU of committed objects (``_NsUse.lru``, in step with the
+  index). A new put that would take its namespace past ``memory_bytes`` first evicts
+  that namespace's own LRU objects (``do_quota_room``); if they do not make room it
+  answers NO_SPACE (``PutSlot.extra["quota"]``, counted in ``quota_refused``). It
+  never evicts another namespace for it. A namespace past ``high_watermark`` of its
+  quota is queued (``quota_wants``) and brought down to ``low_watermark`` of it in the
+  background: evicted here, demoted by the tiered store's mover. Under global pressure
+  eviction stays LRU over everyone, except that namespaces over their quota (after a
+  reload lowered it, or a restart) go first. Promotion (``admit``) never takes a
+  namespace past its quota. After a restart the accounting is rebuilt from the
+  recovered index.
 
 * Tiering hooks (``tiered_store.TieredStore`` sets them; all run with
   ``self._lock`` held, so they are atomic with the index change): ``on_publish``
@@ -47,6 +61,7 @@ header + data, so objects are limited to one slab page.
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import threading
 import time
@@ -55,6 +70,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from gcache.hashing import checksum
+from gcache.quotas import QuotaStore
 from gcache.status import Status
 from gcache.server.arena import Arena, HDR_FIXED, header_len, size_class
 from gcache.server.tier import Pinned, PutSlot, Tier
@@ -81,6 +97,17 @@ class _Obj:
     moving: bool = False  # claimed by the tiering mover
     holder: Holder | None = None  # charged with this uncommitted chunk
     quarantined: bool = False  # an expired slot's chunk: freed when its holder closes
+
+
+class _NsUse:
+    """One namespace's memory: chunk bytes of all its allocated objects, and the LRU of
+    its indexed (committed) ones. Guarded by the MemoryTier lock; dropped when empty."""
+
+    __slots__ = ("mem", "lru")
+
+    def __init__(self) -> None:
+        self.mem = 0
+        self.lru: OrderedDict[bytes, _Obj] = OrderedDict()
 
 
 class Holder:
@@ -133,8 +160,15 @@ class MemoryTier(Tier):
                  clock: Callable[[], float] = time.monotonic,
                  on_evict: Callable[[int, int], None] | None = None,
                  max_held_bytes: int | None = None,
-                 max_reserved_bytes: int | None = None) -> None:
+                 max_reserved_bytes: int | None = None,
+                 quotas: QuotaStore | None = None,
+                 on_quota: Callable[[str, bytes, int], None] | None = None) -> None:
+        """``quotas``: per-namespace limits (None: unlimited). ``on_quota(event, ns, n)``
+        counts quota events per namespace (``refused``, ``evicted``); it runs with the
+        lock held and must not block."""
         self.arena = arena
+        self.quotas = quotas
+        self.on_quota = on_quota
         self.high, self.low = high_watermark, low_watermark
         self.pending_timeout = pending_put_timeout_ms / 1000.0
         self.clock = clock
@@ -148,6 +182,10 @@ class MemoryTier(Tier):
         self.reserved_by_ns: dict[bytes, int] = {}  # the writer's quota plugs in here
         self._lock = threading.Lock()
         self._index: OrderedDict[tuple[bytes, bytes], _Obj] = OrderedDict()
+        self._ns: dict[bytes, _NsUse] = {}  # namespaces with allocated chunks
+        self._over: set[bytes] = set()  # past their quota (a reload lowered it, a restart)
+        self._quota_wants: dict[bytes, int] = {}  # ns -> bytes a put waits for (0: none)
+        self._quota_gen = -1
         self._pending: dict[tuple[bytes, bytes, int], _Pending] = {}
         self._classes: dict[int, _Class] = {}
         self._free_pages: list[int] = []
@@ -159,7 +197,7 @@ class MemoryTier(Tier):
                          "torn_dropped": 0, "recovered": 0, "pending_expired": 0,
                          "no_space": 0, "clean_dropped": 0, "put_checksum_mismatch": 0,
                          "reservations_refused": 0, "pending_released": 0,
-                         "quarantined": 0}
+                         "quarantined": 0, "quota_refused": 0, "quota_evictions": 0}
         self.on_publish: Callable[[bytes, bytes, int], None] | None = None
         self.on_delete: Callable[[bytes, bytes], bool] | None = None
         self.is_clean: Callable[[bytes, bytes, int], bool] | None = None
@@ -183,7 +221,8 @@ class MemoryTier(Tier):
             used.setdefault(page, set()).add(r.offset)
             o = _Obj(r.ns, r.key, r.offset, r.chunk, r.data_off, r.length, r.version,
                      r.checksum, committed=True, verified=False)
-            self._index[(r.ns, r.key)] = o
+            self.do_use(r.ns).mem += r.chunk
+            self.do_link(o)
             self._page_live[page] += 1
             self.live_bytes += r.chunk
             self._next_version = max(self._next_version, r.version + 1)
@@ -201,6 +240,7 @@ class MemoryTier(Tier):
                 cls.partial[page] = free
         self._free_pages.reverse()  # pop() hands out low pages first
         self.counters["recovered"] = len(objs)
+        self.do_refresh_quotas()  # a restart under a smaller quota: those go first
         self.counters["corrupt_dropped"] = counts["corrupt"]
         self.counters["torn_dropped"] = counts["torn"]
         self.recovery = {
@@ -288,6 +328,11 @@ class MemoryTier(Tier):
 
     def do_free(self, o: _Obj) -> None:
         self.do_uncharge(o)
+        u = self._ns[o.ns]
+        u.mem -= o.chunk
+        if u.mem <= 0:
+            del self._ns[o.ns]
+            self._over.discard(o.ns)
         self.arena.clear(o.offset)
         page = self.arena.page_of(o.offset)
         self._page_live[page] -= 1
@@ -302,32 +347,152 @@ class MemoryTier(Tier):
         else:
             cls.partial.setdefault(page, []).append(o.offset)
 
-    def do_evict_one(self) -> bool:
-        """Evict the least recently used unpinned object. False if none.
+    def do_evict_one(self, ns: bytes | None = None) -> bool:
+        """Evict the least recently used unpinned object (of namespace ``ns`` only, when
+        given: a quota eviction). False if none.
 
+        Without ``ns``, a namespace over its quota gives up its own LRU object first.
         With ``is_clean`` set (a disk tier behind us), an object near the LRU head that
         already has an identical disk copy goes first: dropping it loses nothing.
         """
+        if ns is None:
+            for over in list(self._over):
+                if self.do_over_quota(over) and self.do_evict_one(over):
+                    return True
+                self._over.discard(over)
+            objs = self._index.values()
+        else:
+            u = self._ns.get(ns)
+            if u is None:
+                return False
+            objs = u.lru.values()
+        victim = None
         if self.is_clean is not None:
-            for n, (k, o) in enumerate(self._index.items()):
+            for n, o in enumerate(objs):
                 if n >= 256:
                     break
                 if o.pins == 0 and self.is_clean(o.ns, o.key, o.version):
-                    del self._index[k]
-                    self.do_free(o)
+                    victim = o
                     self.counters["clean_dropped"] += 1
-                    return True
-        for k, o in self._index.items():
-            if o.pins == 0:
-                del self._index[k]
-                self.do_free(o)
-                self.counters["evictions"] += 1
-                self.counters["evicted_bytes"] += o.length
-                if self.on_evict:
-                    self.on_evict(1, o.length)
+                    break
+        if victim is None:
+            for o in objs:
+                if o.pins == 0:
+                    victim = o
+                    self.counters["evictions"] += 1
+                    self.counters["evicted_bytes"] += o.length
+                    if self.on_evict:
+                        self.on_evict(1, o.length)
+                    break
+                # pinned: skip it (it stays at the head; the scan is short in practice)
+        if victim is None:
+            return False
+        self.do_unindex(victim)
+        self.do_free(victim)
+        if ns is not None:
+            self.counters["quota_evictions"] += 1
+            if self.on_quota is not None:
+                self.on_quota("evicted", ns, 1)
+        return True
+
+    # ------------------------------------------------------------------ quotas
+    def do_use(self, ns: bytes) -> _NsUse:
+        u = self._ns.get(ns)
+        if u is None:
+            u = self._ns[ns] = _NsUse()
+        return u
+
+    def do_link(self, o: _Obj) -> _Obj | None:
+        """Make ``o`` the current (most recently used) object of its key; returns the one
+        it replaced (still allocated: the caller unlinks it)."""
+        k = (o.ns, o.key)
+        old = self._index.pop(k, None)
+        self._index[k] = o
+        lru = self._ns[o.ns].lru  # o's chunk is charged: its namespace entry exists
+        lru.pop(o.key, None)
+        lru[o.key] = o
+        return old
+
+    def do_unindex(self, o: _Obj) -> None:
+        """Remove the current object ``o`` from the index (not freed)."""
+        del self._index[(o.ns, o.key)]
+        u = self._ns.get(o.ns)
+        if u is not None:
+            u.lru.pop(o.key, None)
+
+    def do_bump(self, o: _Obj) -> None:
+        self._index.move_to_end((o.ns, o.key))
+        self._ns[o.ns].lru.move_to_end(o.key)
+
+    def do_mem_limit(self, ns: bytes) -> int | None:
+        return self.quotas.limits(ns).memory_bytes if self.quotas is not None else None
+
+    def do_over_quota(self, ns: bytes, add: int = 0) -> bool:
+        limit = self.do_mem_limit(ns)
+        u = self._ns.get(ns)
+        return limit is not None and (u.mem if u else 0) + add > limit
+
+    def do_quota_room(self, ns: bytes, csize: int, evict: bool) -> bool:
+        """Room for a ``csize`` chunk within ``ns``'s memory quota, evicting only that
+        namespace's own LRU objects (when ``evict``). False: the put must be refused."""
+        limit = self.do_mem_limit(ns)
+        if limit is None:
+            return True
+        while True:
+            u = self._ns.get(ns)
+            if (u.mem if u else 0) + csize <= limit:
                 return True
-            # pinned: skip it (it stays at the head; the scan is short in practice)
-        return False
+            if csize > limit or not evict or not self.do_evict_one(ns):
+                return False
+
+    def do_refresh_quotas(self) -> None:
+        """After a quota reload (or at start): find the namespaces now over their quota."""
+        if self.quotas is None or self.quotas.generation == self._quota_gen:
+            return
+        self._quota_gen = self.quotas.generation
+        self._over = {ns for ns in self._ns if self.do_over_quota(ns)}
+        for ns in self._over:
+            self._quota_wants.setdefault(ns, 0)
+        if self._over:
+            self.pressure.set()
+
+    def quota_wants(self) -> list[tuple[bytes, int]]:
+        """Namespaces to bring down (and forget): ``(ns, bytes)`` each must shed to be at
+        ``low_watermark`` of its quota, or to fit the put waiting for it."""
+        out = []
+        with self._lock:
+            self.do_refresh_quotas()
+            wants, self._quota_wants = self._quota_wants, {}
+            for ns, need in wants.items():
+                limit = self.do_mem_limit(ns)
+                u = self._ns.get(ns)
+                if limit is None or u is None:
+                    continue
+                excess = max(u.mem - int(self.low * limit), u.mem + need - limit)
+                if excess > 0:
+                    out.append((ns, excess))
+        return out
+
+    def want_quota_room(self, ns: bytes, need: int) -> None:
+        """A put waits for ``need`` bytes within ``ns``'s quota: queue the namespace."""
+        with self._lock:
+            self._quota_wants[ns] = max(need, self._quota_wants.get(ns, 0))
+        self.pressure.set()
+
+    def evict_ns(self, ns: bytes, nbytes: int) -> int:
+        """Evict at least ``nbytes`` of ``ns``'s own LRU objects (fewer if none are left
+        unpinned); returns the bytes freed."""
+        freed = 0
+        while freed < nbytes:
+            with self._lock:  # small locked batches, so IO threads interleave
+                for _ in range(64):
+                    u = self._ns.get(ns)
+                    before = u.mem if u else 0
+                    if freed >= nbytes or not self.do_evict_one(ns):
+                        return freed
+                    u = self._ns.get(ns)
+                    freed += before - (u.mem if u else 0)
+        return freed
 
     def do_unlink(self, o: _Obj) -> None:
         if o.pins:
@@ -344,7 +509,7 @@ class MemoryTier(Tier):
                 return Pinned(Status.MISS)
             if expect_version and o.version != expect_version:
                 return Pinned(Status.CONFLICT, o.length, o.version)
-            self._index.move_to_end((ns, key))
+            self.do_bump(o)
             o.pins += 1
         if not o.verified and not self._verify(o):
             return Pinned(Status.CORRUPT)
@@ -365,7 +530,7 @@ class MemoryTier(Tier):
                 return True
             self.counters["corrupt_dropped"] += 1
             if self._index.get((o.ns, o.key)) is o:
-                del self._index[(o.ns, o.key)]
+                self.do_unindex(o)
                 o.doomed = True
             o.pins -= 1
             if o.pins == 0 and o.doomed:
@@ -391,17 +556,19 @@ class MemoryTier(Tier):
 
     def touch(self, ns: bytes, key: bytes) -> bool:
         with self._lock:
-            if (ns, key) not in self._index:
+            o = self._index.get((ns, key))
+            if o is None:
                 return False
-            self._index.move_to_end((ns, key))
+            self.do_bump(o)
             return True
 
     def delete(self, ns: bytes, key: bytes) -> bool:
         with self._lock:
             other = self.on_delete(ns, key) if self.on_delete is not None else False
-            o = self._index.pop((ns, key), None)
+            o = self._index.get((ns, key))
             if o is None:
                 return other
+            self.do_unindex(o)
             self.do_unlink(o)
             return True
 
@@ -430,6 +597,12 @@ class MemoryTier(Tier):
                         or self.reserved_bytes + size_class(need) > self.max_reserved):
                     self.counters["reservations_refused"] += 1
                     return PutSlot(Status.BUSY)  # before evicting anything for it
+                if not self.do_quota_room(ns, size_class(need), evict):
+                    if evict:  # final: no more room will come for this put
+                        self.counters["quota_refused"] += 1
+                        if self.on_quota is not None:
+                            self.on_quota("refused", ns, 1)
+                    return PutSlot(Status.NO_SPACE, extra={"quota": True})
                 off = self.do_alloc(need, evict)
                 if off is None:
                     if evict:
@@ -440,6 +613,7 @@ class MemoryTier(Tier):
                 data_off = self.arena.write_header(off, ns, key, version, total_len,
                                                    time.time_ns())
                 o = _Obj(ns, key, off, size_class(need), data_off, total_len, version)
+                self.do_use(ns).mem += o.chunk
                 self.uncommitted_bytes += o.chunk
                 if holder is not None:
                     self.do_charge(holder, o)  # fits: checked above, under the same lock
@@ -491,14 +665,16 @@ class MemoryTier(Tier):
             self.uncommitted_bytes -= o.chunk
             self.do_uncharge(o)
             o.checksum = csum
-            k = (o.ns, o.key)
-            old = self._index.pop(k, None)
-            self._index[k] = o
+            old = self.do_link(o)
             if old is not None:
                 self.do_unlink(old)
             if self.on_publish is not None:
                 self.on_publish(o.ns, o.key, o.version)
             over = self.live_bytes > self.high * self.capacity
+            limit = self.do_mem_limit(o.ns)
+            if limit is not None and self._ns[o.ns].mem > self.high * limit:
+                self._quota_wants.setdefault(o.ns, 0)  # shed down to low in the background
+                over = True
         if over:
             self.pressure.set()
         return Status.OK
@@ -577,7 +753,10 @@ class MemoryTier(Tier):
                         self.do_free(p.obj)
 
     def evict_to_low(self) -> None:
-        """Above the high watermark, evict LRU objects (to nothing) down to the low one."""
+        """Namespaces past their quota's high watermark first, down to its low one; then,
+        above the arena's high watermark, LRU objects (to nothing) down to the low one."""
+        for ns, excess in self.quota_wants():
+            self.evict_ns(ns, excess)
         if self.live_bytes <= self.high * self.capacity:
             return
         while True:
@@ -587,8 +766,10 @@ class MemoryTier(Tier):
                         return
 
     # ------------------------------------------------------------------ tiering
-    def claim_cold(self, max_bytes: int, max_items: int = 4096) -> list[_Obj]:
-        """Pin up to ``max_bytes`` of the least recently used objects for demotion.
+    def claim_cold(self, max_bytes: int, max_items: int = 4096,
+                   ns: bytes | None = None) -> list[_Obj]:
+        """Pin up to ``max_bytes`` of the least recently used objects (of namespace ``ns``
+        only, when given) for demotion; namespaces over their quota go first.
 
         Each claimed object must go back through ``finish_demotion``. Its bytes stay
         readable (``data_view``) and are never freed while claimed.
@@ -596,7 +777,13 @@ class MemoryTier(Tier):
         out: list[_Obj] = []
         total = 0
         with self._lock:
-            for o in self._index.values():
+            if ns is not None:
+                u = self._ns.get(ns)
+                objs = iter(u.lru.values()) if u is not None else iter(())
+            else:
+                objs = itertools.chain(*(self._ns[n].lru.values() for n in self._over
+                                         if n in self._ns), self._index.values())
+            for o in objs:
                 if o.moving:
                     continue
                 o.pins += 1
@@ -622,11 +809,11 @@ class MemoryTier(Tier):
             o.moving = False
             current = self._index.get(k) is o
             if current and corrupt:
-                del self._index[k]
+                self.do_unindex(o)
                 self.counters["corrupt_dropped"] += 1
                 self.do_unlink(o)
             elif current and publish is not None and publish():
-                del self._index[k]
+                self.do_unindex(o)
                 self.do_unlink(o)
                 return True
             elif o.pins == 0 and o.doomed:
@@ -650,14 +837,15 @@ class MemoryTier(Tier):
         if csize > self.arena.slab_bytes:
             return False
         with self._lock:
-            if (ns, key) in self._index:
-                return False
+            if (ns, key) in self._index or self.do_over_quota(ns, csize):
+                return False  # never promote a namespace past its quota
             off = self.do_alloc(need, evict=False)
             if off is None:
                 return False
             over = self.live_bytes > self.high * self.capacity
             data_off = self.arena.write_header(off, ns, key, version, len(data), time.time_ns())
             o = _Obj(ns, key, off, csize, data_off, len(data), version, pins=1)
+            self.do_use(ns).mem += csize
             self.uncommitted_bytes += csize
         dst = self.arena.buf
         for a in range(0, len(data), 256 << 10):  # short GIL holds: serving threads interleave
@@ -673,7 +861,7 @@ class MemoryTier(Tier):
             o.committed = True
             self.uncommitted_bytes -= csize
             o.checksum = got
-            self._index[(ns, key)] = o
+            self.do_link(o)
         if over:
             self.pressure.set()
         return True
@@ -690,7 +878,7 @@ class MemoryTier(Tier):
             o = self._index.get((ns, key))
             if o is None or o.version != version:
                 return False
-            del self._index[(ns, key)]
+            self.do_unindex(o)
             self.do_unlink(o)
             return True
 
@@ -712,6 +900,11 @@ class MemoryTier(Tier):
                 "pages": self.arena.npages,
                 **self.counters,
             }
+
+    def namespace_usage(self) -> dict[bytes, tuple[int, int]]:
+        """``(chunk bytes, 0)`` per namespace (committed, in flight and reserved)."""
+        with self._lock:
+            return {ns: (u.mem, 0) for ns, u in self._ns.items()}
 
     def keys(self) -> list[tuple[bytes, bytes]]:
         with self._lock:

@@ -13,6 +13,14 @@ bounded: the first ``max_namespaces`` distinct namespaces a server sees keep the
 own label for its lifetime and every later one is counted under ``other``
 (``NamespaceLabels``). Scope refusals (``gcache_auth_refused_total``) are labelled
 by credential id, which the operator's credentials file bounds, and op.
+
+Quotas (``gcache.quotas``): ``gcache_namespace_used_bytes{namespace, tier}`` and
+``gcache_namespace_quota_bytes{namespace, tier}`` (only for namespaces with a limit on
+that tier) are read from the tier at scrape time and summed per label, so namespaces
+past the label limit add up under ``other`` (which has no quota gauge);
+``gcache_namespace_quota_refused_total{namespace}`` counts puts refused at the
+namespace's memory quota and ``gcache_namespace_quota_evictions_total{namespace, tier}``
+objects evicted (memory) or records killed or dropped (disk) to keep it within quota.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import http.server
 import json
 import ssl
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, CounterMetricFamily
@@ -61,7 +69,10 @@ class NamespaceLabels:
 
 
 class ServerMetrics:
-    def __init__(self, stats_fn: Callable[[], dict], max_namespaces: int = 64) -> None:
+    def __init__(self, stats_fn: Callable[[], dict], max_namespaces: int = 64,
+                 usage_fn: Callable[[], dict] | None = None, quotas: Any = None) -> None:
+        """``usage_fn``: ``{ns: (memory bytes, disk bytes)}`` (the tier's
+        ``namespace_usage``); ``quotas``: a ``gcache.quotas.QuotaStore``."""
         self.registry = CollectorRegistry()
         self.items = Counter("gcache_items_total", "Items served, by op and status",
                              ["op", "status"], registry=self.registry)
@@ -97,7 +108,27 @@ class ServerMetrics:
         self.ns_bytes = Counter("gcache_namespace_bytes_total", "Payload bytes by namespace "
                                 "and direction (in=put, out=get)", ["namespace", "direction"],
                                 registry=self.registry)
+        self.ns_quota_refused = Counter("gcache_namespace_quota_refused_total",
+                                        "Puts refused at the namespace's memory quota",
+                                        ["namespace"], registry=self.registry)
+        self.ns_quota_evictions = Counter("gcache_namespace_quota_evictions_total",
+                                          "Objects evicted (memory) or records killed or "
+                                          "dropped (disk) to keep the namespace within its "
+                                          "quota", ["namespace", "tier"],
+                                          registry=self.registry)
         self.registry.register(_TierCollector(stats_fn))
+        if usage_fn is not None:
+            self.registry.register(_NamespaceCollector(usage_fn, quotas, self.namespace))
+
+    def quota_event(self, event: str, ns: bytes, n: int) -> None:
+        """A tier's quota event (``refused``, ``evicted``, ``disk_evicted``); must not block
+        (runs under the tier's lock)."""
+        label = self.namespace(ns)
+        if event == "refused":
+            self.ns_quota_refused.labels(label).inc(n)
+        else:
+            self.ns_quota_evictions.labels(label, "disk" if event == "disk_evicted"
+                                           else "memory").inc(n)
 
     def namespace_reads(self, ns: bytes, hits: int, misses: int, nbytes: int) -> None:
         """One frame's reads of namespace ``ns`` (GET or LEASE)."""
@@ -115,16 +146,49 @@ class ServerMetrics:
             self.ns_bytes.labels(self.namespace(ns), "in").inc(nbytes)
 
 
+class _NamespaceCollector:
+    """Per-namespace used bytes and quotas, read at scrape time, summed per label."""
+
+    def __init__(self, usage_fn: Callable[[], dict], quotas: Any,
+                 labels: NamespaceLabels) -> None:
+        self.usage_fn, self.quotas, self.labels = usage_fn, quotas, labels
+
+    def collect(self):
+        used: dict[tuple[str, str], int] = {}
+        quota: dict[tuple[str, str], int] = {}
+        for ns, (mem, disk) in self.usage_fn().items():
+            label = self.labels(ns)
+            for tier, n in (("memory", mem), ("disk", disk)):
+                used[(label, tier)] = used.get((label, tier), 0) + n
+            if self.quotas is not None and label != OTHER_NAMESPACES:
+                lim = self.quotas.limits(ns)
+                for tier, q in (("memory", lim.memory_bytes), ("disk", lim.disk_bytes)):
+                    if q is not None:
+                        quota[(label, tier)] = q
+        g = GaugeMetricFamily("gcache_namespace_used_bytes", "Bytes a namespace holds, by "
+                              "tier (memory: slab chunks incl. reservations; disk: records)",
+                              labels=["namespace", "tier"])
+        for (label, tier), n in sorted(used.items()):
+            g.add_metric([label, tier], n)
+        yield g
+        g = GaugeMetricFamily("gcache_namespace_quota_bytes", "A namespace's quota, by tier "
+                              "(namespaces with a limit only)", labels=["namespace", "tier"])
+        for (label, tier), n in sorted(quota.items()):
+            g.add_metric([label, tier], n)
+        yield g
+
+
 class _TierCollector:
     _GAUGES = ("capacity_bytes", "used_bytes", "objects", "pending_puts", "free_pages",
                "connections")
     _COUNTERS = ("evictions", "evicted_bytes", "corrupt_dropped", "torn_dropped",
-                 "pending_expired", "no_space", "clean_dropped")
+                 "pending_expired", "no_space", "clean_dropped", "quota_refused",
+                 "quota_evictions")
     _DISK_GAUGES = ("capacity_bytes", "used_bytes", "allocated_bytes", "objects", "segments",
                     "degraded", "direct_io")
     _DISK_COUNTERS = ("hits", "read_bytes", "written_bytes", "corrupt_dropped", "read_errors",
                       "write_errors", "evictions", "carried_over", "compactions",
-                      "dead_unpersisted")
+                      "dead_unpersisted", "quota_evictions")
     _MOVES = (("demoted", "objects demoted memory -> disk"),
               ("demoted_bytes", "bytes demoted memory -> disk"),
               ("promoted", "objects promoted disk -> memory"),

@@ -48,6 +48,12 @@ degrades the tier: no more writes, reads keep working, ``degraded`` says why
 and the mover's ``probe`` retries until space or the device is back. A read
 that fails its checksum drops the record, counts it and answers CORRUPT.
 
+Namespaces. The tier keeps each namespace's live record bytes and its keys in
+write order (``_NsDisk``; rebuilt at start in (segment, offset) order, which is
+write order), so a per-namespace disk quota can kill that namespace's oldest
+records (``do_evict_oldest``) without touching anyone else's. Segments are
+shared: a killed record's space comes back when compaction reclaims its segment.
+
 Threads: ``read``/``touch``/``delete``/``exists`` from any thread;
 ``append``/``compact_one``/``probe``/``close`` from the one mover thread.
 ``self.lock`` guards the index and segment table; it may be taken while the
@@ -152,6 +158,16 @@ class ScannedRecord:
     key: bytes
     entry: Entry
     nchunks: int
+
+
+class _NsDisk:
+    """One namespace on disk: live record bytes and its keys, oldest first."""
+
+    __slots__ = ("bytes", "keys")
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.keys: dict[bytes, None] = {}
 
 
 class Segment:
@@ -391,6 +407,7 @@ class SegmentLog:
         self.direct = direct_io and hasattr(os, "O_DIRECT")
         self.lock = threading.Lock()
         self.index: dict[tuple[bytes, bytes], Entry] = {}
+        self._ns: dict[bytes, _NsDisk] = {}  # namespaces with live records
         self.segments: dict[int, Segment] = {}
         self.active: Segment | None = None
         self.next_seg_id = 1
@@ -406,7 +423,8 @@ class SegmentLog:
         self.counters = {"disk_hits": 0, "disk_read_bytes": 0, "disk_written_bytes": 0,
                          "disk_corrupt_dropped": 0, "disk_read_errors": 0,
                          "disk_write_errors": 0, "disk_evictions": 0, "disk_carried_over": 0,
-                         "disk_compactions": 0, "disk_recovered": 0, "disk_dead_unpersisted": 0}
+                         "disk_compactions": 0, "disk_recovered": 0, "disk_dead_unpersisted": 0,
+                         "disk_quota_killed": 0}
         self.recovery = self._recover()
 
     # ------------------------------------------------------------------ files
@@ -549,6 +567,42 @@ class SegmentLog:
         with self.lock:
             return self.do_has(ns, key, version)
 
+    # ------------------------------------------------------------------ namespaces
+    def do_ns_add(self, ns: bytes, key: bytes, e: Entry) -> None:
+        u = self._ns.get(ns)
+        if u is None:
+            u = self._ns[ns] = _NsDisk()
+        u.bytes += e.rec_len
+        u.keys.pop(key, None)
+        u.keys[key] = None
+
+    def do_ns_sub(self, ns: bytes, key: bytes, e: Entry) -> None:
+        u = self._ns[ns]
+        u.bytes -= e.rec_len
+        u.keys.pop(key, None)
+        if not u.keys:
+            del self._ns[ns]
+
+    def do_ns_bytes(self, ns: bytes) -> int:
+        u = self._ns.get(ns)
+        return u.bytes if u is not None else 0
+
+    def namespace_bytes(self) -> dict[bytes, int]:
+        """Live record bytes per namespace (caller holds ``self.lock`` or accepts a race)."""
+        return {ns: u.bytes for ns, u in list(self._ns.items())}
+
+    def do_evict_oldest(self, ns: bytes) -> int:
+        """Kill ``ns``'s oldest live record (a quota eviction; its death is persisted).
+        Returns the record bytes freed, 0 when the namespace has none."""
+        u = self._ns.get(ns)
+        if u is None:
+            return 0
+        key = next(iter(u.keys))
+        e = self.index[(ns, key)]
+        self.do_kill(ns, key, e)
+        self.counters["disk_quota_killed"] += 1
+        return e.rec_len
+
     def do_insert(self, ns: bytes, key: bytes, e: Entry) -> bool:
         """Publish a written record. The higher version wins; the loser dies. True if live."""
         k = (ns, key)
@@ -562,6 +616,7 @@ class SegmentLog:
                 return False
             self.do_kill(ns, key, old)
         self.index[k] = e
+        self.do_ns_add(ns, key, e)
         seg.keys.add(k)
         seg.live_bytes += e.rec_len
         self.live_bytes += e.rec_len
@@ -574,6 +629,7 @@ class SegmentLog:
         if indexed:
             if self.index.get(k) is e:
                 del self.index[k]
+                self.do_ns_sub(ns, key, e)
             if seg is not None and k in seg.keys:
                 seg.keys.discard(k)
                 seg.live_bytes -= e.rec_len
@@ -936,6 +992,7 @@ class SegmentLog:
                 e = self.index.get(k)
                 if e is not None and e.seg == victim.id:
                     del self.index[k]
+                    self.do_ns_sub(k[0], k[1], e)
                     self.live_bytes -= e.rec_len
                     dropped += 1
             victim.keys.clear()
@@ -992,6 +1049,7 @@ class SegmentLog:
             s.close()
         self.segments.clear()
         self.index.clear()
+        self._ns.clear()
         self.live_bytes = 0
         self.max_version = 0
 
@@ -1068,8 +1126,9 @@ class SegmentLog:
                     losers.append((rec.ns, rec.key, old))
                 best[k] = e
             seg.write_off = last
-        for k, e in best.items():
+        for k, e in sorted(best.items(), key=lambda kv: (kv[1].seg, kv[1].off)):
             self.index[k] = e
+            self.do_ns_add(k[0], k[1], e)  # in write order: oldest first
             seg = self.segments[e.seg]
             seg.keys.add(k)
             seg.live_bytes += e.rec_len
@@ -1127,6 +1186,8 @@ class SegmentLog:
         if pos != len(raw) - 4:
             raise ValueError("trailing bytes")
         self.max_version = max_version
+        for k, e in sorted(self.index.items(), key=lambda kv: (kv[1].seg, kv[1].off)):
+            self.do_ns_add(k[0], k[1], e)  # in write order: oldest first
 
     def _write_index(self) -> None:
         parts = [b""]

@@ -97,8 +97,10 @@ class Service:
                  credentials: CredentialStore | None = None,
                  max_preauth_connections: int = 256, max_preauth_per_ip: int = 128,
                  handshake_timeout_ms: int = 5000, send_timeout_ms: int = 10000,
-                 request_timeout_ms: int = 10000, tls: ssl.SSLContext | None = None) -> None:
+                 request_timeout_ms: int = 10000, tls: ssl.SSLContext | None = None,
+                 quotas: Any = None) -> None:
         self.tier, self.name, self.token, self.limits = tier, name, token, limits
+        self.quotas = quotas  # gcache.quotas.QuotaStore: per-namespace rows in STATS
         self.credentials = credentials or CredentialStore(token=token)
         self.tls = tls  # a server context: every connection must speak TLS
         self.metrics = metrics
@@ -520,6 +522,8 @@ class _Connection:
         s.update(name=self.svc.name, address=self.svc.address,
                  connections=self.svc.connections, uptime_s=time.time() - self.svc.started,
                  **shm_ops.transport_stats(bool(self.svc.nixl_info)))
+        s["namespaces"] = self.svc.tier.namespace_stats(self.svc.quotas,
+                                                        self.svc.metrics.namespace.limit)
         return s
 
     def misplaced(self, meta: dict, n: int) -> list[bool]:

@@ -95,5 +95,25 @@ class Tier(abc.ABC):
     @abc.abstractmethod
     def stats(self) -> dict[str, int | float]: ...
 
+    def namespace_usage(self) -> dict[bytes, tuple[int, int]]:
+        """``(memory bytes, disk bytes)`` held per namespace (quota accounting)."""
+        return {}
+
+    def namespace_stats(self, quotas: Any, top: int = 64) -> dict[str, dict[str, int]]:
+        """The ``top`` namespaces holding the most bytes: used bytes per tier and their
+        quota (-1: unlimited), keyed by namespace (STATS)."""
+        usage = self.namespace_usage()
+        out: dict[str, dict[str, int]] = {}
+        for ns in sorted(usage, key=lambda n: -sum(usage[n]))[:top]:
+            mem, disk = usage[ns]
+            lim = quotas.limits(ns) if quotas is not None else None
+            out[ns.decode("utf-8", "replace")] = {
+                "memory_used_bytes": mem, "disk_used_bytes": disk,
+                "memory_quota_bytes": -1 if lim is None or lim.memory_bytes is None
+                else lim.memory_bytes,
+                "disk_quota_bytes": -1 if lim is None or lim.disk_bytes is None
+                else lim.disk_bytes}
+        return out
+
     @abc.abstractmethod
     def close(self, clean: bool = True) -> None: ...

@@ -32,6 +32,15 @@ writes:
   change (the memory tier's hooks run under its lock); deaths are persisted,
   so a restart cannot resurrect them. Promotion publishes only if the disk
   copy is still current and memory has no newer object.
+* Quotas (``gcache.quotas``). A put that finds its namespace at its memory quota
+  waits up to ``room_wait_s`` for the mover to demote that namespace's own LRU
+  objects, then evicts them (never another namespace's). A namespace past the
+  high watermark of its quota is demoted down to the low one in the background.
+  On disk, a demotion that would take its namespace past ``disk_bytes`` first
+  kills that namespace's oldest disk records (``SegmentLog.do_evict_oldest``);
+  segments are shared, so their space comes back with compaction, but the
+  namespace's live bytes never exceed its quota and nobody else's records go.
+  An object that cannot fit the namespace's disk quota at all is dropped.
 * Compaction and recovery from a degraded disk also run on the mover, so the
   segment log has one writer. ``touch`` refreshes recency on the tier that
   holds the object.
@@ -50,9 +59,9 @@ import itertools
 import queue
 from typing import Any, Callable
 
-from gcache.server.arena import header_len
+from gcache.server.arena import header_len, size_class
 from gcache.server.memory_tier import MemoryTier
-from gcache.server.segment_log import Entry, ReadLease, SegmentLog
+from gcache.server.segment_log import Entry, ReadLease, SegmentLog, record_geometry
 from gcache.server.tier import Pinned, PutSlot, Tier
 from gcache.server.tiering import PromotePolicy, carry_over
 from gcache.status import Status
@@ -88,7 +97,8 @@ class TieredStore(Tier):
         self.capacity = memory.capacity
         self.max_object = memory.max_object
         self.counters = {"demoted": 0, "demoted_bytes": 0, "promoted": 0, "promoted_bytes": 0,
-                         "promote_skipped": 0, "demote_batches": 0}
+                         "promote_skipped": 0, "demote_batches": 0,
+                         "disk_quota_evictions": 0}
         self._stats_lock = threading.Lock()
         self._room = threading.Condition()
         self._queue: deque[tuple[bytes, bytes, int]] = deque()
@@ -107,6 +117,8 @@ class TieredStore(Tier):
         memory.on_publish = self._on_publish
         memory.on_delete = self._on_delete
         memory.is_clean = disk.has
+        self.quotas = memory.quotas
+        self._disk_quota_gen = -1
         self.recovery = self._reconcile()
 
     # ------------------------------------------------------------------ startup
@@ -247,6 +259,25 @@ class TieredStore(Tier):
             return slot
         need = header_len(len(ns), len(key)) + total_len
         now = time.monotonic()
+        if slot.extra.get("quota"):  # its own namespace is full: demote (or evict) its own
+            if not self.disk.degraded and now >= self._no_wait_until:
+                end = now + self.room_wait
+                while time.monotonic() < end and not self.disk.degraded:
+                    mem.want_quota_room(ns, size_class(need))
+                    with self._room:
+                        self._room.wait(min(max(0.0, end - time.monotonic()), 0.05))
+                    slot = mem.begin_put(ns, key, total_len, offset, length, put_id,
+                                         evict=False, csum=csum, holder=holder)
+                    if slot.status != Status.NO_SPACE:
+                        return slot
+                    if not slot.extra.get("quota"):
+                        break  # within quota now, but the arena is full: wait below
+                else:
+                    return mem.begin_put(ns, key, total_len, offset, length, put_id,
+                                         csum=csum, holder=holder)
+            else:
+                return mem.begin_put(ns, key, total_len, offset, length, put_id,
+                                     csum=csum, holder=holder)
         # waiting only helps if the mover can free something: not with the disk degraded,
         # not when memory is all puts in flight, not right after a wait ran out
         if (not self.disk.degraded and now >= self._no_wait_until
@@ -308,6 +339,15 @@ class TieredStore(Tier):
             self._notify_room()
             return
         self._promote_queued()
+        self._enforce_disk_quotas()
+        for ns, excess in mem.quota_wants():  # namespaces past their memory quota
+            while excess > 0 and not self._stop.is_set():
+                moved = self._demote_batch(excess, ns)
+                if not moved:  # nothing demotable (disk degraded or full): evict its own
+                    mem.evict_ns(ns, excess)
+                    break
+                excess -= moved
+            self._notify_room()
         high, low = mem.high * mem.capacity, mem.low * mem.capacity
         if mem.live_bytes > high or self._want_room:
             self._demoting = True
@@ -335,15 +375,71 @@ class TieredStore(Tier):
         with self._room:
             self._room.notify_all()
 
-    def _demote_batch(self, excess: int) -> int:
+    def _enforce_disk_quotas(self) -> None:
+        """After a quota reload: namespaces past their (new) disk quota shed their oldest
+        records."""
+        if self.quotas is None or self.quotas.generation == self._disk_quota_gen:
+            return
+        self._disk_quota_gen = self.quotas.generation
+        with self.disk.lock:
+            for ns in list(self.disk.namespace_bytes()):
+                limit = self.quotas.limits(ns).disk_bytes
+                while limit is not None and self.disk.do_ns_bytes(ns) > limit:
+                    if not self.disk.do_evict_oldest(ns):
+                        break
+                    self._count_quota_eviction(ns)
+
+    def _count_quota_eviction(self, ns: bytes) -> None:
+        with self._stats_lock:
+            self.counters["disk_quota_evictions"] += 1
+        if self.memory.on_quota is not None:
+            self.memory.on_quota("disk_evicted", ns, 1)
+
+    def _fit_disk_quotas(self, dirty: list) -> tuple[list, list]:
+        """Split objects headed for disk into those that fit their namespace's disk quota
+        (after killing that namespace's oldest records) and those that do not (dropped).
+        The warmest objects are placed first, so the coldest are the ones dropped."""
+        if self.quotas is None or not self.quotas.active:
+            return dirty, []
+        fit, drop = [], []
+        planned: dict[bytes, int] = {}
+        with self.disk.lock:
+            for o in reversed(dirty):  # claimed coldest first
+                limit = self.quotas.limits(o.ns).disk_bytes
+                if limit is None:
+                    fit.append(o)
+                    continue
+                rec = record_geometry(len(o.ns), len(o.key), o.length)[1]
+                want = planned.get(o.ns, 0) + rec
+                while self.disk.do_ns_bytes(o.ns) + want > limit:
+                    if not self.disk.do_evict_oldest(o.ns):
+                        break
+                    self._count_quota_eviction(o.ns)
+                if self.disk.do_ns_bytes(o.ns) + want <= limit:
+                    planned[o.ns] = want
+                    fit.append(o)
+                else:
+                    drop.append(o)
+        fit.reverse()
+        return fit, drop
+
+    def _demote_batch(self, excess: int, ns: bytes | None = None) -> int:
+        """Demote up to ``excess`` bytes (of ``ns`` only, when given); returns the bytes
+        taken out of memory."""
         mem, disk = self.memory, self.disk
         budget = max(1, min(excess, disk.max_record * 2, 16 << 20))
-        objs = mem.claim_cold(budget)
+        objs = mem.claim_cold(budget, ns=ns)
         if not objs:
             return 0
         clean, dirty = [], []
         for o in objs:
             (clean if disk.has(o.ns, o.key, o.version) else dirty).append(o)
+        dirty, over = self._fit_disk_quotas(dirty)
+        freed = 0
+        for o in over:  # no room within its namespace's disk quota: dropped from memory
+            if mem.finish_demotion(o, lambda: True):
+                freed += o.chunk
+                self._count_quota_eviction(o.ns)
         views = [mem.data_view(o) for o in dirty]
         try:
             res = disk.append([(o.ns, o.key, o.version, v, o.checksum, 0)
@@ -356,11 +452,13 @@ class TieredStore(Tier):
             if mem.finish_demotion(o, lambda o=o: disk.has(o.ns, o.key, o.version)):
                 moved += 1
                 moved_bytes += o.length
+                freed += o.chunk
         for o, r in zip(dirty, res):
             if isinstance(r, Entry):
                 if mem.finish_demotion(o, lambda o=o, r=r: self._publish(o.ns, o.key, r)):
                     moved += 1
                     moved_bytes += o.length
+                    freed += o.chunk
                 else:
                     with disk.lock:
                         if disk.index.get((o.ns, o.key)) is not r:
@@ -371,7 +469,7 @@ class TieredStore(Tier):
             self.counters["demoted"] += moved
             self.counters["demoted_bytes"] += moved_bytes
             self.counters["demote_batches"] += 1
-        return moved
+        return freed
 
     def _publish(self, ns: bytes, key: bytes, e: Entry) -> bool:
         with self.disk.lock:  # memory lock held by finish_demotion
@@ -401,6 +499,14 @@ class TieredStore(Tier):
         with self._stats_lock:
             s.update(self.counters)
         return s
+
+    def namespace_usage(self) -> dict[bytes, tuple[int, int]]:
+        """``(memory bytes, disk bytes)`` per namespace."""
+        mem = self.memory.namespace_usage()
+        with self.disk.lock:
+            disk = self.disk.namespace_bytes()
+        return {ns: (mem.get(ns, (0, 0))[0], disk.get(ns, 0))
+                for ns in mem.keys() | disk.keys()}
 
     def close(self, clean: bool = True) -> None:
         self._stop.set()
