@@ -1,7 +1,8 @@
 """LEASE/ALLOC are for one-sided peers only: same host (the peer's address is one of
 ours) or NIXL (the server registered its arena). Before the fix a TCP client on another
-host could ALLOC, and hold or publish chunks it never wrote. Checked on the rule itself
-(a remote peer cannot be made on one test host)."""
+host could ALLOC, and hold or publish chunks it never wrote. Checked here on the rule
+itself; test_remote_peer_cannot_alloc_or_lease.py checks it with a real second host (a
+network namespace)."""
 
 from __future__ import annotations
 
