@@ -97,7 +97,8 @@ class Service:
                  credentials: CredentialStore | None = None,
                  max_preauth_connections: int = 256, max_preauth_per_ip: int = 128,
                  handshake_timeout_ms: int = 5000, send_timeout_ms: int = 10000,
-                 request_timeout_ms: int = 10000, tls: ssl.SSLContext | None = None) -> None:
+                 request_timeout_ms: int = 10000, tls: ssl.SSLContext | None = None,
+                 shm_trusted_writers: bool = False) -> None:
         self.tier, self.name, self.token, self.limits = tier, name, token, limits
         self.credentials = credentials or CredentialStore(token=token)
         self.tls = tls  # a server context: every connection must speak TLS
@@ -110,6 +111,8 @@ class Service:
         self.request_s = request_timeout_ms / 1000.0
         self.ownership = None  # MembershipAgent when --masters is set: NOT_OWNER checks
         self.nixl_info: dict | None = None  # arena registration, sent in the AUTH reply
+        # same-host peers may ALLOC (write the arena themselves); see shm_ops.alloc_refusal
+        self.shm_trusted_writers = shm_trusted_writers
         check_bind(listen, self.credentials.required)
         host, port = listen.rsplit(":", 1)
         host = host.strip("[]")
