@@ -389,7 +389,10 @@ def handle(conn: Any, op: int, rid: int, meta: Any, plen: int) -> None:
             st.alloc_refusal = alloc_refusal(conn)
         why = st.refusal or (st.alloc_refusal if op == Op.ALLOC else "")
         if why:
-            n = len(check_items(meta, conn.limits))
+            items = check_items(meta, conn.limits)
+            if op != Op.LEASE:  # a malformed frame is a frame error, refused peer or not
+                parse_put_items(items, conn.limits, Op.NAMES[op], require_checksum=True)
+            n = len(items)
             if op == Op.PUT_STAGED:
                 conn.reply(op, rid, {"st": [int(Status.AUTH)] * n, "staged": False,
                                      "error": why})
