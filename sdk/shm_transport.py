@@ -338,6 +338,7 @@ class ShmTransport(OneSidedTransport):
                         "on it", self.address, self.stage_refused)
             return TcpTransport._execute(self, sub)
         STATS["shm_put_items"] += len(run)
+        STATS["shm_staged_frames"] += 1
         return [ItemResult(status_of(x)) for x in st]
 
 
