@@ -177,7 +177,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("shm_dir", "str", "/dev/shm", "Directory holding the arena file.", "server"),
     Option("shm_group", "str", "", "Group (name or gid) that may read the arena: the file "
            "becomes mode 0640 with this group, so clients of another uid in that group use "
-           "shm reads (never writes). Empty = mode 0600, same-uid clients only.", "server"),
+           "shm (they map it read-only; their puts go through their staging files). "
+           "Empty = mode 0600, same-uid clients only.", "server"),
     Option("shm_trusted_writers", "bool", False, "Serve ALLOC to same-host clients, which "
            "then write the arena themselves (old SDKs). Off: co-located clients put through "
            "their staging files (PUT_STAGED) and cannot change the arena's bytes; NIXL "
