@@ -47,7 +47,7 @@ from gcache import staging
 from gcache.network import boot_id
 from gcache.credentials import ClientCredential
 from gcache.protocol import Limits, Op
-from gcache.status import Status, status_of
+from gcache.status import status_of
 from gcache.errors import ProtocolError
 from gcache.sdk.onesided import STATS, Copy, OneSidedTransport, _FrameStatus  # noqa: F401
 from gcache.sdk.transport import ItemResult, TcpTransport, Transport, TransportTimeout, Work
