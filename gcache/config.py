@@ -177,6 +177,14 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("metrics_max_namespaces", "int", 64, "Namespaces with their own label in the "
            "per-namespace metrics; later ones are counted as 'other'.", "server"),
     Option("shm_dir", "str", "/dev/shm", "Directory holding the arena file.", "server"),
+    Option("shm_group", "str", "", "Group (name or gid) that may read the arena: the file "
+           "becomes mode 0640 with this group, so clients of another uid in that group use "
+           "shm (they map it read-only; their puts go through their staging files). "
+           "Empty = mode 0600, same-uid clients only.", "server"),
+    Option("shm_trusted_writers", "bool", False, "Serve ALLOC to same-host clients, which "
+           "then write the arena themselves (old SDKs). Off: co-located clients put through "
+           "their staging files (PUT_STAGED) and cannot change the arena's bytes; NIXL "
+           "peers (--nixl) may ALLOC either way.", "server"),
     Option("slab_bytes", "size", 16 * _MIB, "Size of one arena slab.", "server"),
     Option("max_key_bytes", "int", 512, "Longest accepted key.", "server"),
     Option("max_namespace_bytes", "int", 128, "Longest accepted namespace.", "server"),

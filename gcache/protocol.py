@@ -63,11 +63,14 @@ class Op:
     RELEASE = 31
     ALLOC = 32
     COMMIT = 33
+    # a co-located writer's put: the server copies the values out of the client's own
+    # staging file (clients never write the arena)
+    PUT_STAGED = 34
 
     NAMES = {1: "HELLO", 2: "AUTH", 3: "PING", 10: "PUT", 11: "GET", 12: "EXISTS",
              13: "DELETE", 14: "TOUCH", 20: "STATS", 30: "LEASE", 31: "RELEASE",
-             32: "ALLOC", 33: "COMMIT"}
-    SHM_OPS = frozenset({LEASE, RELEASE, ALLOC, COMMIT})
+             32: "ALLOC", 33: "COMMIT", 34: "PUT_STAGED"}
+    SHM_OPS = frozenset({LEASE, RELEASE, ALLOC, COMMIT, PUT_STAGED})
     DATA_OPS = frozenset({PUT, GET, EXISTS, DELETE, TOUCH})
 
 

@@ -48,7 +48,7 @@ log = logging.getLogger("gcache.sdk.onesided")
 STATS = {"shm_get_items": 0, "shm_put_items": 0, "tcp_fallback_items": 0,
          "shm_connections": 0, "tcp_connections": 0,
          "nixl_get_items": 0, "nixl_put_items": 0, "nixl_connections": 0,
-         "nixl_staged_bytes": 0, "small_frame_tcp_items": 0}
+         "nixl_staged_bytes": 0, "small_frame_tcp_items": 0, "shm_staged_frames": 0}
 
 
 class _FrameStatus(Exception):

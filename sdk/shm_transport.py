@@ -1,15 +1,29 @@
-"""The co-located shared-memory transport: copy straight between the arena and user buffers.
+"""The co-located shared-memory transport: reads copy straight out of the arena, puts
+go through a staging file of the client's own.
 
 Design. ``ShmTransport`` is a ``TcpTransport`` (it reuses the handshake and the plain
 ops) that, after AUTH, checks whether it runs on the server's host: the server's AUTH
-reply announces its arena (path, size, st_dev/st_ino, uid, boot id) and the client must be
-able to ``stat`` that path and see the same file, owned by its own uid. It then maps
-the file (MAP_SHARED, read-write; one mapping per arena per process, shared by every
-connection) and moves bytes with ``memmove`` (ctypes drops the GIL, so the dispatch
-threads copy in parallel):
+reply announces its arena (path, size, st_dev/st_ino, uid, gid, boot id) and the client
+must be able to open that path read-only and see the same file, owned by the
+announced uid (its own uid, or, when the server runs ``--shm-group``, the server's:
+the arena is then mode 0640 and members of that group may read it). It maps the
+file **read-only** (MAP_SHARED, PROT_READ; one mapping per arena per process, shared
+by every connection) and reads with ``memmove`` (ctypes drops the GIL, so the
+dispatch threads copy in parallel): LEASE -> copy -> RELEASE.
 
-The control ops (LEASE/RELEASE, ALLOC/COMMIT) and the deadline rules live in
-``OneSidedTransport`` (gcache.sdk.onesided); this module only maps and copies.
+Clients never write the arena. A put writes the values, back to back, into the
+connection's staging file (``gcache.staging``: created in the arena's directory,
+mode 0600, or 0640 with the arena's group under another uid; mapped read-write by
+this client only) and sends one ``PUT_STAGED`` naming it and its key; the server
+copies the bytes into fresh chunks, verifies each value's checksum and publishes
+(one round trip, where ALLOC + COMMIT took two). The file's name is unlinked once the
+server has opened it (after the first reply), so a crashed client leaves nothing
+behind. A frame larger than the staging file goes as several PUT_STAGED; a value
+larger than it, or a connection whose staging the server refused, goes as a plain
+PUT.
+
+The control ops (LEASE/RELEASE, ALLOC/COMMIT for NIXL) and the deadline rules live in
+``OneSidedTransport`` (gcache.sdk.onesided); this module maps, stages and copies.
 
 Modes (``Client(transport=...)``): ``auto`` uses shm when co-located and TCP otherwise;
 ``shm`` requires co-location (a remote server is unreachable for this client); ``tcp``
@@ -25,27 +39,34 @@ import mmap
 import os
 import ssl
 import threading
+import time
 
 import numpy as np
 
+from gcache import staging
 from gcache.network import boot_id
 from gcache.credentials import ClientCredential
-from gcache.protocol import Limits
+from gcache.protocol import Limits, Op
+from gcache.status import status_of
+from gcache.errors import ProtocolError
 from gcache.sdk.onesided import STATS, Copy, OneSidedTransport, _FrameStatus  # noqa: F401
-from gcache.sdk.transport import TcpTransport, Transport
+from gcache.sdk.transport import ItemResult, TcpTransport, Transport, TransportTimeout, Work
+
+log = logging.getLogger("gcache.sdk.shm")
 
 MODES = ("auto", "tcp", "shm", "nixl")
 CHECK_BYTES = 2 << 20  # deadline / lease-bound check at least this often while copying
+STAGE_BYTES = 64 << 20  # data capacity of one connection's staging file (tmpfs: sparse)
 
 
 class _Mapping:
-    """One arena file mapped into this process, shared by all its connections."""
+    """One arena file mapped read-only into this process, shared by all its connections."""
 
-    def __init__(self, fd: int, size: int, key: tuple) -> None:
-        self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        self.size, self.key, self.refs = size, key, 0
-        anchor = ctypes.c_char.from_buffer(self.mm)
-        self.base = ctypes.addressof(anchor)
+    def __init__(self, fd: int, size: int, key: tuple, gid: int) -> None:
+        self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        self.size, self.key, self.gid, self.refs = size, key, gid, 0
+        anchor = np.frombuffer(self.mm, dtype=np.uint8)  # a read-only buffer's address
+        self.base = int(anchor.ctypes.data)
         self._anchor = anchor
 
     def close(self) -> None:
@@ -67,8 +88,6 @@ def _acquire(info: dict) -> _Mapping | None:
         dev, ino, uid = int(info["dev"]), int(info["ino"]), int(info["uid"])
     except (KeyError, TypeError, ValueError):
         return None
-    if uid != os.getuid():
-        return None
     if info.get("boot_id") and info.get("boot_id") != boot_id():
         return None
     key = (dev, ino, size)
@@ -76,14 +95,15 @@ def _acquire(info: dict) -> _Mapping | None:
         m = _maps.get(key)
         if m is None:
             try:
-                fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
-            except OSError:
+                # read-only: this process never writes the arena (puts are staged)
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError:  # not on this host, or neither its uid nor the arena's group
                 return None
             try:
                 st = os.fstat(fd)
                 if (st.st_dev, st.st_ino, st.st_size) != key or st.st_uid != uid:
                     return None
-                m = _Mapping(fd, size, key)
+                m = _Mapping(fd, size, key, st.st_gid)
             except (OSError, ValueError):
                 return None
             finally:
@@ -99,6 +119,53 @@ def _release(m: _Mapping) -> None:
         if m.refs <= 0 and _maps.get(m.key) is m:
             del _maps[m.key]
             m.close()
+
+
+class _Staging:
+    """This connection's staging file: created in the arena's directory, mapped
+    read-write by this process only, read by the server (``gcache.staging``)."""
+
+    def __init__(self, arena_path: str, arena_uid: int, arena_gid: int, capacity: int) -> None:
+        self.name = staging.new_name(arena_path)
+        self.path = os.path.join(os.path.dirname(arena_path), self.name)
+        self.key = os.urandom(staging.KEY_BYTES)
+        self.capacity = capacity
+        self.named = True  # the file still has its name (unlinked after the first reply)
+        flags = (os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                 | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(self.path, flags, 0o600)
+        try:
+            if os.getuid() != arena_uid:  # the server reads it through the arena's group
+                os.fchown(fd, -1, arena_gid)
+                os.fchmod(fd, 0o640)
+            os.ftruncate(fd, staging.HEADER_BYTES + capacity)
+            os.pwrite(fd, staging.header(self.key), 0)
+            self.mm = mmap.mmap(fd, staging.HEADER_BYTES + capacity, mmap.MAP_SHARED,
+                                mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            self.unlink()
+            raise
+        os.close(fd)
+        anchor = ctypes.c_char.from_buffer(self.mm)
+        self.base = ctypes.addressof(anchor) + staging.HEADER_BYTES
+        self._anchor = anchor
+
+    def unlink(self) -> None:
+        if self.named:
+            self.named = False
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.unlink()
+        self._anchor = None
+        try:
+            self.mm.close()
+        except (BufferError, ValueError):
+            pass
 
 
 def _addr(view: memoryview) -> int:
@@ -122,6 +189,8 @@ class ShmTransport(OneSidedTransport):
             raise ValueError(f"ShmTransport mode must be auto, shm or nixl, not {mode!r}")
         self.mode = mode
         self.map: _Mapping | None = None
+        self.stage: _Staging | None = None  # this connection's staging file (lazily)
+        self.stage_refused = ""  # why puts on this connection go as plain PUTs
 
     # ------------------------------------------------------------------ connection
     def connect(self, deadline: float) -> None:
@@ -162,9 +231,18 @@ class ShmTransport(OneSidedTransport):
             _release(self.map)
             self.map = None
 
+    def close(self) -> None:
+        super().close()  # the server forgets its staging fd with the connection
+        if self.stage is not None:
+            self.stage.close()
+            self.stage = None
+        self.stage_refused = ""
+
     def __del__(self) -> None:
         try:
             self.release_mapping()
+            if self.stage is not None:
+                self.stage.close()
         except Exception:
             pass
 
@@ -179,13 +257,89 @@ class ShmTransport(OneSidedTransport):
             since += n
 
     def move_out(self, copies: list[Copy], t0: float, deadline: float) -> None:
-        base, since = self.map.base, CHECK_BYTES
-        for local, remote, n in copies:
+        raise TypeError("the arena is mapped read-only: shm puts go through the staging file")
+
+    # ------------------------------------------------------------------ staged puts
+    def _put(self, work: Work) -> list[ItemResult]:
+        if self.kind != "shm":  # nixl: ALLOC -> one-sided WRITE -> COMMIT
+            return super()._put(work)
+        items = work.items
+        out: list[ItemResult | None] = [None] * len(items)
+        tcp: list[int] = []
+        stage = None if self.stage_refused else self._staging()
+        cap = stage.capacity if stage is not None else 0
+        runs: list[list[int]] = []
+        used = cap
+        for i, it in enumerate(items):
+            if len(it[5]) != it[3]:
+                raise ValueError(f"put slice has {len(it[5])} bytes, item says {it[3]}")
+            if stage is None or it[3] > cap or it[6] is None:
+                tcp.append(i)
+            elif used + it[3] > cap:
+                runs.append([i])
+                used = it[3]
+            else:
+                runs[-1].append(i)
+                used += it[3]
+        for run in runs:
+            if self.stage_refused:
+                tcp.extend(run)
+                continue
+            for i, r in zip(run, self._put_run(work, run)):
+                out[i] = r
+        if tcp:
+            STATS["tcp_fallback_items"] += len(tcp)
+            for i, r in zip(tcp, TcpTransport._execute(self, self._subset(work, tcp))):
+                out[i] = r
+        return out  # type: ignore[return-value]
+
+    def _staging(self) -> _Staging | None:
+        if self.stage is None:
+            try:
+                self.stage = _Staging(str(self.auth_reply["shm"]["path"]),
+                                      int(self.auth_reply["shm"]["uid"]),
+                                      self.map.gid, min(STAGE_BYTES,
+                                                        self.limits.max_frame_bytes))
+            except (OSError, KeyError, TypeError, ValueError) as exc:
+                self.stage_refused = f"cannot create a staging file: {exc}"
+                log.info("%s: puts go over TCP on this connection (%s)", self.address,
+                         self.stage_refused)
+                return None
+        return self.stage
+
+    def _put_run(self, work: Work, run: list[int]) -> list[ItemResult]:
+        """One PUT_STAGED: copy the run's values into the staging file, ask the server."""
+        stage, items = self.stage, work.items
+        pos, since = stage.base, CHECK_BYTES
+        for i in run:
+            if since >= CHECK_BYTES and time.monotonic() >= work.deadline:
+                raise TransportTimeout()
             if since >= CHECK_BYTES:
-                self.copy_window(t0, deadline)
                 since = 0
-            _copy(base + remote, _addr(local), n)
+            n = items[i][3]
+            _copy(pos, _addr(items[i][5]), n)
+            pos += n
             since += n
+        sub = self._subset(work, run)
+        meta = {"ns": work.ns, "stage": stage.name, "skey": stage.key,
+                "items": [[it[0], it[1], it[2], it[3], it[4], it[6]] for it in sub.items],
+                **(sub.extra or {})}
+        try:
+            rmeta = self._call(Op.PUT_STAGED, meta, work.deadline)
+        finally:
+            stage.unlink()  # the server holds it open (or refused it) by now
+        st = rmeta.get("st")
+        if not isinstance(st, list) or len(st) != len(run) \
+                or not all(isinstance(x, int) for x in st):
+            raise ProtocolError("PUT_STAGED reply does not match the request")
+        if rmeta.get("staged") is False:
+            self.stage_refused = str(rmeta.get("error", "refused"))
+            log.warning("%s refused this connection's staging file (%s); puts go over TCP "
+                        "on it", self.address, self.stage_refused)
+            return TcpTransport._execute(self, sub)
+        STATS["shm_put_items"] += len(run)
+        STATS["shm_staged_frames"] += 1
+        return [ItemResult(status_of(x)) for x in st]
 
 
 def make_transport(mode: str, address: str, token: str | ClientCredential, limits: Limits,

@@ -1,7 +1,8 @@
 """The shared-memory arena: file, layout, chunk headers and restart recovery.
 
 Design (memcached's restart.c is the model). The memory tier lives in one file
-``{shm_dir}/gcache-{name}.arena`` (mode 0600, flock'ed by its one server),
+``{shm_dir}/gcache-{name}.arena`` (mode 0600, or 0640 with ``--shm-group``: clients
+only ever map it read-only; flock'ed by its one server),
 mmapped MAP_SHARED and prefaulted, so a restarted process finds every object
 where it left it. The layout:
 
@@ -94,7 +95,8 @@ class ArenaError(RuntimeError):
 class Arena:
     """One mmapped arena file. Not thread-safe; the memory tier locks."""
 
-    def __init__(self, path: str, size: int, slab_bytes: int, prefault: bool = True) -> None:
+    def __init__(self, path: str, size: int, slab_bytes: int, prefault: bool = True,
+                 group: int | None = None) -> None:
         if slab_bytes < 64 * 1024 or slab_bytes % PAGE_ALIGN:
             raise ArenaError(f"slab_bytes {slab_bytes} must be a multiple of 4096 and >= 64KiB")
         npages = (size - SUPER_BYTES) // (slab_bytes + 4)
@@ -116,7 +118,17 @@ class Arena:
         st = os.fstat(self.fd)
         if st.st_uid != os.getuid():
             raise ArenaError(f"arena {path} belongs to uid {st.st_uid}, not us; remove it")
-        os.fchmod(self.fd, 0o600)
+        if group is None:
+            os.fchmod(self.fd, 0o600)
+        else:  # readable by that group (co-located clients of other uids), writable by us
+            try:
+                os.fchown(self.fd, -1, group)
+            except OSError as exc:
+                os.close(self.fd)
+                raise ArenaError(f"cannot give arena {path} to group {group}: "
+                                 f"{exc.strerror}; the server's user must be a member of "
+                                 "--shm-group") from None
+            os.fchmod(self.fd, 0o640)
         self.reuse_reason = ""
         self.reused = False
         self.was_clean = False

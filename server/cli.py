@@ -89,7 +89,8 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
         raise SystemExit(f"gcache-server: {exc}") from None
     path = arena_path(cfg.shm_dir, cfg.name)
     try:
-        arena = Arena(path, cfg.memory_bytes, cfg.slab_bytes, prefault=cfg.prefault)
+        arena = Arena(path, cfg.memory_bytes, cfg.slab_bytes, prefault=cfg.prefault,
+                      group=_group_id(cfg.shm_group))
     except ArenaError as exc:
         log.error("cannot open arena: %s", exc)
         raise SystemExit(f"gcache-server: {exc}") from None
@@ -133,7 +134,8 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
                       max_preauth_per_ip=cfg.max_preauth_per_ip,
                       handshake_timeout_ms=cfg.handshake_timeout_ms,
                       send_timeout_ms=cfg.send_timeout_ms,
-                      request_timeout_ms=cfg.request_timeout_ms, tls=tls, quotas=quotas)
+                      request_timeout_ms=cfg.request_timeout_ms, tls=tls, quotas=quotas,
+                      shm_trusted_writers=cfg.shm_trusted_writers)
     except (ValueError, OSError) as exc:
         if nixl is not None:
             nixl.close()
@@ -195,6 +197,21 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
             pass
     log.info("stopped")
     sys.stdout.flush()
+
+
+def _group_id(group: str) -> int | None:
+    """--shm-group as a gid (a name or a number); None when unset."""
+    if not group:
+        return None
+    if group.isdigit():
+        return int(group)
+    import grp
+
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ArenaError(f"--shm-group {group!r}: no such group; give an existing group "
+                         "name or gid") from None
 
 
 def _open_disk_tier(cfg, memory_tier: MemoryTier, limits: Limits):

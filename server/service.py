@@ -98,7 +98,7 @@ class Service:
                  max_preauth_connections: int = 256, max_preauth_per_ip: int = 128,
                  handshake_timeout_ms: int = 5000, send_timeout_ms: int = 10000,
                  request_timeout_ms: int = 10000, tls: ssl.SSLContext | None = None,
-                 quotas: Any = None) -> None:
+                 quotas: Any = None, shm_trusted_writers: bool = False) -> None:
         self.tier, self.name, self.token, self.limits = tier, name, token, limits
         self.quotas = quotas  # gcache.quotas.QuotaStore: per-namespace rows in STATS
         self.credentials = credentials or CredentialStore(token=token)
@@ -112,6 +112,8 @@ class Service:
         self.request_s = request_timeout_ms / 1000.0
         self.ownership = None  # MembershipAgent when --masters is set: NOT_OWNER checks
         self.nixl_info: dict | None = None  # arena registration, sent in the AUTH reply
+        # same-host peers may ALLOC (write the arena themselves); see shm_ops.alloc_refusal
+        self.shm_trusted_writers = shm_trusted_writers
         check_bind(listen, self.credentials.required)
         host, port = listen.rsplit(":", 1)
         host = host.strip("[]")

@@ -36,11 +36,35 @@ would still destroy an innocent object; so an expired slot's chunk is *quarantin
 instead: never published, never reused, still charged to its connection (whose bound
 therefore still holds), and freed when that connection closes.
 
-Scope: LEASE needs ``read`` on the frame's namespace, ALLOC ``write`` (as GET and
-PUT); COMMIT re-checks ``write`` on each slot's namespace, so a reload that narrows
-the credential between ALLOC and COMMIT publishes nothing. Refused items answer
-``AUTH``. This bounds what the *server* hands out; a same-uid client still maps
-the whole arena file read-write itself (docs/architecture.md, "Tenancy").
+Staged puts (``PUT_STAGED``). Co-located clients never write the arena: they map it
+read-only and put through a staging file of their own (``gcache.staging``). The frame
+is a PUT whose payload is not on the socket but at the start of that file's data:
+the server reserves each chunk exactly as for a PUT, copies the bytes in with
+``preadv`` from the file it opened itself (``O_RDONLY|O_NOFOLLOW``; never mmapped, so
+a client truncating its file causes a short read, never a SIGBUS in the server),
+then ``finish_put`` verifies the writer's checksum over the bytes *in the arena* (a
+client rewriting its file mid-copy gets ``CORRUPT``, never a published value that
+was not checksummed) and publishes. One round trip per frame, where ALLOC + COMMIT
+took two. The file is validated once per connection (``Stage.open``): a bare name
+of this arena's staging pattern in the arena's directory, a regular file with one
+link, no permission bits for others, size within [header, header +
+max_frame_bytes], and the 16-byte key the frame names at its start. A refused
+staging file answers every item ``BAD_REQUEST`` with ``"staged": false`` and the
+reason (a normal reply: the connection and the server go on; the SDK puts over TCP).
+
+ALLOC is for writers the server trusts with its arena: NIXL peers (one-sided RDMA
+writes need a reserved chunk to land in; the server runs ``--nixl``), or same-host
+writers when the server runs ``--shm-trusted-writers`` (old SDKs that map the arena
+read-write). Otherwise ALLOC is refused like a non-one-sided peer's (``"one_sided":
+false``).
+
+Scope: LEASE needs ``read`` on the frame's namespace, ALLOC and PUT_STAGED ``write``
+(as GET and PUT), checked before the staging file is opened; COMMIT re-checks
+``write`` on each slot's namespace, so a reload that narrows the credential between
+ALLOC and COMMIT publishes nothing. Refused items answer ``AUTH``. Together with the
+read-only mapping this confines what a co-located client can *change* to its
+credential's namespaces (docs/architecture.md, "Tenancy"); it can still *read* the
+whole arena file if it may open it.
 
 Ownership (``NOT_OWNER``) is checked exactly as for GET/PUT when the client sends its
 view epoch and placement hashes (``ep``/``ph``), and skipped otherwise.
@@ -49,15 +73,18 @@ view epoch and placement hashes (``ep``/``ph``), and skipped otherwise.
 from __future__ import annotations
 
 import functools
+import hmac
 import itertools
 import logging
 import socket
 import os
+import stat
 import threading
 import time
 import weakref
 from typing import Any
 
+from gcache import staging
 from gcache.credentials import Right
 from gcache.errors import ProtocolError
 from gcache.network import boot_id
@@ -93,8 +120,64 @@ def identity_fields(tier: Any) -> dict:
     except OSError:
         return {}
     return {"shm": {"path": arena.path, "size": arena.size, "dev": st.st_dev,
-                    "ino": st.st_ino, "uid": st.st_uid, "data_off": arena.data_off,
-                    "lease_ms": LEASE_MS, "boot_id": boot_id()}}
+                    "ino": st.st_ino, "uid": st.st_uid, "gid": st.st_gid,
+                    "data_off": arena.data_off, "lease_ms": LEASE_MS, "boot_id": boot_id()}}
+
+
+class StageRefused(Exception):
+    """A staging file that may not be read (the message says why and what to do)."""
+
+
+class Stage:
+    """A client's staging file, opened read-only by the server and validated once."""
+
+    MAX_PER_CONNECTION = 4  # a well-behaved client uses one
+
+    def __init__(self, fd: int, key: bytes, size: int) -> None:
+        self.fd, self.key, self.size = fd, key, size
+
+    @classmethod
+    def open(cls, arena_path: str, name: Any, key: Any, max_frame_bytes: int) -> "Stage":
+        if not isinstance(name, str) or not staging.is_name_for(name, arena_path):
+            raise StageRefused(f"staging file name {name!r} is not a bare file name of the "
+                               f"form {staging.name_prefix(arena_path)}<32 hex> in the arena's "
+                               "directory")
+        if not isinstance(key, bytes) or len(key) != staging.KEY_BYTES:
+            raise StageRefused(f"staging key must be {staging.KEY_BYTES} bytes")
+        path = os.path.join(os.path.dirname(arena_path), name)
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(path, flags)
+        except OSError as exc:
+            raise StageRefused(f"cannot open staging file {name}: {exc.strerror} (a symlink "
+                               "is refused; the server must be able to read the file)") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise StageRefused(f"staging file {name} is not a regular file")
+            if st.st_nlink != 1:
+                raise StageRefused(f"staging file {name} has {st.st_nlink} links, not 1")
+            if st.st_mode & 0o007:
+                raise StageRefused(f"staging file {name} grants access to others (mode "
+                                   f"{stat.S_IMODE(st.st_mode):o}): use 0600, or 0640 with "
+                                   "the arena's group")
+            hi = staging.HEADER_BYTES + max_frame_bytes
+            if not staging.HEADER_BYTES <= st.st_size <= hi:
+                raise StageRefused(f"staging file {name} has {st.st_size} bytes, not within "
+                                   f"[{staging.HEADER_BYTES}, {hi}]")
+            head = os.pread(fd, len(staging.MAGIC) + staging.KEY_BYTES, 0)
+            if not hmac.compare_digest(head, staging.header(key)):
+                raise StageRefused(f"staging file {name} does not hold the frame's key")
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(fd, key, st.st_size)
+
+    def close(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
 
 
 class ShmState:
@@ -113,6 +196,26 @@ class ShmState:
         self.max_held = max_held
         self.closed = False
         self.refusal: str | None = None  # why LEASE/ALLOC are refused ('' = allowed)
+        self.alloc_refusal: str | None = None  # why ALLOC is refused ('' = allowed)
+        self.stages: dict[str, Stage] = {}  # staging files this connection named
+
+    def stage(self, arena_path: str, name: Any, key: Any, max_frame_bytes: int) -> Stage:
+        """The staging file ``name`` (opened and validated on first use); StageRefused."""
+        with self.lock:
+            s = self.stages.get(name) if isinstance(name, str) else None
+        if s is not None:
+            if not (isinstance(key, bytes) and hmac.compare_digest(key, s.key)):
+                raise StageRefused(f"staging file {name} does not hold the frame's key")
+            return s
+        s = Stage.open(arena_path, name, key, max_frame_bytes)
+        with self.lock:
+            if self.closed:
+                s.close()
+                raise StageRefused("connection closed")
+            while len(self.stages) >= Stage.MAX_PER_CONNECTION:
+                self.stages.pop(next(iter(self.stages))).close()
+            self.stages[name] = s
+        return s
 
     def hold(self, table: dict, entry: tuple) -> int:
         """File ``entry`` (a lease or a slot) under a fresh id; 0 once the connection closed
@@ -150,6 +253,10 @@ class ShmState:
             leases, slots = list(self.leases.values()), list(self.slots.values())
             self.leases.clear()
             self.slots.clear()
+            stages = list(self.stages.values())
+            self.stages.clear()
+        for s in stages:
+            s.close()
         for tier, pin, _ in leases:
             tier.unpin(pin)
         for tier, slot, _ in slots:
@@ -251,6 +358,22 @@ def one_sided_refusal(conn: Any) -> str:
             "without --nixl): one-sided ops are refused, use GET and PUT")
 
 
+def alloc_refusal(conn: Any) -> str:
+    """'' if ``conn``'s peer may ALLOC (reserve a chunk it then writes itself), else why not.
+
+    Writing the arena directly is for peers the server trusts with it: NIXL peers (the
+    server registered the arena for remote writes) and, with ``--shm-trusted-writers``,
+    same-host peers. Co-located clients put with PUT_STAGED and never need it."""
+    svc = conn.svc
+    if svc.nixl_info:
+        return ""
+    if getattr(svc, "shm_trusted_writers", False):
+        return one_sided_refusal(conn)
+    return ("ALLOC is refused: the server runs without --nixl and without "
+            "--shm-trusted-writers, so no client writes its arena; co-located clients put "
+            "with PUT_STAGED, others with PUT")
+
+
 def handle(conn: Any, op: int, rid: int, meta: Any, plen: int) -> None:
     """Serve one shm control op on ``conn`` (a service ``_Connection``, authenticated)."""
     conn.no_payload(plen)
@@ -259,14 +382,24 @@ def handle(conn: Any, op: int, rid: int, meta: Any, plen: int) -> None:
     tier = conn.svc.tier
     mem = memory_tier(tier)
     st = _state(conn)
-    if op in (Op.LEASE, Op.ALLOC):
+    if op in (Op.LEASE, Op.ALLOC, Op.PUT_STAGED):
         if st.refusal is None:
             st.refusal = one_sided_refusal(conn)
-        if st.refusal:
-            n = len(check_items(meta, conn.limits))
+        if op == Op.ALLOC and st.alloc_refusal is None:
+            st.alloc_refusal = alloc_refusal(conn)
+        why = st.refusal or (st.alloc_refusal if op == Op.ALLOC else "")
+        if why:
+            items = check_items(meta, conn.limits)
+            if op != Op.LEASE:  # a malformed frame is a frame error, refused peer or not
+                parse_put_items(items, conn.limits, Op.NAMES[op], require_checksum=True)
+            n = len(items)
+            if op == Op.PUT_STAGED:
+                conn.reply(op, rid, {"st": [int(Status.AUTH)] * n, "staged": False,
+                                     "error": why})
+                return
             width = 6 if op == Op.LEASE else 3
             conn.reply(op, rid, {"items": [[int(Status.AUTH)] + [0] * (width - 1)] * n,
-                                 "one_sided": False, "error": st.refusal})
+                                 "one_sided": False, "error": why})
             return
     if op == Op.LEASE:
         conn.reply(op, rid, {"items": _lease(conn, st, tier, mem, meta)})
@@ -274,6 +407,8 @@ def handle(conn: Any, op: int, rid: int, meta: Any, plen: int) -> None:
         conn.reply(op, rid, {"st": _release(conn, st, meta)})
     elif op == Op.ALLOC:
         conn.reply(op, rid, {"items": _alloc(conn, st, tier, mem, meta)})
+    elif op == Op.PUT_STAGED:
+        conn.reply(op, rid, _put_staged(conn, st, tier, mem, meta))
     else:
         conn.reply(op, rid, {"st": _commit(conn, st, meta)})
 
@@ -445,3 +580,79 @@ def _commit(conn: Any, st: ShmState, meta: dict) -> list[int]:
     if ok:
         m.items.labels("put", "OK").inc(ok)
     return out
+
+
+def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dict:
+    """A PUT whose payload is the data of the client's staging file: reserve, copy in
+    (``preadv`` straight into the arena chunks), verify the writer's checksum, publish."""
+    lim = conn.limits
+    ns = check_namespace(meta.get("ns", b""), lim)
+    # the checksum is required: it is what proves the bytes are the writer's value
+    parsed = parse_put_items(check_items(meta, lim), lim, "PUT_STAGED",
+                             require_checksum=True)
+    total = sum(p.length for p in parsed)
+    if total > lim.max_frame_bytes:
+        raise ProtocolError(f"PUT_STAGED items describe {total} bytes, over max_frame_bytes "
+                            f"{lim.max_frame_bytes}", Status.TOO_LARGE)
+    if not conn.may(Right.WRITE, ns, Op.PUT_STAGED):  # before the file is even opened
+        return {"st": [int(Status.AUTH)] * len(parsed)}
+    if mem is None:
+        return {"st": [int(Status.BAD_REQUEST)] * len(parsed), "staged": False,
+                "error": "this server has no memory arena: use PUT"}
+    try:
+        stage = st.stage(mem.arena.path, meta.get("stage"), meta.get("skey"),
+                         lim.max_frame_bytes)
+        if staging.HEADER_BYTES + total > stage.size:
+            raise StageRefused(f"staging file {meta.get('stage')} has {stage.size} bytes, "
+                               f"too small for this frame's {total}")
+    except StageRefused as exc:
+        conn.svc.metrics.protocol_errors.labels("staging").inc()
+        return {"st": [int(Status.BAD_REQUEST)] * len(parsed), "staged": False,
+                "error": f"{exc}; the client puts over TCP instead"}
+    wrong_owner = conn.misplaced(meta, len(parsed))
+    statuses: list[Status] = []
+    slots: list[tuple[int, Any]] = []
+    pos = staging.HEADER_BYTES
+    try:
+        for (key, tl, off, ln, pid, csum), wrong in zip(parsed, wrong_owner):
+            at, pos = pos, pos + ln
+            if wrong:
+                statuses.append(Status.NOT_OWNER)
+                continue
+            holder = st.holder if ln != tl else None  # as a sliced TCP put
+            slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum, holder=holder)
+                    if tl <= lim.max_value_bytes else None)
+            if slot is None or slot.status != Status.OK:
+                statuses.append(Status.TOO_LARGE if slot is None else slot.status)
+                continue
+            statuses.append(Status.OK)
+            slots.append((len(statuses) - 1, slot))
+            if not _pread_full(stage.fd, slot.view, at):  # the client shrank its file
+                statuses[-1] = Status.BAD_REQUEST
+                tier.abort_put(slots.pop()[1])
+    except BaseException:
+        for _, slot in slots:
+            tier.abort_put(slot)
+        raise
+    nbytes = 0
+    for i, slot in slots:
+        statuses[i] = tier.finish_put(slot)
+        if statuses[i] == Status.OK:
+            nbytes += parsed[i].length
+    m = conn.svc.metrics
+    m.bytes.labels("in").inc(total)
+    m.namespace_writes(ns, nbytes)
+    for s in set(statuses):
+        m.items.labels("put", s.name).inc(statuses.count(s))
+    return {"st": [int(s) for s in statuses]}
+
+
+def _pread_full(fd: int, view: memoryview, at: int) -> bool:
+    """Fill ``view`` from ``fd`` at ``at`` (the GIL is dropped); False on a short file."""
+    done, n = 0, len(view)
+    while done < n:
+        got = os.preadv(fd, [view[done:]], at + done)
+        if got <= 0:
+            return False
+        done += got
+    return True

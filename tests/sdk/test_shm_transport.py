@@ -1,8 +1,13 @@
 """The co-located shared-memory transport against real servers: round trips, automatic
-choice, leases vs eviction, connection-owned leases and slots, forged ids, dead servers."""
+choice, leases vs eviction, connection-owned leases and slots, forged ids, dead servers.
+
+ALLOC/COMMIT are served only to writers the server trusts with its arena (NIXL peers,
+or same-host peers under ``--shm-trusted-writers``); their tests use such a server and
+write the chunk through a read-write mapping of their own, as such a writer would."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -24,6 +29,20 @@ SIZES = [1, 7, 4096, 65536, 65537, 1 << 20, (3 << 20) + 5, 4 << 20]
 @pytest.fixture
 def srv(make_cluster):
     return make_cluster(1, "96MiB", slab="8MiB")
+
+
+@pytest.fixture
+def trusted(make_cluster):
+    return make_cluster(1, "96MiB", slab="8MiB", extra=["--shm-trusted-writers", "true"])
+
+
+def _write_arena(t: ShmTransport, off: int, data: bytes) -> None:
+    """What a trusted writer does after ALLOC (the SDK's own mapping is read-only)."""
+    fd = os.open(t.auth_reply["shm"]["path"], os.O_RDWR)
+    try:
+        os.pwrite(fd, data, off)
+    finally:
+        os.close(fd)
 
 
 def _raw(addr: str, mode: str = "shm") -> ShmTransport:
@@ -125,8 +144,8 @@ def test_lease_blocks_eviction_and_close_releases(srv):
     t.close()
 
 
-def test_forged_ids_are_rejected(srv):
-    addr = srv.addresses[0]
+def test_forged_ids_are_rejected(trusted):
+    addr = trusted.addresses[0]
     with Client([addr]) as c:
         assert c.put("a", b"x" * 5000) == Status.OK
     a, b = _raw(addr), _raw(addr)
@@ -134,7 +153,7 @@ def test_forged_ids_are_rejected(srv):
     lid = a._call(Op.LEASE, {"ns": b"default", "items": [[b"a", 0]]}, dl)["items"][0][4]
     _st, soff, sid = a._call(Op.ALLOC, {"ns": b"default", "items": [
         [b"n", 10, 0, 10, 0, checksum(b"0123456789")]]}, dl)["items"][0]
-    a.map.mm[soff:soff + 10] = b"0123456789"
+    _write_arena(a, soff, b"0123456789")
     # another connection cannot release or commit them; unknown ids are refused
     assert b._call(Op.RELEASE, {"leases": [lid, 999_999, -3]}, dl)["st"] == [
         Status.BAD_REQUEST] * 3
@@ -156,14 +175,14 @@ def test_forged_ids_are_rejected(srv):
         assert c.get("n") == b"0123456789"  # committed by its owner
 
 
-def test_uncommitted_alloc_is_never_visible_and_close_aborts(srv):
-    addr = srv.addresses[0]
+def test_uncommitted_alloc_is_never_visible_and_close_aborts(trusted):
+    addr = trusted.addresses[0]
     t = _raw(addr)
     dl = time.monotonic() + 5
     st, off, sid = t._call(Op.ALLOC, {"ns": b"default", "items": [
         [b"p", 4, 0, 4, 0, checksum(b"abcd")]]}, dl)["items"][0]
     assert st == Status.OK
-    t.map.mm[off:off + 4] = b"abcd"
+    _write_arena(t, off, b"abcd")
     with Client([addr]) as c:
         assert c.get("p") is None and c.exists("p") is False
         t.close()  # abort on close

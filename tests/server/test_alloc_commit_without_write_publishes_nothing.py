@@ -27,6 +27,13 @@ SIZE = 204_800
 KEY = b"k" * 16  # same key length in both namespaces: the data lands at the same offset
 
 
+@pytest.fixture
+def cluster(make_cluster):
+    # ALLOC is served only to writers trusted with the arena (NIXL peers, or same-host
+    # peers under --shm-trusted-writers): the checks below are about such a writer
+    return make_cluster(1, extra=["--shm-trusted-writers", "true"])
+
+
 def _call(c: RawConn, op: int, rid: int, meta: dict) -> dict:
     c.send(encode_frame(op, rid, meta))
     fh, rep = c.read()

@@ -41,6 +41,7 @@ def _call(c: RawConn, op: int, rid: int, meta: dict) -> dict:
 @pytest.mark.timeout(90)
 def test_alloc_slots_bounded_and_released(make_cluster, monkeypatch):
     monkeypatch.setenv("GCACHE_SHM_LEASE_MS", "800")
+    monkeypatch.setenv("GCACHE_SHM_TRUSTED_WRITERS", "true")  # ALLOC: a trusted writer
     cl = make_cluster(1, "64MiB", slab="1MiB")
     addr = cl.addresses[0]
     keep = [f"keep{i}" for i in range(24)]

@@ -79,7 +79,9 @@ def scoped(make_cluster, tmp_path):
     port = _free_port()
     cl = make_cluster(1, "32MiB", token=TOKEN,
                       extra=["--credentials-file", str(path),
-                             "--metrics-listen", f"127.0.0.1:{port}"])
+                             "--metrics-listen", f"127.0.0.1:{port}",
+                             # ALLOC is scope-checked for the writers that may use it
+                             "--shm-trusted-writers", "true"])
     cl.creds_path, cl.metrics_url = path, f"http://127.0.0.1:{port}/metrics"
     return cl
 

@@ -209,7 +209,7 @@ CASES = [
          lambda c: c.send(encode_frame(Op.EXISTS, RID, {
              "ns": NS, "items": [b"k%d" % i for i in range(LIM.max_batch_items + 1)]})),
          Status.TOO_LARGE),
-    # -------- shm / nixl control ops (LEASE, RELEASE, ALLOC, COMMIT)
+    # -------- shm / nixl control ops (LEASE, RELEASE, ALLOC, COMMIT, PUT_STAGED)
     Case("lease-before-auth", False,
          lambda c: c.send(encode_frame(Op.LEASE, RID, {"ns": NS, "items": [[b"k", 0]]})),
          Status.AUTH),
@@ -239,6 +239,15 @@ CASES = [
          Status.BAD_REQUEST),
     Case("alloc-offset-plus-length-over-total", True,
          lambda c: c.send(encode_frame(Op.ALLOC, RID, {"ns": NS, "items": [[b"k", 8, 4, 8, 1]]})),
+         Status.BAD_REQUEST),
+    Case("put-staged-item-without-checksum", True,
+         lambda c: c.send(encode_frame(Op.PUT_STAGED, RID, {
+             "ns": NS, "stage": "x", "skey": b"k" * 16, "items": [[b"k", 8, 0, 8, 1]]})),
+         Status.BAD_REQUEST),
+    Case("put-staged-with-payload", True,
+         lambda c: c.send(encode_frame(Op.PUT_STAGED, RID, {
+             "ns": NS, "stage": "x", "skey": b"k" * 16, "items": [[b"k", 4, 0, 4, 1, 0]]}, 4),
+             b"junk"),
          Status.BAD_REQUEST),
     Case("commit-slots-not-a-list", True,
          lambda c: c.send(encode_frame(Op.COMMIT, RID, {"slots": {}, "abort": []})),
