@@ -295,6 +295,12 @@ class ShmTransport(OneSidedTransport):
 
     def _staging(self) -> _Staging | None:
         if self.stage is None:
+            if not self.auth_reply.get("shm", {}).get("staged"):
+                # an older server: it would close the connection on an unknown opcode
+                self.stage_refused = "the server does not take staged puts (PUT_STAGED)"
+                log.info("%s: puts go over TCP on this connection (%s)", self.address,
+                         self.stage_refused)
+                return None
             try:
                 self.stage = _Staging(str(self.auth_reply["shm"]["path"]),
                                       int(self.auth_reply["shm"]["uid"]),

@@ -121,7 +121,8 @@ def identity_fields(tier: Any) -> dict:
         return {}
     return {"shm": {"path": arena.path, "size": arena.size, "dev": st.st_dev,
                     "ino": st.st_ino, "uid": st.st_uid, "gid": st.st_gid,
-                    "data_off": arena.data_off, "lease_ms": LEASE_MS, "boot_id": boot_id()}}
+                    "data_off": arena.data_off, "lease_ms": LEASE_MS, "boot_id": boot_id(),
+                    "staged": True}}  # takes PUT_STAGED (older servers do not say so)
 
 
 class StageRefused(Exception):

@@ -117,3 +117,25 @@ def test_bad_lease_spans_are_misses_not_crashes(cluster, case, monkeypatch):
         h.close()
     with Client([real], transport="shm", timeout_ms=5000) as c:  # the real one still works
         assert c.put("ok", b"x" * 300_000) == Status.OK and c.get("ok") == b"x" * 300_000
+
+
+def test_server_without_staged_puts_gets_plain_puts(cluster, monkeypatch):
+    """An older server does not announce ``"staged"`` in its shm identity: an shm client
+    then puts with plain PUT frames (never PUT_STAGED, which such a server would answer
+    with an unknown-opcode error and a closed connection)."""
+    monkeypatch.setenv("GCACHE_ONE_SIDED_MIN_BYTES", "1")
+    hello, auth = _real_handshake(cluster.addresses[0])
+    auth["shm"] = {k: v for k, v in auth["shm"].items() if k != "staged"}
+    seen: list[int] = []
+
+    def reply(op, meta):
+        seen.append(op)
+        return {"st": [int(Status.OK)] * len(meta.get("items", []))}
+
+    h = Hostile((hello, auth), reply)
+    try:
+        with Client([h.address], transport="shm", timeout_ms=2000) as c:
+            assert c.put("k", b"v" * 300_000) == Status.OK
+        assert Op.PUT in seen and Op.PUT_STAGED not in seen and Op.ALLOC not in seen
+    finally:
+        h.close()
