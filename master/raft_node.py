@@ -15,7 +15,7 @@ replaced): every membership change is one ``apply_op`` log entry, applied by
   catch-up of a wiped node) carry the whole membership and the applied index.
 * Always run with a password: pysyncobj uses pickle on the wire. The password is
   the masters' own secret (see ``master/cli.py``), and, as a second wall, the
-  frames pysyncobj receives are unpickled by ``_PlainDataUnpickler``: only
+  frames pysyncobj receives are unpickled by ``master/plain_pickle.py``: only
   plain data (dict, list, tuple, str, bytes, numbers, set), never a lookup of
   anything callable, so even a peer holding the secret cannot run code by a
   frame. The commands frames carry (pickled bytes) are unpickled the same way
@@ -28,7 +28,6 @@ replaced): every membership change is one ``apply_op`` log entry, applied by
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import pickle
@@ -41,55 +40,10 @@ from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.config import FAIL_REASON
 
 from gcache.master.membership import Membership
+from gcache.master.plain_pickle import PlainPickle
 from gcache.master.store import Store
 
 log = logging.getLogger("gcache.master.raft")
-
-
-def _latin1_encode(text: str, encoding: str = "latin1") -> bytes:
-    """Pickle protocol 2 (pysyncobj's) writes bytes as ``_codecs.encode(str, 'latin1')``."""
-    if encoding not in ("latin1", "latin-1"):
-        raise pickle.UnpicklingError(f"Raft frame asks for codec {encoding!r}: refused")
-    return text.encode("latin1")
-
-
-def _empty_bytes(*args: Any) -> bytes:
-    """Protocol 2 writes b'' as ``bytes()``; ``bytes(n)`` would allocate n bytes."""
-    if args:
-        raise pickle.UnpicklingError("Raft frame calls bytes() with arguments: refused")
-    return b""
-
-
-class _PlainDataUnpickler(pickle.Unpickler):
-    """Unpickles what pysyncobj sends between masters (plain data only) and refuses any
-    other global, which is how a pickle runs code."""
-
-    _ALLOWED: dict[tuple[str, str], Any] = {
-        ("_codecs", "encode"): _latin1_encode,
-        ("__builtin__", "bytes"): _empty_bytes, ("builtins", "bytes"): _empty_bytes,
-        ("__builtin__", "set"): set, ("builtins", "set"): set,
-        ("__builtin__", "frozenset"): frozenset, ("builtins", "frozenset"): frozenset,
-    }
-
-    def find_class(self, module: str, name: str) -> Any:
-        found = self._ALLOWED.get((module, name))
-        if found is None:
-            log.warning("refused a Raft frame that refers to %s.%s (not plain data)",
-                        module, name)
-            raise pickle.UnpicklingError(f"Raft frame refers to {module}.{name}: refused")
-        return found
-
-
-class _WirePickle:
-    """Stands in for the pickle module inside pysyncobj's TCP connection (frames) and
-    its SyncObj (committed commands, which arrive inside frames from the leader):
-    pickled as before, unpickled as plain data only."""
-
-    dumps = staticmethod(pysyncobj.tcp_connection.pickle.dumps)
-
-    @staticmethod
-    def loads(data: bytes) -> Any:
-        return _PlainDataUnpickler(io.BytesIO(data)).load()
 
 
 def _restrict_wire_unpickling() -> None:
@@ -105,14 +59,14 @@ def _restrict_wire_unpickling() -> None:
     """
     for mod in (pysyncobj.tcp_connection, pysyncobj.syncobj):
         current = getattr(mod, "pickle", None)
-        if current is _WirePickle:
+        if current is PlainPickle:
             continue
         if not (callable(getattr(current, "loads", None))
                 and callable(getattr(current, "dumps", None))):
             raise RuntimeError(f"{mod.__name__} no longer unpickles through a module named "
                                "pickle: re-check gcache.master.raft_node before upgrading "
                                "pysyncobj")
-        mod.pickle = _WirePickle
+        mod.pickle = PlainPickle
 
 
 class RaftNode(SyncObj):
