@@ -10,6 +10,7 @@ a function that can do nothing else.
 
 ``PlainPickle`` stands in for the ``pysyncobj.pickle`` module: pickles as
 before (protocol 2), unpickles as plain data only. ``raft_node`` installs it.
+(Snapshots are not pickle at all: see ``raft_snapshot``.)
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import io
 import logging
 import pickle
-from typing import Any
+from typing import IO, Any
 
 log = logging.getLogger("gcache.master.raft")
 
@@ -49,24 +50,40 @@ class PlainDataUnpickler(pickle.Unpickler):
         ("__builtin__", "frozenset"): frozenset, ("builtins", "frozenset"): frozenset,
     }
 
+    WHAT = "Raft frame"  # what is unpickled, for the log line
+
     def find_class(self, module: str, name: str) -> Any:
         found = self._ALLOWED.get((module, name))
         if found is None:
-            log.warning("refused a Raft frame that refers to %s.%s (not plain data)",
-                        module, name)
-            raise pickle.UnpicklingError(f"Raft frame refers to {module}.{name}: refused")
+            log.warning("refused a %s that refers to %s.%s (not plain data)",
+                        self.WHAT, module, name)
+            raise pickle.UnpicklingError(f"{self.WHAT} refers to {module}.{name}: refused")
         return found
 
 
 class PlainPickle:
-    """Stands in for the pickle module inside pysyncobj's TCP connection (frames) and
-    its SyncObj (committed commands, which arrive inside frames from the leader):
-    pickled as before, unpickled as plain data only."""
+    """Stands in for the ``pysyncobj.pickle`` module wherever pysyncobj unpickles: its
+    TCP connection (frames), its SyncObj (committed commands, which arrive inside frames
+    from the leader), its journal (the ``.meta`` file: term, vote, commit index) and its
+    full-dump serializer (a path our serializer/deserializer callbacks replace, closed
+    anyway). Pickled as before, unpickled as plain data only."""
+
+    @staticmethod
+    def to_bytes(data: bytes | str) -> bytes:
+        return data if isinstance(data, bytes) else data.encode("utf-8")
+
+    @staticmethod
+    def dump(obj: Any, file: IO[bytes], protocol: int | None = None) -> None:
+        pickle.dump(obj, file, PROTOCOL)
+
+    @staticmethod
+    def load(file: IO[bytes]) -> Any:
+        return PlainDataUnpickler(file).load()
 
     @staticmethod
     def dumps(obj: Any, protocol: int | None = None) -> bytes:
         return pickle.dumps(obj, PROTOCOL)  # pysyncobj's, whatever the caller asks
 
     @staticmethod
-    def loads(data: bytes) -> Any:
-        return PlainDataUnpickler(io.BytesIO(data)).load()
+    def loads(data: bytes | str) -> Any:
+        return PlainDataUnpickler(io.BytesIO(PlainPickle.to_bytes(data))).load()
