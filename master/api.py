@@ -30,8 +30,10 @@ Limits (everything before auth is bounded, in time and in count):
   connection is closed (408 when the headers were read). The answer is not
   under it, so the ``/view`` long-poll keeps working;
 * at most ``max_connections`` connections are served at once, one thread
-  each; beyond that a connection gets a 503 and is closed, never queued on a
-  thread. The listen backlog is ``_LISTEN_BACKLOG``;
+  each, and at most ``max_connections_per_ip`` from one peer address (so one
+  host cannot take every thread; generous, since the SDK clients and server of
+  a host share its address); beyond either a connection gets a 503 and is
+  closed, never queued on a thread. The listen backlog is ``_LISTEN_BACKLOG``;
 * ``Content-Length`` must be a plain decimal at most ``_MAX_BODY``; chunked
   bodies are refused; any error answer closes the connection (an unread body
   must not be parsed as the next request).
@@ -68,6 +70,7 @@ _SEND_TIMEOUT_S = 10.0  # answers are small: one send fills no socket buffer
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,10}")
 DEFAULT_REQUEST_DEADLINE_MS = 5000
 DEFAULT_MAX_CONNECTIONS = 1024
+DEFAULT_MAX_CONNECTIONS_PER_IP = 256  # 0: no per-address cap
 
 
 class _EveryFewSeconds:
@@ -123,40 +126,81 @@ class _DeadlineReader(io.RawIOBase):
 
 class _BoundedHTTPServer(HTTPServer):
     """An (https when given ``tls``) HTTP server with at most ``max_connections`` connection
-    threads: past the cap a connection is answered 503 from the accept loop (non-blocking;
-    plain HTTP only: a TLS peer is just closed) and closed. A TLS handshake runs on the
-    connection's thread, within ``handshake_s``."""
+    threads, at most ``max_per_ip`` of them (0: no cap) for one peer address: past a cap a
+    connection is answered 503 from the accept loop (non-blocking; plain HTTP only: a TLS
+    peer is just closed) and closed. A TLS handshake runs on the connection's thread,
+    within ``handshake_s``."""
 
     daemon_threads = True
     request_queue_size = _LISTEN_BACKLOG
 
     def __init__(self, address: tuple[str, int], handler: type, max_connections: int, *,
-                 tls: ssl.SSLContext | None = None, handshake_s: float = 10.0) -> None:
+                 max_per_ip: int = 0, tls: ssl.SSLContext | None = None,
+                 handshake_s: float = 10.0) -> None:
         self.max_connections = max_connections
+        self.max_per_ip = max_per_ip
         self.handshake_s = handshake_s
         self._slots = threading.BoundedSemaphore(max_connections)
+        self._per_ip: dict[str, int] = {}
+        self._per_ip_lock = threading.Lock()
         self._refusals = _EveryFewSeconds()
-        body = json.dumps({"error": f"gcache-master is serving its maximum of {max_connections} "
-                                    "connections; retry, or raise --max-connections"}).encode()
-        self._busy = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                      b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        self._busy = self._503(f"gcache-master is serving its maximum of {max_connections} "
+                               "connections; retry, or raise --max-connections")
+        self._busy_ip = self._503(f"gcache-master is serving its maximum of {max_per_ip} "
+                                  "connections from your address; retry, or raise "
+                                  "--max-connections-per-ip")
         super().__init__(address, handler, tls=tls)
 
+    @staticmethod
+    def _503(error: str) -> bytes:
+        body = json.dumps({"error": error}).encode()
+        return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    def _refuse(self, request: Any, answer: bytes) -> None:
+        if self.tls is None:
+            try:
+                request.setblocking(False)
+                request.send(answer)
+            except OSError:
+                pass
+        self.shutdown_request(request)
+
+    def _take_ip(self, ip: str) -> bool:
+        if not self.max_per_ip:
+            return True
+        with self._per_ip_lock:
+            n = self._per_ip.get(ip, 0)
+            if n >= self.max_per_ip:
+                return False
+            self._per_ip[ip] = n + 1
+            return True
+
+    def _drop_ip(self, ip: str) -> None:
+        if not self.max_per_ip:
+            return
+        with self._per_ip_lock:
+            n = self._per_ip.pop(ip) - 1
+            if n:
+                self._per_ip[ip] = n
+
     def process_request(self, request: Any, client_address: Any) -> None:
+        ip = client_address[0]
         if not self._slots.acquire(blocking=False):
             self._refusals.warn("master API at its connection cap (%d): refused %s",
-                                self.max_connections, client_address[0])
-            if self.tls is None:
-                try:
-                    request.setblocking(False)
-                    request.send(self._busy)
-                except OSError:
-                    pass
-            self.shutdown_request(request)
+                                self.max_connections, ip)
+            self._refuse(request, self._busy)
+            return
+        if not self._take_ip(ip):
+            self._slots.release()
+            self._refusals.warn("master API at its per-address connection cap (%d): "
+                                "refused %s", self.max_per_ip, ip)
+            self._refuse(request, self._busy_ip)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
+            self._drop_ip(ip)
             self._slots.release()
             raise
 
@@ -164,6 +208,7 @@ class _BoundedHTTPServer(HTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self._drop_ip(client_address[0])
             self._slots.release()
 
 
@@ -183,7 +228,8 @@ class MasterService:
                  raft_to_api: dict[str, str], credentials: CredentialStore | None = None,
                  tls: ssl.SSLContext | None = None, peer_tls: ssl.SSLContext | None = None,
                  request_deadline_ms: int = DEFAULT_REQUEST_DEADLINE_MS,
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 max_connections_per_ip: int = DEFAULT_MAX_CONNECTIONS_PER_IP) -> None:
         self.node, self.token = node, token
         self.credentials = credentials or CredentialStore(token=token)
         # tls: serve https; peer_tls: the dialer context for forwarding to the leader
@@ -230,7 +276,8 @@ class MasterService:
                                        fmt % args)
 
         self.http = _BoundedHTTPServer((host.strip("[]"), int(port)), Handler, max_connections,
-                                       tls=tls, handshake_s=self.request_deadline)
+                                       max_per_ip=max_connections_per_ip, tls=tls,
+                                       handshake_s=self.request_deadline)
         self.address = f"{host}:{self.http.server_address[1]}"
 
     def start(self) -> None:

@@ -123,6 +123,15 @@ def resolve_raft_secret(listen: str, peers: list[str], secret: str, secret_file:
               help="API connections served at once (one thread each; every server and SDK "
                    "client holds one for its /view long-poll). Beyond it: 503 and close. "
                    "[env GCACHE_MASTER_MAX_CONNECTIONS]")
+@click.option("--max-connections-per-ip", default=256, show_default=True,
+              type=click.IntRange(0), envvar="GCACHE_MASTER_MAX_CONNECTIONS_PER_IP",
+              help="API connections served at once from one peer address (0: no cap). The "
+                   "servers and SDK clients of a host share its address (one /view long-poll "
+                   "each): keep it above their count. [env GCACHE_MASTER_MAX_CONNECTIONS_PER_IP]")
+@click.option("--raft-compaction-min-entries", default=5000, show_default=True,
+              type=click.IntRange(2), envvar="GCACHE_MASTER_RAFT_COMPACTION_MIN_ENTRIES",
+              help="Compact the Raft log into a snapshot once it holds this many entries "
+                   "(or every 300 s). [env GCACHE_MASTER_RAFT_COMPACTION_MIN_ENTRIES]")
 @click.option("--tls-cert-file", default="", envvar="GCACHE_TLS_CERT_FILE",
               help="PEM certificate chain: the API serves https only, and forwards to the "
                    "leader over https presenting it. [env GCACHE_TLS_CERT_FILE]")
@@ -140,7 +149,9 @@ def resolve_raft_secret(listen: str, peers: list[str], secret: str, secret_file:
               show_default=True, envvar="GCACHE_LOG_FORMAT")
 def main(listen: str, peers: str, data_dir: str, token: str, raft_secret: str,
          raft_secret_file: str | None, credentials_file: str, heartbeat_timeout_ms: int,
-         request_deadline_ms: int, max_connections: int, tls_cert_file: str, tls_key_file: str,
+         request_deadline_ms: int, max_connections: int, max_connections_per_ip: int,
+         raft_compaction_min_entries: int,
+         tls_cert_file: str, tls_key_file: str,
          tls_ca_file: str, tls_require_client_cert: str, log_level: str, log_format: str
          ) -> None:
     """Run a gcache-master (membership, heartbeats, discovery; never on the IO path)."""
@@ -163,14 +174,20 @@ def main(listen: str, peers: str, data_dir: str, token: str, raft_secret: str,
         raise click.UsageError(str(exc)) from None
     from gcache.master.api import MasterService
     from gcache.master.raft_node import RaftNode
+    from gcache.master.raft_snapshot import SnapshotRefused
 
     raft_to_api = {raft_address(a): a for a in [listen, *peer_list]}
-    node = RaftNode(raft_address(listen), [raft_address(p) for p in peer_list], data_dir,
-                    password)
+    try:
+        node = RaftNode(raft_address(listen), [raft_address(p) for p in peer_list], data_dir,
+                        password, compaction_min_entries=raft_compaction_min_entries)
+    except SnapshotRefused as exc:
+        log.error("%s", exc)
+        raise SystemExit(f"gcache-master: {exc}") from None
     svc = MasterService(node, listen=listen, token=token, credentials=credentials,
                         heartbeat_timeout_ms=heartbeat_timeout_ms, raft_to_api=raft_to_api,
                         tls=tls, peer_tls=peer_tls, request_deadline_ms=request_deadline_ms,
-                        max_connections=max_connections)
+                        max_connections=max_connections,
+                        max_connections_per_ip=max_connections_per_ip)
     svc.start()
     log.info("gcache-master serving", extra={"fields": {
         "listen": svc.address, "raft": raft_address(listen), "peers": peer_list,

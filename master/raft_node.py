@@ -12,15 +12,24 @@ replaced): every membership change is one ``apply_op`` log entry, applied by
 * Durability. RocksDB writes are synced (survive an OS crash); pysyncobj's
   journal is an mmap file without fsync, so after an OS crash a node may lose
   its log tail and catches up from its peers. Snapshots (log compaction and
-  catch-up of a wiped node) carry the whole membership and the applied index.
+  catch-up of a wiped node) carry the whole membership and the applied index;
+  the snapshot file is written and fsynced before pysyncobj drops the log
+  entries it covers.
 * Always run with a password: pysyncobj uses pickle on the wire. The password is
   the masters' own secret (see ``master/cli.py``), and, as a second wall, the
-  frames pysyncobj receives are unpickled by ``_PlainDataUnpickler``: only
+  frames pysyncobj receives are unpickled by ``master/plain_pickle.py``: only
   plain data (dict, list, tuple, str, bytes, numbers, set), never a lookup of
   anything callable, so even a peer holding the secret cannot run code by a
   frame. The commands frames carry (pickled bytes) are unpickled the same way
-  when applied. Snapshots (``_load_snapshot``, local files or a catch-up
-  transfer from a peer) are still plain pickle.
+  when applied, and so is the journal's ``.meta`` file at start.
+* Snapshots are not pickle (``master/raft_snapshot.py``: magic + msgpack, our
+  membership and pysyncobj's two entries and node addresses as plain fields),
+  whether our own file at start or one a peer sends to catch this master up.
+  Older pickled (format 1) files are read as plain data with pysyncobj's node
+  class mapped to an inert stand-in. A refused file at start stops the master
+  with what to do (``check_snapshot_file``): pysyncobj would only log it and
+  then run on a compacted journal it can never apply. A refused file from a peer
+  is logged and not loaded; this master stays behind.
 * ``is_leader`` is pysyncobj's own view; two nodes may briefly both believe
   it, which is safe because every decision is a log write that only a real
   majority can commit.
@@ -28,100 +37,94 @@ replaced): every membership change is one ``apply_op`` log entry, applied by
 
 from __future__ import annotations
 
-import io
 import logging
 import os
-import pickle
 import threading
 from typing import Any, Callable
 
+import pysyncobj.journal
+import pysyncobj.serializer
 import pysyncobj.syncobj
 import pysyncobj.tcp_connection
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.config import FAIL_REASON
+from pysyncobj.node import TCPNode
 
+from gcache.master import raft_snapshot
 from gcache.master.membership import Membership
+from gcache.master.plain_pickle import PlainPickle
+from gcache.master.raft_snapshot import LogEntry, RaftSnapshot, SnapshotRefused
 from gcache.master.store import Store
 
 log = logging.getLogger("gcache.master.raft")
 
 
-def _latin1_encode(text: str, encoding: str = "latin1") -> bytes:
-    """Pickle protocol 2 (pysyncobj's) writes bytes as ``_codecs.encode(str, 'latin1')``."""
-    if encoding not in ("latin1", "latin-1"):
-        raise pickle.UnpicklingError(f"Raft frame asks for codec {encoding!r}: refused")
-    return text.encode("latin1")
-
-
-def _empty_bytes(*args: Any) -> bytes:
-    """Protocol 2 writes b'' as ``bytes()``; ``bytes(n)`` would allocate n bytes."""
-    if args:
-        raise pickle.UnpicklingError("Raft frame calls bytes() with arguments: refused")
-    return b""
-
-
-class _PlainDataUnpickler(pickle.Unpickler):
-    """Unpickles what pysyncobj sends between masters (plain data only) and refuses any
-    other global, which is how a pickle runs code."""
-
-    _ALLOWED: dict[tuple[str, str], Any] = {
-        ("_codecs", "encode"): _latin1_encode,
-        ("__builtin__", "bytes"): _empty_bytes, ("builtins", "bytes"): _empty_bytes,
-        ("__builtin__", "set"): set, ("builtins", "set"): set,
-        ("__builtin__", "frozenset"): frozenset, ("builtins", "frozenset"): frozenset,
-    }
-
-    def find_class(self, module: str, name: str) -> Any:
-        found = self._ALLOWED.get((module, name))
-        if found is None:
-            log.warning("refused a Raft frame that refers to %s.%s (not plain data)",
-                        module, name)
-            raise pickle.UnpicklingError(f"Raft frame refers to {module}.{name}: refused")
-        return found
-
-
-class _WirePickle:
-    """Stands in for the pickle module inside pysyncobj's TCP connection (frames) and
-    its SyncObj (committed commands, which arrive inside frames from the leader):
-    pickled as before, unpickled as plain data only."""
-
-    dumps = staticmethod(pysyncobj.tcp_connection.pickle.dumps)
-
-    @staticmethod
-    def loads(data: bytes) -> Any:
-        return _PlainDataUnpickler(io.BytesIO(data)).load()
-
-
-def _restrict_wire_unpickling() -> None:
-    """Make pysyncobj unpickle received frames and log entries as plain data only
-    (idempotent).
+def _restrict_pysyncobj_unpickling() -> None:
+    """Make pysyncobj unpickle as plain data only, everywhere it unpickles (idempotent).
 
     pysyncobj has no hook for this: its ``tcp_connection`` module calls
-    ``pickle.loads`` on every decrypted frame and its ``syncobj`` module on every
-    command it applies (ours are ``(func id, args, kwargs)`` of plain dicts), so
-    those modules' ``pickle`` is replaced. Checked, so a pysyncobj that changed
-    shape fails loudly here. (Dynamic membership commands carry node objects;
-    they are off: ``dynamicMembershipChange=False``.)
+    ``pickle.loads`` on every decrypted frame, its ``syncobj`` module on every
+    command it applies (ours are ``(func id, args, kwargs)`` of plain dicts), its
+    ``serializer`` module on a full dump when no deserializer is configured (we
+    always configure one; closed anyway) and its ``journal`` module (``loads``) on
+    the journal's ``.meta`` file at start; so those names are replaced. Checked, so
+    a pysyncobj that changed shape fails loudly here. (Dynamic membership commands
+    carry node objects; they are off: ``dynamicMembershipChange=False``.)
     """
-    for mod in (pysyncobj.tcp_connection, pysyncobj.syncobj):
+    for mod, attrs in ((pysyncobj.tcp_connection, ("loads", "dumps")),
+                       (pysyncobj.syncobj, ("loads", "dumps")),
+                       (pysyncobj.serializer, ("load", "dump", "to_bytes"))):
         current = getattr(mod, "pickle", None)
-        if current is _WirePickle:
+        if current is PlainPickle:
             continue
-        if not (callable(getattr(current, "loads", None))
-                and callable(getattr(current, "dumps", None))):
+        if not all(callable(getattr(current, a, None)) for a in attrs):
             raise RuntimeError(f"{mod.__name__} no longer unpickles through a module named "
                                "pickle: re-check gcache.master.raft_node before upgrading "
                                "pysyncobj")
-        mod.pickle = _WirePickle
+        mod.pickle = PlainPickle
+    journal = pysyncobj.journal
+    if journal.loads is not PlainPickle.loads:
+        if not callable(getattr(journal, "loads", None)):
+            raise RuntimeError("pysyncobj.journal no longer reads its meta file through "
+                               "loads: re-check gcache.master.raft_node before upgrading "
+                               "pysyncobj")
+        journal.loads = PlainPickle.loads
+
+
+def check_snapshot_file(path: str) -> RaftSnapshot | None:
+    """Read and check the snapshot file at ``path`` (None if there is none).
+
+    Raises ``SnapshotRefused`` naming the file and what to do. Used at start, before
+    pysyncobj loads the file itself: pysyncobj only logs a snapshot it failed to load
+    and would then run on a compacted journal it can never apply.
+    """
+    if not os.path.exists(path):
+        return None
+    try:
+        snap = raft_snapshot.read(path)
+        Membership.restore(snap.membership)  # its own checks (no store: parse only)
+    except (OSError, ValueError) as exc:
+        raise SnapshotRefused(
+            f"the Raft snapshot {path} is refused ({exc}); it was not loaded and ran no "
+            "code. Move this master's data directory aside and start it again: it then "
+            "catches up from its peers (a lone master starts empty and servers "
+            "re-register)") from None
+    return snap
 
 
 class RaftNode(SyncObj):
     def __init__(self, self_addr: str, partners: list[str], data_dir: str, password: str,
                  *, on_leader_change: Callable[[bool], None] | None = None,
                  min_timeout: float = 0.15, max_timeout: float = 0.35,
-                 append_period: float = 0.03) -> None:
-        _restrict_wire_unpickling()
+                 append_period: float = 0.03, compaction_min_entries: int = 5000) -> None:
+        _restrict_pysyncobj_unpickling()
         os.makedirs(data_dir, exist_ok=True)
+        snapshot_file = os.path.join(data_dir, "raft.snapshot")
+        found = check_snapshot_file(snapshot_file)  # before any state is opened
+        if found is not None and found.format != raft_snapshot.FORMAT:
+            log.info("read the format-%d (pickled) Raft snapshot %s as plain data; the next "
+                     "log compaction rewrites it as format %d", found.format, snapshot_file,
+                     raft_snapshot.FORMAT)
         self._store = Store(os.path.join(data_dir, "state.rocksdb"))
         self.membership = Membership(self._store)
         self._changed = threading.Condition()
@@ -129,7 +132,7 @@ class RaftNode(SyncObj):
         conf = SyncObjConf(
             password=password or None,
             journalFile=os.path.join(data_dir, "raft.journal"),
-            fullDumpFile=os.path.join(data_dir, "raft.snapshot"),
+            fullDumpFile=snapshot_file,
             serializer=self._save_snapshot, deserializer=self._load_snapshot,
             dynamicMembershipChange=False,
             raftMinTimeout=min_timeout, raftMaxTimeout=max_timeout,
@@ -138,7 +141,7 @@ class RaftNode(SyncObj):
             # started a moment later, stalling the next election; DNS is re-resolved often
             # so a rescheduled master pod with a new IP is found again quickly.
             connectionRetryTime=0.3, dnsCacheTime=5.0,
-            logCompactionMinEntries=5000, logCompactionMinTime=300,
+            logCompactionMinEntries=compaction_min_entries, logCompactionMinTime=300,
             onStateChanged=self._state_changed,
         )
         super().__init__(self_addr, partners, conf)
@@ -193,20 +196,35 @@ class RaftNode(SyncObj):
 
     # ------------------------------------------------------------------ snapshots
     def _save_snapshot(self, filename: str, raft_meta: Any) -> None:
-        blob = {"membership": self.membership.snapshot(),
-                "applied_index": self.membership.applied_index,
-                "raft": pickle.dumps(raft_meta)}
-        with open(filename, "wb") as f:
-            pickle.dump(blob, f)
+        """pysyncobj's serializer (its thread, which also applies entries, so the
+        membership is exactly at ``last``): ``raft_meta`` is (last applied entry, the
+        entry before it, the cluster's nodes)."""
+        try:
+            last, prev, cluster = raft_meta
+            raft_snapshot.write(filename, RaftSnapshot(
+                membership=self.membership.snapshot(),
+                applied_index=self.membership.applied_index,
+                last=LogEntry(*last), prev=LogEntry(*prev),
+                cluster=tuple(sorted(str(node.id) for node in cluster))))
+        except Exception:  # pysyncobj only counts the failure: say why
+            log.exception("could not write the Raft snapshot %s", filename)
+            raise
 
     def _load_snapshot(self, filename: str) -> Any:
-        with open(filename, "rb") as f:
-            blob = pickle.load(f)
-        if blob["applied_index"] > self.membership.applied_index:
+        """pysyncobj's deserializer: our own file at start, or one a peer sent to catch
+        this master up. Returns pysyncobj's part as it gave it to ``_save_snapshot``."""
+        try:
+            snap = raft_snapshot.read(filename)
+        except (OSError, ValueError) as exc:
+            log.error("refused the Raft snapshot %s (%s): not loaded, no code run; this "
+                      "master stays behind until a valid one or the log catches it up",
+                      filename, exc)
+            raise
+        if snap.applied_index > self.membership.applied_index:
             # a peer's snapshot (catch-up) or our own newer one: adopt it
-            self.membership = Membership.restore(blob["membership"], self._store,
-                                                 applied_index=blob["applied_index"])
-        return pickle.loads(blob["raft"])
+            self.membership = Membership.restore(snap.membership, self._store,
+                                                 applied_index=snap.applied_index)
+        return tuple(snap.last), tuple(snap.prev), {TCPNode(a) for a in snap.cluster}
 
     def _state_changed(self, old: int, new: int) -> None:
         leader = new == 2  # pysyncobj _RAFT_STATE.LEADER
