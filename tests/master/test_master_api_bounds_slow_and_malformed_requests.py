@@ -14,6 +14,7 @@ import pytest
 
 from gcache.discovery import MasterClient
 from gcache.testing.cluster import MasterProc, free_port_pair
+from gcache.testing.waiting import wait_for as _wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -47,14 +48,8 @@ def read_until_close(s: socket.socket) -> bytes:
         out += chunk
 
 
-def wait_for(pred, timeout: float, step: float = 0.1):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    raise AssertionError(f"condition not met within {timeout}s (last: {pred()!r})")
+def wait_for(pred, timeout: float):
+    return _wait_for(pred, timeout, step=0.1, retry_on=())
 
 
 def start_master(tmp_path, name: str, extra: list[str] | None = None) -> MasterProc:

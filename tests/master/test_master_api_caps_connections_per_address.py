@@ -16,6 +16,7 @@ import time
 import pytest
 
 from gcache.testing.cluster import MasterProc, free_port_pair
+from gcache.testing.waiting import wait_for as _wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -40,12 +41,7 @@ def healthz(addr: str, source: str) -> bytes:
 
 
 def wait_for(pred, timeout: float):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"condition not met within {timeout}s")
+    return _wait_for(pred, timeout, step=0.1, retry_on=())
 
 
 @pytest.mark.timeout(60)

@@ -12,13 +12,13 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
 from gcache.discovery import MasterClient, MasterError
 from gcache.sdk import Client, Status
 from gcache.testing.cluster import Cluster
+from gcache.testing.waiting import wait_for as _wait_for
 
 pytestmark = [pytest.mark.integration]
 
@@ -45,15 +45,7 @@ grants = [{{ namespaces = "*", rights = ["admin"] }}]
 
 
 def wait_for(pred, timeout: float):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            if pred():
-                return
-        except Exception:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met within {timeout}s")
+    return _wait_for(pred, timeout, retry_on=(Exception,))
 
 
 @pytest.fixture(autouse=True)

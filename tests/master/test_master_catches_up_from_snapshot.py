@@ -10,33 +10,24 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 from pysyncobj.node import TCPNode
 
-from gcache.discovery import MasterClient, MasterUnavailable
+from gcache.discovery import MasterClient
 from gcache.master import raft_snapshot
 from gcache.master.membership import Membership
 from gcache.testing.cluster import Cluster, MasterProc, free_port_pair
+from gcache.testing.waiting import wait_for as _wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 COMPACT = ["--raft-compaction-min-entries", "20"]
 
 
-def wait_for(pred, timeout: float, step: float = 0.1):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            v = pred()
-            if v:
-                return v
-        except (MasterUnavailable, OSError, KeyError, ValueError):
-            pass
-        time.sleep(step)
-    raise AssertionError(f"condition not met within {timeout}s")
+def wait_for(pred, timeout: float):
+    return _wait_for(pred, timeout, step=0.1)
 
 
 def snapshot_file(m: MasterProc) -> Path:

@@ -10,24 +10,12 @@ import time
 
 import pytest
 
-from gcache.discovery import MasterClient, MasterUnavailable
+from gcache.discovery import MasterClient
 from gcache.sdk import Client, Status
 from gcache.testing.cluster import Cluster
+from gcache.testing.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
-
-
-def wait_for(pred, timeout: float, step: float = 0.05):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            v = pred()
-            if v:
-                return v
-        except (MasterUnavailable, OSError, KeyError, ValueError):
-            pass
-        time.sleep(step)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def states(mc: MasterClient) -> dict[str, str]:

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from gcache.discovery import MasterClient, MasterUnavailable
+from gcache.discovery import MasterClient
 from gcache.testing.cluster import Cluster, MasterProc, free_port_pair
+from gcache.testing.waiting import wait_for as _wait_for
 
 pytestmark = [pytest.mark.integration]
 
@@ -70,16 +71,7 @@ def assert_no_marker(marker: Path, wait_s: float = 3.0) -> None:
 
 
 def wait_for(pred, timeout: float):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            v = pred()
-            if v:
-                return v
-        except (MasterUnavailable, OSError):
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"condition not met within {timeout}s")
+    return _wait_for(pred, timeout, step=0.1)
 
 
 @pytest.mark.timeout(120)

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from gcache.discovery import MasterClient, MasterUnavailable
+from gcache.discovery import MasterClient
 from gcache.master import raft_snapshot
 from gcache.master.membership import Membership
 from gcache.testing.cluster import Cluster
+from gcache.testing.waiting import wait_for as _wait_for
 
 class _CreateFile:
     """Unpickling this object calls open(path, "w"): the file appearing proves code ran."""
@@ -48,17 +49,8 @@ def evil_format1_snapshot(marker: Path) -> bytes:
                          "raft": evil_pickle(marker)})
 
 
-def wait_for(pred, timeout: float, step: float = 0.1):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            v = pred()
-            if v:
-                return v
-        except (MasterUnavailable, OSError, KeyError):
-            pass
-        time.sleep(step)
-    raise AssertionError(f"condition not met within {timeout}s")
+def wait_for(pred, timeout: float):
+    return _wait_for(pred, timeout, step=0.1)
 
 
 def assert_no_marker(marker: Path, wait_s: float = 3.0) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -13,6 +12,7 @@ from gcache.discovery import MasterClient, MasterError
 from gcache.sdk import Client, Status
 from gcache.testing.cluster import Cluster
 from gcache.view import View
+from gcache.testing.waiting import wait_for as _wait_for
 
 pytestmark = [pytest.mark.integration]
 
@@ -20,15 +20,7 @@ GCACHE = [sys.executable, "-m", "gcache.cli"]
 
 
 def wait_for(pred, timeout: float):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            if pred():
-                return
-        except Exception:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met within {timeout}s")
+    return _wait_for(pred, timeout, retry_on=(Exception,))
 
 
 @pytest.fixture

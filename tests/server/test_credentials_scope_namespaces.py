@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import re
 import socket
-import time
 import urllib.request
 
 import pytest
@@ -25,6 +24,7 @@ import pytest
 from gcache.protocol import Op, encode_frame
 from gcache.sdk import Client
 from gcache.status import Status
+from gcache.testing.waiting import wait_for as _wait_for
 
 from rawwire import RawConn, server_log
 
@@ -101,13 +101,8 @@ def client(cl, cred: str | None, ns: str, **kw) -> Client:
                   transport="tcp", **kw)
 
 
-def wait_for(pred, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
+def wait_for(pred, timeout: float = 10.0):
+    return _wait_for(pred, timeout, retry_on=())
 
 
 def test_credential_a_cannot_touch_team_b_objects(scoped):

@@ -23,6 +23,7 @@ import pytest
 from gcache.sdk import Client
 from gcache.status import Status
 from gcache.testing.oracle import value_for
+from gcache.testing.waiting import wait_for as _wait_for
 
 pytestmark = [pytest.mark.integration]
 
@@ -94,13 +95,8 @@ def assert_all_exact(cl, ns: str, keys: list[str], size: int = SIZE) -> None:
     assert not bad, f"{len(bad)} of {len(keys)} objects of {ns} lost or wrong: {bad[:5]}"
 
 
-def wait_for(pred, timeout: float = 20.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not reached in time")
+def wait_for(pred, timeout: float = 20.0):
+    return _wait_for(pred, timeout, step=0.1, retry_on=())
 
 
 @pytest.mark.timeout(180)
