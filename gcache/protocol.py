@@ -442,6 +442,29 @@ class PutItem(NamedTuple):
 _U64 = 1 << 64
 
 
+def self_contained(parsed: Sequence[tuple]) -> set[tuple[bytes, int]]:
+    """The ``(key, put_id)`` of parsed PUT items whose slices in this one frame tile their
+    value exactly (``[0, total_len)``, no gap, no overlap): such a put completes within
+    the request, so its reservation cannot outlive it. Whole values are trivially so."""
+    spans: dict[tuple[bytes, int], list[tuple[int, int, int]]] = {}
+    for it in parsed:
+        key, tl, off, ln, pid = it[:5]
+        spans.setdefault((key, pid), []).append((off, off + ln, tl))
+    out = set()
+    for k, sp in spans.items():
+        sp.sort()
+        tl = sp[0][2]
+        pos = 0
+        for a, b, t in sp:
+            if t != tl or a != pos or b <= a:
+                break
+            pos = b
+        else:
+            if pos == tl:
+                out.add(k)
+    return out
+
+
 def parse_put_items(items: list, limits: Limits, op: str = "PUT",
                     require_checksum: bool = False) -> list[PutItem]:
     """Validate ``[key, total_len, offset, length, put_id, checksum]`` items (PUT and

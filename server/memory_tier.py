@@ -110,6 +110,10 @@ class _NsUse:
         self.lru: OrderedDict[bytes, _Obj] = OrderedDict()
 
 
+class _WaitForRoom(Exception):
+    """begin_put: no reservation room yet, wait (lock released) and retry."""
+
+
 class Holder:
     """Who answers for reservations that outlive a request: one per connection.
 
@@ -118,13 +122,16 @@ class Holder:
     Fields are guarded by the MemoryTier lock.
     """
 
-    __slots__ = ("held", "pendings", "quarantine", "closed", "__weakref__")
+    __slots__ = ("held", "pendings", "quarantine", "closed", "wait_until", "no_wait_until",
+                 "__weakref__")
 
     def __init__(self) -> None:
         self.held = 0
         self.pendings: set = set()
         self.quarantine: list = []
         self.closed = False
+        self.wait_until: float | None = None  # end of the back-pressure wait under way
+        self.no_wait_until = 0.0  # after a back-pressure wait ran out: BUSY at once until
 
 
 @dataclass(slots=True, eq=False)
@@ -178,6 +185,7 @@ class MemoryTier(Tier):
         # reservations that may outlive a request: per holder (connection), and in total
         self.max_held = max_held_bytes or max(arena.slab_bytes, self.capacity // 4)
         self.max_reserved = max_reserved_bytes or max(arena.slab_bytes, self.capacity // 2)
+        self.reserve_wait_s = 1.0  # back-pressure on a reservation past its bounds
         self.reserved_bytes = 0
         self.reserved_by_ns: dict[bytes, int] = {}  # the writer's quota plugs in here
         self._lock = threading.Lock()
@@ -587,6 +595,16 @@ class MemoryTier(Tier):
         sliced = not (offset == 0 and length == total_len)
         if sliced and length == 0:
             return PutSlot(Status.BAD_REQUEST)  # an empty slice writes nothing
+        while True:
+            try:
+                return self._do_begin_put(ns, key, total_len, offset, length, put_id, evict,
+                                          csum, holder, need, sliced)
+            except _WaitForRoom:
+                time.sleep(0.005)  # lock released: reservations in flight may commit
+
+    def _do_begin_put(self, ns: bytes, key: bytes, total_len: int, offset: int, length: int,
+                      put_id: int, evict: bool, csum: int | None, holder: Holder | None,
+                      need: int, sliced: bool) -> PutSlot:
         with self._lock:
             if holder is not None and holder.closed:
                 return PutSlot(Status.CLOSED)
@@ -595,8 +613,12 @@ class MemoryTier(Tier):
                 if holder is not None and (
                         holder.held + size_class(need) > self.max_held
                         or self.reserved_bytes + size_class(need) > self.max_reserved):
+                    if self.do_wait_for_room(holder, size_class(need)):
+                        raise _WaitForRoom
                     self.counters["reservations_refused"] += 1
                     return PutSlot(Status.BUSY)  # before evicting anything for it
+                if holder is not None:
+                    holder.wait_until = None
                 if not self.do_quota_room(ns, size_class(need), evict):
                     if evict:  # final: no more room will come for this put
                         self.counters["quota_refused"] += 1
@@ -632,6 +654,27 @@ class MemoryTier(Tier):
         o = pend.obj
         view = self.arena.buf[o.data_off + offset:o.data_off + offset + length]
         return PutSlot(Status.OK, view, pend, {"key": (ns, key, put_id), "len": length})
+
+    def do_wait_for_room(self, holder: Holder, chunk: int) -> bool:
+        """Back-pressure on a reservation past the per-connection or total bound (caller
+        holds the lock): True while ``holder`` may keep waiting, up to ``reserve_wait_s``,
+        for reservations in flight to commit or expire; ``begin_put`` then retries with
+        the lock released. A client's own batch of sliced puts can briefly hold more than
+        the bound while its other connections finish their slices; a hostile holder only
+        delays itself, once: after a wait ran out it gets BUSY at once for
+        ``reserve_wait_s`` (so a frame of many items waits once, not once per item)."""
+        if chunk > min(self.max_held, self.max_reserved):
+            return False  # can never fit
+        now = time.monotonic()
+        if holder.wait_until is None:
+            if now < holder.no_wait_until:
+                return False
+            holder.wait_until = now + self.reserve_wait_s
+        if now < holder.wait_until:
+            return True
+        holder.wait_until = None
+        holder.no_wait_until = now + self.reserve_wait_s
+        return False
 
     def finish_put(self, slot: PutSlot) -> Status:
         pend: _Pending = slot.token

@@ -54,7 +54,7 @@ from gcache.protocol import (FLAG_RESPONSE, PREAUTH_MAX_HEADER_BYTES, PREFIX_SIZ
                              FrameHeader, Limits, Op, check_items, check_key,
                              check_namespace, discard_views, encode_frame, parse_put_items,
                              decode_meta, read_header, read_prefix, recv_into_many,
-                             sendmsg_all)
+                             self_contained, sendmsg_all)
 from gcache.status import Status
 from gcache.server.metrics import ServerMetrics
 from gcache.server.tier import Tier
@@ -587,6 +587,7 @@ class _Connection:
         slots = []
         views: list[memoryview] = []
         try:
+            whole = self_contained(parsed)
             for (key, tl, off, ln, pid, csum), wrong in zip(parsed, wrong_owner):
                 if not allowed or wrong:
                     statuses.append(Status.NOT_OWNER if allowed else Status.AUTH)
@@ -594,7 +595,9 @@ class _Connection:
                     continue
                 # a slice of a sliced value may wait for others: this connection answers
                 # for it (bounded, released when it closes)
-                holder = shm_ops.holder(self) if ln != tl else None
+                # as in PUT_STAGED: only a put waiting for other frames' slices holds a
+                # reservation past this request
+                holder = None if (key, pid) in whole else shm_ops.holder(self)
                 slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum, holder=holder)
                         if tl <= lim.max_value_bytes else None)
                 if slot is None or slot.status != Status.OK:

@@ -88,7 +88,8 @@ from gcache import staging
 from gcache.credentials import Right
 from gcache.errors import ProtocolError
 from gcache.network import boot_id
-from gcache.protocol import Op, check_items, check_key, check_namespace, parse_put_items
+from gcache.protocol import (Op, check_items, check_key, check_namespace, parse_put_items,
+                             self_contained)
 from gcache.status import Status
 
 log = logging.getLogger("gcache.server.shm")
@@ -615,12 +616,15 @@ def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dic
     slots: list[tuple[int, Any]] = []
     pos = staging.HEADER_BYTES
     try:
+        whole = self_contained(parsed)
         for (key, tl, off, ln, pid, csum), wrong in zip(parsed, wrong_owner):
             at, pos = pos, pos + ln
             if wrong:
                 statuses.append(Status.NOT_OWNER)
                 continue
-            holder = st.holder if ln != tl else None  # as a sliced TCP put
+            # a put whose slices all travel in this frame completes within it: only one
+            # that waits for slices of other frames is a reservation that outlives it
+            holder = None if (key, pid) in whole else st.holder
             slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum, holder=holder)
                     if tl <= lim.max_value_bytes else None)
             if slot is None or slot.status != Status.OK:
