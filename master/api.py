@@ -56,10 +56,14 @@ from typing import Any
 
 from gcache.credentials import Credential, CredentialStore
 from gcache.discovery import http_json
+from gcache.logs import RateLimitedLog
+from gcache.protocol import arm
 from gcache.tls import HTTPServer
 from gcache.master.raft_node import RaftNode
 
 log = logging.getLogger("gcache.master")
+# lines a peer can trigger at will (refusals, cut-off requests): one per kind per 10 s
+peer_log = RateLimitedLog(log, 10.0)
 
 _MAX_BODY = 1 << 20
 _MAX_WAIT_MS = 30_000
@@ -71,26 +75,6 @@ _CONTENT_LENGTH = re.compile(r"[0-9]{1,10}")
 DEFAULT_REQUEST_DEADLINE_MS = 5000
 DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_MAX_CONNECTIONS_PER_IP = 256  # 0: no per-address cap
-
-
-class _EveryFewSeconds:
-    """One log line per ``period_s`` for an event that may repeat fast (a flood must not
-    flood the log); the line says how many occurrences it stands for."""
-
-    def __init__(self, period_s: float = 10.0) -> None:
-        self.period_s = period_s
-        self._lock = threading.Lock()
-        self._next = 0.0
-        self._folded = 0
-
-    def warn(self, msg: str, *args: Any) -> None:
-        with self._lock:
-            self._folded += 1
-            now = time.monotonic()
-            if now < self._next:
-                return
-            n, self._folded, self._next = self._folded, 0, now + self.period_s
-        log.warning(msg + " (%d such in the last %.0fs)", *args, n, self.period_s)
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -114,11 +98,7 @@ class _DeadlineReader(io.RawIOBase):
         return True
 
     def readinto(self, b: Any) -> int:
-        if self.deadline is not None:
-            left = self.deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("the request did not arrive within its deadline")
-            self._sock.settimeout(left)
+        arm(self._sock, self.deadline)  # TimeoutError once the deadline has passed
         n = self._sock.recv_into(b)
         self.received += n
         return n
@@ -143,7 +123,6 @@ class _BoundedHTTPServer(HTTPServer):
         self._slots = threading.BoundedSemaphore(max_connections)
         self._per_ip: dict[str, int] = {}
         self._per_ip_lock = threading.Lock()
-        self._refusals = _EveryFewSeconds()
         self._busy = self._503(f"gcache-master is serving its maximum of {max_connections} "
                                "connections; retry, or raise --max-connections")
         self._busy_ip = self._503(f"gcache-master is serving its maximum of {max_per_ip} "
@@ -187,14 +166,14 @@ class _BoundedHTTPServer(HTTPServer):
     def process_request(self, request: Any, client_address: Any) -> None:
         ip = client_address[0]
         if not self._slots.acquire(blocking=False):
-            self._refusals.warn("master API at its connection cap (%d): refused %s",
-                                self.max_connections, ip)
+            peer_log.warning("conn_cap", "master API at its connection cap (%d): refused %s",
+                             self.max_connections, ip)
             self._refuse(request, self._busy)
             return
         if not self._take_ip(ip):
             self._slots.release()
-            self._refusals.warn("master API at its per-address connection cap (%d): "
-                                "refused %s", self.max_per_ip, ip)
+            peer_log.warning("ip_cap", "master API at its per-address connection cap (%d): "
+                             "refused %s", self.max_per_ip, ip)
             self._refuse(request, self._busy_ip)
             return
         try:
@@ -236,7 +215,6 @@ class MasterService:
         self.peer_tls = peer_tls
         self.heartbeat_timeout = heartbeat_timeout_ms / 1000.0
         self.request_deadline = request_deadline_ms / 1000.0
-        self._timeouts = _EveryFewSeconds()
         self.raft_to_api = raft_to_api
         self.last_seen: dict[str, float] = {}
         self.stats: dict[str, dict] = {}
@@ -272,8 +250,8 @@ class MasterService:
 
             def log_error(self, fmt: str, *args: Any) -> None:
                 if self.reader.received:  # not just an idle keep-alive connection closing
-                    svc._timeouts.warn("master API: %s: %s", self.client_address[0],
-                                       fmt % args)
+                    peer_log.warning("request", "master API: %s: %s", self.client_address[0],
+                                     fmt % args)
 
         self.http = _BoundedHTTPServer((host.strip("[]"), int(port)), Handler, max_connections,
                                        max_per_ip=max_connections_per_ip, tls=tls,
@@ -322,8 +300,8 @@ class MasterService:
                 raw_body = h.rfile.read(n) if n else b""
             except TimeoutError:
                 h.reader.disarm()
-                self._timeouts.warn("master API: %s: body not received within %.1fs",
-                                    h.client_address[0], self.request_deadline)
+                peer_log.warning("request", "master API: %s: body not received within %.1fs",
+                                 h.client_address[0], self.request_deadline)
                 return self._send(h, 408, {"error": "the request body did not arrive within "
                                                     f"{self.request_deadline:.1f}s"})
             if len(raw_body) < n:
