@@ -1,9 +1,11 @@
 """Host and address helpers shared by every daemon and the SDK: parsing, the
-loopback-without-token rule, and this host's boot id."""
+loopback-without-token rule, this host's boot id, and the lingering close."""
 
 from __future__ import annotations
 
 import ipaddress
+import socket
+import time
 
 
 def split_hostport(addr: str) -> tuple[str, int]:
@@ -39,3 +41,19 @@ def boot_id() -> str:
             return f.read().strip()
     except OSError:
         return ""
+
+
+def linger(sock: socket.socket, linger_s: float = 1.0) -> None:
+    """The first half of a lingering close, after a last error reply: closing with unread
+    input makes the kernel send RST, which destroys the reply before the peer reads it
+    (or fails a peer still sending its payload). Send FIN, then drain what the peer
+    still sends for at most ``linger_s``. The caller closes. Never raises OSError."""
+    try:
+        sock.shutdown(socket.SHUT_WR)  # an SSLSocket drops its TLS layer here
+        end, sink = time.monotonic() + linger_s, bytearray(16 << 10)
+        while (left := end - time.monotonic()) > 0:
+            sock.settimeout(left)
+            if not sock.recv_into(sink):
+                break
+    except (OSError, ValueError):
+        pass

@@ -35,6 +35,7 @@ import time
 from typing import Any
 
 from gcache.errors import ConfigError
+from gcache.network import linger
 
 log = logging.getLogger("gcache.tls")
 
@@ -175,19 +176,10 @@ def handshake(tls: ssl.SSLSocket, deadline: float) -> ssl.SSLSocket:
 
 
 def linger_close(sock: socket.socket, linger_s: float = 1.0) -> None:
-    """Close after a failed server handshake without destroying the alert: closing with
-    unread input (a TLS 1.3 client may already have sent its request) makes the kernel
-    send RST, which discards what the peer has not read yet. Send FIN, drain the
-    peer's input for at most ``linger_s``, then close."""
+    """Close after a failed server handshake without destroying the alert (a TLS 1.3
+    client may already have sent its request): ``network.linger``, then close."""
     try:
-        sock.shutdown(socket.SHUT_WR)  # an SSLSocket drops its TLS layer here
-        end, sink = time.monotonic() + linger_s, bytearray(16 << 10)
-        while (left := end - time.monotonic()) > 0:
-            sock.settimeout(left)
-            if not sock.recv_into(sink):
-                break
-    except (OSError, ValueError):
-        pass
+        linger(sock, linger_s)
     finally:
         sock.close()
 

@@ -49,7 +49,7 @@ from gcache import tls as tlslib
 from gcache.credentials import Credential, CredentialStore, Right
 from gcache.errors import ProtocolError
 from gcache.logs import RateLimitedLog
-from gcache.network import check_bind
+from gcache.network import check_bind, linger
 from gcache.protocol import (FLAG_RESPONSE, PREAUTH_MAX_HEADER_BYTES, PREFIX_SIZE,
                              FrameHeader, Limits, Op, check_items, check_key,
                              check_namespace, discard_views, encode_frame, parse_put_items,
@@ -310,14 +310,9 @@ class Service:
                                              "only: connect with tls=True (gcache --tls) and "
                                              "the cluster's CA (tls_ca_file)"},
                                       flags=FLAG_RESPONSE, status=Status.AUTH))
-            conn.shutdown(socket.SHUT_WR)  # lingering close, as in _Connection.fail
-            end = time.monotonic() + _LINGER_S
-            while (left := end - time.monotonic()) > 0:
-                conn.settimeout(left)
-                if not conn.recv_into(_DISCARD):
-                    break
         except OSError:
-            pass
+            return
+        linger(conn, _LINGER_S)
 
 
 _REFUSALS = {
@@ -376,17 +371,9 @@ class _Connection:
         try:
             self.sock.settimeout(1.0)
             self.reply(opcode, rid, {"error": message}, status=status)
-            # Lingering close: closing with unread input makes the kernel send RST, which
-            # destroys the reply before the peer reads it (or fails a peer still sending
-            # its payload). Send FIN, then drain what the peer still sends, bounded in time.
-            self.sock.shutdown(socket.SHUT_WR)
-            end = time.monotonic() + _LINGER_S
-            while (left := end - time.monotonic()) > 0:
-                self.sock.settimeout(left)
-                if not self.sock.recv_into(_DISCARD):
-                    break
         except OSError:
-            pass
+            return
+        linger(self.sock, _LINGER_S)  # so the reply is read, not destroyed by an RST
 
     def run(self) -> None:
         svc = self.svc
