@@ -18,15 +18,13 @@ import logging
 import os
 import threading
 import weakref
+
+from gcache.errors import NixlUnavailable
 from typing import Any
 
 log = logging.getLogger("gcache.nixl")
 
 BACKEND = "UCX"
-
-
-class NixlUnavailable(RuntimeError):
-    pass
 
 
 _mod: Any = None

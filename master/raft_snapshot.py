@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
+from gcache.errors import SnapshotRefused
 from gcache.master.plain_pickle import PlainDataUnpickler
 
 __all__ = ["FORMAT", "MAGIC", "MAX_SNAPSHOT_BYTES", "LogEntry", "RaftSnapshot",
@@ -51,10 +52,6 @@ _MAX_CLUSTER = 1024
 
 _KEYS = ("version", "membership", "applied_index", "last", "prev", "cluster")
 _LEGACY_KEYS = ("membership", "applied_index", "raft")
-
-
-class SnapshotRefused(ValueError):
-    """A snapshot that is not one we wrote (or a format-1 one): never loaded."""
 
 
 class LogEntry(NamedTuple):

@@ -29,7 +29,7 @@ import time
 from typing import Callable
 
 from gcache.status import Status
-from gcache.sdk.transport import AuthFailed, ItemResult, Transport, TransportTimeout, Work
+from gcache.sdk.transport import AuthError, ItemResult, Transport, TransportTimeout, Work
 
 log = logging.getLogger("gcache.sdk")
 
@@ -140,7 +140,7 @@ class Lane:
                         self.mark_suspect("two requests in a row timed out")
                     self._finish(work, None, Status.TIMEOUT)
                     continue
-                except AuthFailed as exc:
+                except AuthError as exc:
                     self.mark_suspect(f"authentication failed: {exc}")
                     self._finish(work, None, Status.AUTH)
                     continue

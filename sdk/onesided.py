@@ -38,7 +38,7 @@ from typing import Any
 from gcache.errors import ProtocolError
 from gcache.protocol import Op, encode_frame, read_frame, sendmsg_all
 from gcache.status import Status, status_of
-from gcache.sdk.transport import (AuthFailed, ItemResult, TcpTransport, TransportTimeout,
+from gcache.sdk.transport import (AuthError, ItemResult, TcpTransport, TransportTimeout,
                                   Work, _rids)
 
 log = logging.getLogger("gcache.sdk.onesided")
@@ -121,7 +121,7 @@ class OneSidedTransport(TcpTransport):
         except _FrameStatus as exc:  # as TcpTransport: a frame-level refusal is per-item
             self.close()
             if exc.status == Status.AUTH:
-                raise AuthFailed(str(exc)) from None
+                raise AuthError(str(exc)) from None
             return [ItemResult(exc.status) for _ in work.items]
 
     def _call(self, op: int, meta: dict, deadline: float) -> Any:

@@ -11,7 +11,7 @@ socket timeout alone restarts on every byte and is not a deadline.
 
 * ``TransportTimeout`` when the deadline passes mid-request; the channel is
   then closed, because the stream position is unknown;
-* ``AuthFailed`` when the server refuses the credential (or token) at AUTH.
+* ``AuthError`` when the server refuses the credential (or token) at AUTH.
 
 A request outside the credential's namespace grants is not an exception: the
 server answers ``Status.AUTH`` per item and the channel stays open.
@@ -26,7 +26,7 @@ straight from the caller's buffers; get payloads are received with
 
 TLS (``tls``, a dialer context): the handshake runs inside ``connect`` before
 HELLO, within the connect deadline, and the server's certificate must name the
-host dialed. A refused certificate on either side raises ``AuthFailed`` (the
+host dialed. A refused certificate on either side raises ``AuthError`` (the
 items' status is ``AUTH``); over TLS, payloads move one buffer per syscall
 (``sendall``/``recv_into``), still without staging copies on this side.
 """
@@ -43,18 +43,10 @@ from typing import Any
 
 from gcache import tls as tlslib
 from gcache.credentials import ClientCredential, auth_fields
-from gcache.errors import ProtocolError
+from gcache.errors import AuthError, ProtocolError, TransportTimeout
 from gcache.protocol import (PREFIX_SIZE, Limits, Op, encode_frame, read_frame,
                              recv_into_many, sendmsg_all)
 from gcache.status import Status, status_of
-
-
-class TransportTimeout(Exception):
-    pass
-
-
-class AuthFailed(Exception):
-    pass
 
 
 @dataclass(slots=True)
@@ -137,7 +129,7 @@ class TcpTransport(Transport):
             fh, hello = read_frame(sock, self.limits, self.prefix, deadline=hs_deadline)
             if fh.status:  # refused before HELLO, e.g. a TLS-only server to a plain client
                 err = hello.get("error", "") if isinstance(hello, dict) else ""
-                exc_type = AuthFailed if fh.status == Status.AUTH else ConnectionError
+                exc_type = AuthError if fh.status == Status.AUTH else ConnectionError
                 raise exc_type(f"{self.address} refused the connection: {err}")
             if fh.opcode != Op.HELLO or not isinstance(hello, dict):
                 raise ConnectionError(f"{self.address} did not greet with HELLO")
@@ -148,7 +140,7 @@ class TcpTransport(Transport):
                         hs_deadline)
             fh, meta = read_frame(sock, self.limits, self.prefix, deadline=hs_deadline)
             if fh.status == Status.AUTH:
-                raise AuthFailed(meta.get("error", "auth failed") if isinstance(meta, dict)
+                raise AuthError(meta.get("error", "auth failed") if isinstance(meta, dict)
                                  else "auth failed")
             if fh.status != 0:
                 raise ConnectionError(f"{self.address} refused the handshake: {meta}")
@@ -159,7 +151,7 @@ class TcpTransport(Transport):
         except ssl.SSLError as exc:
             self.close()
             is_auth, why = tlslib.explain(exc, self.address)
-            raise (AuthFailed if is_auth else ConnectionError)(why) from None
+            raise (AuthError if is_auth else ConnectionError)(why) from None
         except BaseException:
             self.close()
             raise
@@ -211,7 +203,7 @@ class TcpTransport(Transport):
             err = rmeta.get("error", "") if isinstance(rmeta, dict) else ""
             st = status_of(fh.status)
             if st == Status.AUTH:
-                raise AuthFailed(err)
+                raise AuthError(err)
             self.close()  # the server closes after a frame-level error
             return [ItemResult(st) for _ in work.items]
         if op == Op.GET:

@@ -39,6 +39,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gcache.errors import ArenaError
+
 
 log = logging.getLogger("gcache.server.arena")
 
@@ -86,10 +88,6 @@ class Recovered:
     version: int
     checksum: int
     created_ns: int
-
-
-class ArenaError(RuntimeError):
-    pass
 
 
 class Arena:

@@ -76,6 +76,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from gcache.errors import DiskError
 from gcache.failpoints import failpoint, os_error
 from gcache.hashing import checksum
 from gcache.server.tier import Pinned
@@ -107,10 +108,6 @@ SCAN_WINDOW = 1 << 20
 COPY_STEP = 256 << 10  # copy in 256 KiB steps (~50 us each): other threads get the GIL between
 _ZEROS = bytes(BLOCK)
 _SEG_RE = re.compile(r"seg-([0-9]{8})\.log")
-
-
-class DiskError(RuntimeError):
-    """A setup fault of the disk tier (bad geometry, directory in use)."""
 
 
 def align(n: int, a: int = BLOCK) -> int:
