@@ -13,6 +13,7 @@ Only the stdlib is imported (``click`` lazily, by ``click_options``);
 from __future__ import annotations
 
 import difflib
+import enum
 import logging
 import math
 import os
@@ -282,7 +283,19 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
 _SECRETS = frozenset({"token", "credential"})
 PROMOTE_POLICIES = ("never", "first", "second-hit")
 NIXL_MODES = ("auto", "on", "off")
-TRANSPORTS = ("auto", "tcp", "shm", "nixl")
+
+
+class TransportKind(str, enum.Enum):
+    """The data path a connection ended up on (wire- and CLI-stable strings)."""
+
+    TCP = "tcp"
+    SHM = "shm"
+    NIXL = "nixl"
+
+
+#: What ``transport`` accepts: ``auto`` (shm when co-located, nixl when usable, else
+#: tcp) or one kind. The one list; the CLIs and the SDK take it from here.
+TRANSPORTS = ("auto",) + tuple(k.value for k in TransportKind)
 
 
 def scope_options(scope: str) -> list[Option]:

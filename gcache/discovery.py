@@ -34,14 +34,10 @@ import time
 import urllib.error
 from typing import Any, Sequence
 
+from gcache.errors import MasterError, MasterUnavailable
 from gcache.protocol import arm
-from gcache.ring import Member
 from gcache.tls import connect as tls_connect, explain
-from gcache.view import View
-
-
-class MasterUnavailable(Exception):
-    """No master answered (or every answer was an error)."""
+from gcache.view import View, view_from_wire  # noqa: F401  (re-exported for callers)
 
 
 class MasterClient:
@@ -129,12 +125,6 @@ class MasterClient:
         return self.request("GET", "/status")
 
 
-class MasterError(Exception):
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(f"HTTP {code}: {message}")
-        self.code = code
-
-
 class _DeadlineIO:
     """What http.client needs of a socket (``sendall``, ``makefile``, ``close``), with
     every send and receive ending by one deadline. It wraps a plain or a TLS socket
@@ -214,19 +204,3 @@ def _error_text(exc: urllib.error.HTTPError) -> str:
         return str(exc.reason)
 
 
-def view_from_wire(doc: dict) -> View:
-    """A routing View from a master view document: UP members only, weighted by
-    capacity relative to the largest member (equal capacities -> equal weights)."""
-    ups = [m for m in doc.get("members", []) if m.get("state") == "up"]
-    top = max((int(m.get("capacity_bytes") or 0) for m in ups), default=0)
-    members = tuple(
-        Member(id=m["id"], address=m["address"],
-               weight=max(0.05, int(m.get("capacity_bytes") or 0) / top) if top else 1.0)
-        for m in sorted(ups, key=lambda m: m["id"]))
-    return View(int(doc.get("epoch", 0)), members)
-
-
-def parse_view_doc(doc: Any) -> dict:
-    if not isinstance(doc, dict) or "epoch" not in doc:
-        raise ValueError("master returned a malformed view")
-    return doc

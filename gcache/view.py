@@ -7,10 +7,20 @@ feeds the same type. SDK and servers compute identical owners from identical
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from functools import cached_property
 
 from gcache.ring import Member, Ring
+
+
+class MemberState(str, enum.Enum):
+    """A member's state in the master's view (wire-stable strings)."""
+
+    JOINING = "joining"
+    UP = "up"
+    DRAINING = "draining"
+    DOWN = "down"
 
 
 @dataclass(frozen=True)
@@ -31,3 +41,17 @@ class View:
             if a and a not in seen:
                 seen.append(a)
         return cls(0, tuple(Member(id=a, address=a) for a in seen))
+
+
+def view_from_wire(doc: dict) -> View:
+    """The routing rule, the only copy of it: the ring is built from the UP members of a
+    master view document, sorted by id and weighted by capacity relative to the largest
+    member (equal capacities give equal weights; none drops below 0.05). DRAINING
+    members take no new placements; DOWN and JOINING members are skipped."""
+    ups = [m for m in doc.get("members", []) if m.get("state") == MemberState.UP]
+    top = max((int(m.get("capacity_bytes") or 0) for m in ups), default=0)
+    members = tuple(
+        Member(id=m["id"], address=m["address"],
+               weight=max(0.05, int(m.get("capacity_bytes") or 0) / top) if top else 1.0)
+        for m in sorted(ups, key=lambda m: m["id"]))
+    return View(int(doc.get("epoch", 0)), members)

@@ -31,7 +31,8 @@ Every state-changing op bumps ``epoch`` by exactly 1 and stamps the touched reco
 (if any) in one atomic synced batch *before* the in-memory state is updated, so a
 failed write leaves memory and disk at the old state.
 
-Routing: the ring is built from UP members only (``routable``). DRAINING members keep
+Routing: the ring is built from UP members only (``gcache.view.view_from_wire``, the one
+copy of that rule). DRAINING members keep
 serving reads of what they already hold but take no new placements; DOWN and JOINING
 members are skipped.
 
@@ -46,28 +47,23 @@ from __future__ import annotations
 import enum
 import threading
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import msgpack
+
+from gcache.view import MemberState
 
 if TYPE_CHECKING:
     from gcache.master.store import Store
 
 __all__ = [
-    "MemberState", "MemberRecord", "Membership", "OpKind", "routable", "validate_op",
+    "MemberState", "MemberRecord", "Membership", "OpKind", "validate_op",
     "SNAPSHOT_FORMAT",
 ]
 
 SNAPSHOT_FORMAT = 1
 MAX_ID_LEN = 256
 MAX_BOOT_ID_LEN = 128
-
-
-class MemberState(str, enum.Enum):
-    JOINING = "joining"
-    UP = "up"
-    DRAINING = "draining"
-    DOWN = "down"
 
 
 class OpKind(str, enum.Enum):
@@ -198,22 +194,6 @@ class MemberRecord:
         return cls(id=doc["id"], address=doc["address"], capacity_bytes=doc["capacity_bytes"],
                    incarnation=doc["incarnation"], state=state, boot_id=doc["boot_id"],
                    changed_epoch=doc["changed_epoch"], drained=doc.get("drained", False))
-
-
-def routable(view_members: Iterable[MemberRecord | Mapping[str, Any]]) -> list[MemberRecord]:
-    """The members the ring is built from: state UP only, sorted by id.
-
-    DRAINING members keep serving reads of what they already hold but take no new
-    placements; DOWN members are skipped (clients treat their keys as misses), and so
-    are JOINING ones. Accepts ``MemberRecord``s or record dicts (``view()["members"]``).
-    """
-    out = []
-    for m in view_members:
-        rec = m if isinstance(m, MemberRecord) else MemberRecord.from_dict(m)
-        if rec.state is MemberState.UP:
-            out.append(rec)
-    out.sort(key=lambda r: r.id)
-    return out
 
 
 # ------------------------------------------------------------------ state machine

@@ -22,10 +22,10 @@ from gcache.master.membership import (
     MemberRecord,
     Membership,
     MemberState,
-    routable,
     validate_op,
 )
 from gcache.master.store import Store
+from gcache.view import view_from_wire
 
 pytestmark = pytest.mark.unit
 
@@ -258,9 +258,9 @@ def test_routable_is_up_only_sorted():
         m.apply(reg(i))
     m.apply(admin("drain", "b"))
     m.apply(down("c", 1))
-    ups = routable(m.view()["members"])
-    assert [r.id for r in ups] == ["a", "d"]
-    assert routable(m.members().values()) == ups
+    view = view_from_wire(m.view())
+    assert [x.id for x in view.members] == ["a", "d"]
+    assert view.epoch == m.view()["epoch"]
 
 
 # ------------------------------------------------------------------ idempotency
