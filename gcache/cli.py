@@ -23,9 +23,14 @@ import time
 
 import click
 
-from gcache.config import format_size, parse_size
+from gcache.config import TRANSPORTS, TransportKind, format_size, parse_size
+from gcache.view import MemberState
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def _size_text(n: float) -> str:
+    return format_size(n, approx=True)
 
 
 @click.group(context_settings=CONTEXT)
@@ -66,7 +71,7 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
               help="Also write the workload report as JSON.")
 @click.option("--keep-arenas", is_flag=True, help="Leave the arena files in /dev/shm on exit.")
-@click.option("--transport", type=click.Choice(["auto", "tcp", "shm", "nixl"]), default="auto",
+@click.option("--transport", type=click.Choice(TRANSPORTS), default="auto",
               show_default=True, help="The workload client's data path; nixl also starts the "
               "servers with --nixl on (UCX over loopback unless UCX_NET_DEVICES is set).")
 @click.option("--tls", is_flag=True, help="TLS everywhere: make a throwaway CA and "
@@ -88,10 +93,10 @@ def up(n: int, n_masters: int, memory: int, slab_bytes: int, token: str, workloa
     extra: list[str] = []
     if mtls and not tls:
         raise click.UsageError("--mtls needs --tls")
-    if tls and transport == "nixl":
+    if tls and transport == TransportKind.NIXL:
         raise click.UsageError("--transport nixl cannot run under --tls: nixl moves bytes by "
                                "RDMA outside the TLS channel; use tcp, shm or auto")
-    if transport == "nixl":
+    if transport == TransportKind.NIXL:
         from gcache.nixl_lib import available
 
         if available():
@@ -138,14 +143,6 @@ def up(n: int, n_masters: int, memory: int, slab_bytes: int, token: str, workloa
     sys.exit(code)
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"
-
-
 def _serve_status(console, cluster, token: str, stop: threading.Event) -> None:
     from rich.live import Live
 
@@ -158,7 +155,7 @@ def _serve_status(console, cluster, token: str, stop: threading.Event) -> None:
             objs = sum(s.get("objects", 0) for s in stats.values())
             down = sum(1 for s in stats.values() if "error" in s)
             live.update(f"[bold]gcache up[/] {len(stats) - down}/{len(stats)} servers up | "
-                        f"{objs:,} objects | {_human(used)} / {_human(cap)} used | "
+                        f"{objs:,} objects | {_size_text(used)} / {_size_text(cap)} used | "
                         "Ctrl-C to stop")
 
 
@@ -171,7 +168,7 @@ def _wait_registered(cluster, token: str, n: int, timeout: float = 30.0) -> None
     while time.monotonic() < end:
         try:
             doc = mc.view()
-            if sum(m["state"] == "up" for m in doc["members"]) >= n:
+            if sum(m["state"] == MemberState.UP for m in doc["members"]) >= n:
                 return
         except (MasterUnavailable, OSError, ValueError):
             pass
@@ -241,7 +238,7 @@ def _run_workload(console, cluster, token: str, workload: str, trace: str | None
         ("requests", f"{s['steps']:,}"), ("pages (tokens)", f"{s['pages']:,} ({s['tokens']:,})"),
         ("token hit rate", f"{s['token_hit_rate']:.1%}"),
         ("pages read / written", f"{s['pages_hit']:,} / {s['pages_put']:,}"),
-        ("bytes read / written", f"{_human(s['bytes_got'])} / {_human(s['bytes_put'])}"),
+        ("bytes read / written", f"{_size_text(s['bytes_got'])} / {_size_text(s['bytes_put'])}"),
         ("throughput", f"{s['gbps']:.2f} GB/s, {s['steps_per_s']:,} req/s"),
         ("request latency p50 / p99", f"{s['step_p50_ms']} / {s['step_p99_ms']} ms"),
         ("wrong values", str(s["wrong_values"])),
@@ -262,7 +259,8 @@ def tier_cells(stats: dict) -> tuple[str, str]:
     memory-only) and "demoted↓ promoted↑"; "-" for a server without a disk tier."""
     if not stats or "disk_capacity_bytes" not in stats:
         return "-", "-"
-    disk = f"{_human(stats.get('disk_used_bytes', 0))} / {_human(stats['disk_capacity_bytes'])}"
+    disk = (f"{_size_text(stats.get('disk_used_bytes', 0))} / "
+            f"{_size_text(stats['disk_capacity_bytes'])}")
     if stats.get("disk_degraded"):
         disk = f"[red]{disk} degraded[/]"
     return disk, f"{stats.get('demoted', 0):,}↓ {stats.get('promoted', 0):,}↑"
@@ -327,14 +325,16 @@ def status(masters: str, token: str, credential: str, as_json: bool, **tls: obje
                 "moved", "nixl", "leases", "heartbeat"):
         t.add_column(col, justify="right" if col in ("inc", "capacity", "used", "objects", "disk",
                                                       "moved", "leases") else "left")
-    colors = {"up": "green", "draining": "yellow", "down": "red", "joining": "cyan"}
+    colors = {MemberState.UP: "green", MemberState.DRAINING: "yellow", MemberState.DOWN: "red",
+              MemberState.JOINING: "cyan"}
     for m in doc["members"]:
         st = m.get("stats") or {}
         hb = m.get("last_heartbeat_s")
-        label = m["state"] + (" (drained)" if m.get("drained") and m["state"] == "down" else "")
+        drained = m.get("drained") and m["state"] == MemberState.DOWN
+        label = m["state"] + (" (drained)" if drained else "")
         t.add_row(m["id"], m["address"], f"[{colors.get(m['state'], 'white')}]{label}[/]",
-                  str(m["incarnation"]), _human(m.get("capacity_bytes", 0)),
-                  _human(st.get("used_bytes", 0)) if st else "-",
+                  str(m["incarnation"]), _size_text(m.get("capacity_bytes", 0)),
+                  _size_text(st.get("used_bytes", 0)) if st else "-",
                   f"{st.get('objects', 0):,}" if st else "-", *tier_cells(st),
                   ("on" if st.get("nixl") else "off") if "nixl" in st else "-",
                   f"{st['shm_leases']:,}" if "shm_leases" in st else "-",
