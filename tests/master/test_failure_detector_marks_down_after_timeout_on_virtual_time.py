@@ -8,13 +8,12 @@ alone) and the real ``FailureDetector``, stepped by hand on a ``VirtualClock``.
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from gcache.clock import VirtualClock
 from gcache.master.detector import FailureDetector
 from gcache.master.raft_node import RaftNode
+from gcache.testing.cluster import free_port_pair
 from gcache.testing.waiting import wait_for
 from gcache.view import MemberState
 
@@ -23,15 +22,9 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 TIMEOUT_S = 3.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def leader(tmp_path):
-    node = RaftNode(f"127.0.0.1:{_free_port()}", [], str(tmp_path / "raft"), "test-secret")
+    node = RaftNode(f"127.0.0.1:{free_port_pair()}", [], str(tmp_path / "raft"), "test-secret")
     try:
         wait_for(lambda: node.is_leader, 20.0)
         yield node
