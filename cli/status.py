@@ -126,35 +126,22 @@ _cred_opt = click.option("--credential", default="", envvar="GCACHE_CREDENTIAL",
                          "[env GCACHE_CREDENTIAL]")
 
 
-@admin.command()
-@click.argument("member_id")
-@_masters_opt
-@_token_opt
-@_cred_opt
-@_tls_options
-def drain(member_id: str, masters: str, token: str, credential: str, **tls: object) -> None:
-    """Stop placing new keys on MEMBER_ID (it keeps serving what it holds)."""
-    _admin("drain", member_id, masters, credential or token, tls)
+def _admin_command(name: str, op: str, help_text: str) -> None:
+    """``gcache admin NAME MEMBER_ID``: the masters' admin ``op`` on one member."""
+
+    @admin.command(name, help=help_text)
+    @click.argument("member_id")
+    @_masters_opt
+    @_token_opt
+    @_cred_opt
+    @_tls_options
+    def command(member_id: str, masters: str, token: str, credential: str, **tls: object
+                ) -> None:
+        _admin(op, member_id, masters, credential or token, tls)
 
 
-@admin.command()
-@click.argument("member_id")
-@_masters_opt
-@_token_opt
-@_cred_opt
-@_tls_options
-def add(member_id: str, masters: str, token: str, credential: str, **tls: object) -> None:
-    """Bring a drained or down MEMBER_ID back into placement."""
-    _admin("undrain", member_id, masters, credential or token, tls)
-
-
-@admin.command()
-@click.argument("member_id")
-@_masters_opt
-@_token_opt
-@_cred_opt
-@_tls_options
-def remove(member_id: str, masters: str, token: str, credential: str, **tls: object) -> None:
-    """Forget MEMBER_ID (it re-registers if it is still running)."""
-    _admin("remove", member_id, masters, credential or token, tls)
-
+for _name, _op, _help in (
+        ("drain", "drain", "Stop placing new keys on MEMBER_ID (it keeps serving what it holds)."),
+        ("add", "undrain", "Bring a drained or down MEMBER_ID back into placement."),
+        ("remove", "remove", "Forget MEMBER_ID (it re-registers if it is still running).")):
+    _admin_command(_name, _op, _help)
