@@ -13,7 +13,7 @@ headers ``<u32 op, u32 reserved, u64 a, u64 b>`` (8 bytes cannot hold a
 op         a, b                   what happens
 =========  =====================  ===============================================
 PREPARE    total, chunk           child sizes + prefills its buffer, acks u64 size
-GET        total, chunk           child ``sendall``s ``total`` bytes in chunks
+GET        total, chunk           child sends ``total`` bytes in chunks
 PUT        total, chunk           parent sends ``total`` bytes; child acks u64 count
 PING       size, rounds           ``rounds`` x (parent sends size, child echoes)
 QUIT       -                      child exits (EOF does the same)
@@ -22,9 +22,11 @@ QUIT       -                      child exits (EOF does the same)
 Buffers on both sides are allocated and prefilled *before* the clock starts
 (PREPARE exists so the child's allocation is not timed) and are at most
 ``BUFFER_CAP`` bytes; longer transfers cycle through them, like a server
-streaming from a memory pool into a client's destination buffer. Stream
-timing runs from sending the request header to the last byte received (GET)
-or to the child's ack of the last byte (PUT). GB/s is bytes / 1e9 / s.
+streaming from a memory pool into a client's destination buffer. One loop
+(``_move``: ``sendall`` or ``recv_into`` per chunk) moves the bytes on both
+sides in both directions. Stream timing runs from sending the request header
+to the last byte received (GET) or to the child's ack of the last byte (PUT).
+GB/s is bytes / 1e9 / s.
 
 This module imports only the standard library so the child starts fast.
 """
@@ -43,26 +45,14 @@ import sys
 import time
 from typing import Any, TextIO
 
-__all__ = [
-    "BUFFER_CAP",
-    "RawSocketPeer",
-    "measure_rtt",
-    "measure_stream",
-    "serve",
-]
+__all__ = ["BUFFER_CAP", "RawSocketPeer", "measure_rtt", "measure_stream", "serve"]
 
 BUFFER_CAP = 64 << 20
 """Largest buffer either side allocates; longer transfers reuse it cyclically."""
 
-OP_QUIT = 0
-OP_PREPARE = 1
-OP_GET = 2
-OP_PUT = 3
-OP_PING = 4
-
+OP_QUIT, OP_PREPARE, OP_GET, OP_PUT, OP_PING = range(5)
 _HDR = struct.Struct("<IIQQ")
 _U64 = struct.Struct("<Q")
-_FILL = 0xA5
 _DIRECTIONS = {"get": OP_GET, "put": OP_PUT}
 _RTT_WARMUP = 50
 
@@ -73,107 +63,89 @@ def _buffer_size(total: int, chunk: int) -> int:
 
 def _prefilled(size: int) -> bytearray:
     """A buffer whose pages are all touched (no page faults while timing)."""
-    return bytearray([_FILL]) * size
+    return bytearray(b"\xa5") * size
+
+
+def _move(sock: socket.socket, view: memoryview, total: int, chunk: int, send: bool) -> None:
+    """Send or receive ``total`` bytes in ``chunk``-byte pieces, cycling through ``view``."""
+    off, remaining = 0, total
+    while remaining:
+        n = min(chunk, remaining)
+        if off + n > len(view):
+            off = 0
+        if send:
+            sock.sendall(view[off:off + n])
+            got = n
+        else:
+            got = sock.recv_into(view[off:off + n])
+            if got == 0:
+                raise ConnectionError("peer closed the connection mid-transfer")
+        off += got
+        remaining -= got
 
 
 def _recv_exact(sock: socket.socket, view: memoryview) -> None:
-    while view:
-        n = sock.recv_into(view)
-        if n == 0:
-            raise ConnectionError("peer closed the connection mid-transfer")
-        view = view[n:]
+    _move(sock, view, len(view), len(view), send=False)
 
 
-def _require_positive(name: str, value: object) -> int:
+def _recv_u64(sock: socket.socket) -> int:
+    ack = bytearray(_U64.size)
+    _recv_exact(sock, memoryview(ack))
+    return _U64.unpack(ack)[0]
+
+
+def _positive(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return value
 
 
+def _stream_op(total_bytes: int, chunk_bytes: int, direction: str) -> int:
+    """Check a stream's arguments; its op."""
+    _positive("total_bytes", total_bytes)
+    _positive("chunk_bytes", chunk_bytes)
+    if direction not in _DIRECTIONS:
+        raise ValueError(f"direction must be 'get' or 'put', got {direction!r}")
+    return _DIRECTIONS[direction]
+
+
 # --------------------------------------------------------------------------- child
 
 
-class _Server:
-    """Serves commands on one accepted connection."""
-
-    __slots__ = ("_buf", "_sock")
-
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
-        self._buf = bytearray()
-
-    def _ensure(self, size: int) -> memoryview:
-        if len(self._buf) < size:
-            self._buf = bytearray()  # free the old one first
-            self._buf = _prefilled(size)
-        return memoryview(self._buf)
-
-    def run(self) -> None:
-        sock = self._sock
-        header = bytearray(_HDR.size)
-        hview = memoryview(header)
-        while True:
-            first = sock.recv_into(hview)
-            if first == 0:
-                return  # parent closed: normal exit
-            _recv_exact(sock, hview[first:])
-            op, _reserved, a, b = _HDR.unpack(header)
-            if op == OP_QUIT:
-                return
-            if op == OP_PREPARE:
-                size = _buffer_size(a, b)
-                self._ensure(size)
-                sock.sendall(_U64.pack(size))
-            elif op == OP_GET:
-                self._send(a, b)
-            elif op == OP_PUT:
-                sock.sendall(_U64.pack(self._recv(a, b)))
-            elif op == OP_PING:
-                self._ping(a, b)
-            else:
-                raise ValueError(f"unknown op {op}")
-
-    def _send(self, total: int, chunk: int) -> None:
-        view = self._ensure(_buffer_size(total, chunk))
-        size, sendall = len(view), self._sock.sendall
-        off, remaining = 0, total
-        while remaining:
-            n = min(chunk, remaining)
-            if off + n > size:
-                off = 0
-            sendall(view[off : off + n])
-            off += n
-            remaining -= n
-
-    def _recv(self, total: int, chunk: int) -> int:
-        view = self._ensure(_buffer_size(total, chunk))
-        size, recv_into = len(view), self._sock.recv_into
-        off, remaining = 0, total
-        while remaining:
-            n = min(chunk, remaining)
-            if off + n > size:
-                off = 0
-            got = recv_into(view[off : off + n])
-            if got == 0:
-                raise ConnectionError("parent closed the connection mid-transfer")
-            off += got
-            remaining -= got
-        return total
-
-    def _ping(self, size: int, rounds: int) -> None:
-        view = self._ensure(size)[:size]
-        sock = self._sock
-        for _ in range(rounds):
-            _recv_exact(sock, view)
-            sock.sendall(view)
+def _serve_connection(sock: socket.socket) -> None:
+    """Run the parent's commands on one accepted connection until QUIT or EOF."""
+    buf = bytearray()
+    header = memoryview(bytearray(_HDR.size))
+    while True:
+        first = sock.recv_into(header)
+        if first == 0:
+            return  # parent closed: normal exit
+        _recv_exact(sock, header[first:])
+        op, _reserved, a, b = _HDR.unpack(header)
+        if op == OP_QUIT:
+            return
+        if op not in (OP_PREPARE, OP_GET, OP_PUT, OP_PING):
+            raise ValueError(f"unknown op {op}")
+        size = a if op == OP_PING else _buffer_size(a, b)
+        if len(buf) < size:
+            buf = bytearray()  # free the old one first
+            buf = _prefilled(size)
+        view = memoryview(buf)
+        if op == OP_PREPARE:
+            sock.sendall(_U64.pack(size))
+        elif op == OP_GET:
+            _move(sock, view, a, b, send=True)
+        elif op == OP_PUT:
+            _move(sock, view, a, b, send=False)
+            sock.sendall(_U64.pack(a))
+        else:
+            for _ in range(b):
+                _recv_exact(sock, view[:a])
+                sock.sendall(view[:a])
 
 
-def serve(
-    host: str = "127.0.0.1",
-    port: int = 0,
-    accept_timeout: float = 30.0,
-    out: TextIO | None = None,
-) -> int:
+def serve(host: str = "127.0.0.1", port: int = 0, accept_timeout: float = 30.0,
+          out: TextIO | None = None) -> int:
     """Child entry point: listen, announce ``PORT <n>``, serve one connection.
 
     Returns a process exit code (1 if nobody connected in time).
@@ -190,7 +162,7 @@ def serve(
         conn.settimeout(None)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            _Server(conn).run()
+            _serve_connection(conn)
         except (ConnectionError, BrokenPipeError):
             return 0  # parent went away; nothing to report
     return 0
@@ -215,8 +187,6 @@ class RawSocketPeer:
         self._buf = bytearray()
         self._child_buf = 0
 
-    # -- lifecycle -------------------------------------------------------------
-
     @property
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
@@ -238,64 +208,35 @@ class RawSocketPeer:
         self.close()
 
     def start(self) -> None:
-        """Spawn the child and connect to it."""
+        """Spawn the child (its stderr is ours) and connect to it."""
         if self._proc is not None:
             raise RuntimeError("peer already started")
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        cmd = [
-            sys.executable,
-            "-m",
-            "gcache.bench.raw_socket",
-            "--serve",
-            "--accept-timeout",
-            str(self.startup_timeout),
-        ]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         self._proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-        )
+            [sys.executable, "-m", "gcache.bench.raw_socket", "--serve",
+             "--accept-timeout", str(self.startup_timeout)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)
         try:
-            port = self._read_port()
-            sock = socket.create_connection(("127.0.0.1", port), timeout=self.timeout)
+            sock = socket.create_connection(("127.0.0.1", self._read_port(self._proc)),
+                                            timeout=self.timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._sock = sock
         except BaseException:
             self.close()
             raise
 
-    def _read_port(self) -> int:
-        proc = self._proc
-        if proc is None or proc.stdout is None:
-            raise RuntimeError("peer not started")
+    def _read_port(self, proc: subprocess.Popen[bytes]) -> int:
+        """The child's ``PORT <n>`` line, within the startup timeout."""
         deadline = time.monotonic() + self.startup_timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"raw-socket child did not start in {self.startup_timeout}s")
-            ready, _, _ = select.select([proc.stdout], [], [], min(left, 0.5))
-            if ready:
-                line = proc.stdout.readline().decode(errors="replace").strip()
+        while (left := deadline - time.monotonic()) > 0:
+            if select.select([proc.stdout], [], [], min(left, 0.5))[0]:
+                line = proc.stdout.readline().decode(errors="replace")
                 if line.startswith("PORT "):
                     return int(line.split()[1])
-                if not line and proc.poll() is not None:
-                    raise RuntimeError(f"raw-socket child exited early: {self._stderr_tail()}")
-            elif proc.poll() is not None:
-                raise RuntimeError(f"raw-socket child exited early: {self._stderr_tail()}")
-
-    def _stderr_tail(self) -> str:
-        proc = self._proc
-        if proc is None or proc.stderr is None:
-            return ""
-        try:
-            ready, _, _ = select.select([proc.stderr], [], [], 0)
-            data = proc.stderr.read1(65536) if ready else b""  # type: ignore[attr-defined]
-        except (OSError, ValueError):
-            data = b""
-        return data.decode(errors="replace").strip()[-2000:] or f"exit code {proc.returncode}"
+            if proc.poll() is not None:
+                raise RuntimeError(f"raw-socket child exited early (exit code "
+                                   f"{proc.returncode}; its stderr is above)")
+        raise TimeoutError(f"raw-socket child did not start in {self.startup_timeout}s")
 
     def close(self) -> None:
         """Stop the child: QUIT, close, then terminate/kill if it lingers."""
@@ -320,105 +261,52 @@ class RawSocketPeer:
                 proc.kill()
                 proc.wait(timeout=5.0)
         finally:
-            for pipe in (proc.stdout, proc.stderr):
-                if pipe is not None:
-                    pipe.close()
-
-    # -- measurements ------------------------------------------------------------
+            if proc.stdout is not None:
+                proc.stdout.close()
 
     def _conn(self) -> socket.socket:
         if self._sock is None:
             raise RuntimeError("peer is not running (closed or never started)")
         return self._sock
 
+    def _prepare(self, sock: socket.socket, total: int, chunk: int) -> None:
+        """Have the child allocate and prefill its buffer for a transfer (untimed)."""
+        if _buffer_size(total, chunk) > self._child_buf:
+            sock.sendall(_HDR.pack(OP_PREPARE, 0, total, chunk))
+            self._child_buf = _recv_u64(sock)
+
     def _local_buffer(self, size: int) -> memoryview:
         if len(self._buf) < size:
-            self._buf = bytearray()
+            self._buf = bytearray()  # free the old one first
             self._buf = _prefilled(size)
         return memoryview(self._buf)[:size]
 
     def stream(self, total_bytes: int, chunk_bytes: int, direction: str = "get") -> dict[str, Any]:
         """Time one bulk transfer of ``total_bytes`` in ``chunk_bytes`` pieces."""
-        total = _require_positive("total_bytes", total_bytes)
-        chunk = _require_positive("chunk_bytes", chunk_bytes)
-        op = _DIRECTIONS.get(direction)
-        if op is None:
-            raise ValueError(f"direction must be 'get' or 'put', got {direction!r}")
+        op = _stream_op(total_bytes, chunk_bytes, direction)
+        total, chunk = total_bytes, chunk_bytes
         sock = self._conn()
         try:
             view = self._local_buffer(_buffer_size(total, chunk))
             self._prepare(sock, total, chunk)
-            if op == OP_GET:
-                moved, ns = self._timed_get(sock, view, total, chunk)
-            else:
-                moved, ns = self._timed_put(sock, view, total, chunk)
+            t0 = time.perf_counter_ns()
+            sock.sendall(_HDR.pack(op, 0, total, chunk))
+            _move(sock, view, total, chunk, send=op == OP_PUT)
+            moved = _recv_u64(sock) if op == OP_PUT else total
+            seconds = max(time.perf_counter_ns() - t0, 1) / 1e9
         except BaseException:
             self.close()
             raise
         if moved != total:
             self.close()
             raise ConnectionError(f"transferred {moved} bytes, expected {total}")
-        seconds = max(ns, 1) / 1e9
-        return {
-            "direction": direction,
-            "chunk_bytes": chunk,
-            "total_bytes": moved,
-            "seconds": seconds,
-            "gbps": moved / 1e9 / seconds,
-        }
-
-    def _prepare(self, sock: socket.socket, total: int, chunk: int) -> None:
-        size = _buffer_size(total, chunk)
-        if size <= self._child_buf:
-            return
-        sock.sendall(_HDR.pack(OP_PREPARE, 0, total, chunk))
-        ack = bytearray(_U64.size)
-        _recv_exact(sock, memoryview(ack))
-        self._child_buf = _U64.unpack(ack)[0]
-
-    @staticmethod
-    def _timed_get(
-        sock: socket.socket, view: memoryview, total: int, chunk: int
-    ) -> tuple[int, int]:
-        size, recv_into = len(view), sock.recv_into
-        off, remaining = 0, total
-        t0 = time.perf_counter_ns()
-        sock.sendall(_HDR.pack(OP_GET, 0, total, chunk))
-        while remaining:
-            n = min(chunk, remaining)
-            if off + n > size:
-                off = 0
-            got = recv_into(view[off : off + n])
-            if got == 0:
-                raise ConnectionError("raw-socket child closed the connection mid-transfer")
-            off += got
-            remaining -= got
-        return total - remaining, time.perf_counter_ns() - t0
-
-    @staticmethod
-    def _timed_put(
-        sock: socket.socket, view: memoryview, total: int, chunk: int
-    ) -> tuple[int, int]:
-        size, sendall = len(view), sock.sendall
-        ack = bytearray(_U64.size)
-        off, remaining = 0, total
-        t0 = time.perf_counter_ns()
-        sock.sendall(_HDR.pack(OP_PUT, 0, total, chunk))
-        while remaining:
-            n = min(chunk, remaining)
-            if off + n > size:
-                off = 0
-            sendall(view[off : off + n])
-            off += n
-            remaining -= n
-        _recv_exact(sock, memoryview(ack))
-        ns = time.perf_counter_ns() - t0
-        return _U64.unpack(ack)[0], ns
+        return {"direction": direction, "chunk_bytes": chunk, "total_bytes": moved,
+                "seconds": seconds, "gbps": moved / 1e9 / seconds}
 
     def rtt(self, size: int = 64, iterations: int = 2000) -> dict[str, Any]:
         """Ping-pong ``size`` bytes ``iterations`` times (after a short warmup)."""
-        size = _require_positive("size", size)
-        iterations = _require_positive("iterations", iterations)
+        _positive("size", size)
+        _positive("iterations", iterations)
         sock = self._conn()
         try:
             self._prepare(sock, size, size)
@@ -437,15 +325,11 @@ class RawSocketPeer:
             self.close()
             raise
         samples.sort()
-        return {
-            "size": size,
-            "iterations": iterations,
-            "p50_us": _percentile(samples, 50) / 1e3,
-            "p99_us": _percentile(samples, 99) / 1e3,
-            "mean_us": sum(samples) / len(samples) / 1e3,
-            "min_us": samples[0] / 1e3,
-            "max_us": samples[-1] / 1e3,
-        }
+        return {"size": size, "iterations": iterations,
+                "p50_us": _percentile(samples, 50) / 1e3,
+                "p99_us": _percentile(samples, 99) / 1e3,
+                "mean_us": sum(samples) / len(samples) / 1e3,
+                "min_us": samples[0] / 1e3, "max_us": samples[-1] / 1e3}
 
 
 def _percentile(sorted_samples: list[int], p: float) -> float:
@@ -454,14 +338,8 @@ def _percentile(sorted_samples: list[int], p: float) -> float:
     return float(sorted_samples[rank - 1])
 
 
-def measure_stream(
-    total_bytes: int,
-    chunk_bytes: int,
-    direction: str = "get",
-    *,
-    peer: RawSocketPeer | None = None,
-    timeout: float = 30.0,
-) -> dict[str, Any]:
+def measure_stream(total_bytes: int, chunk_bytes: int, direction: str = "get", *,
+                   peer: RawSocketPeer | None = None, timeout: float = 30.0) -> dict[str, Any]:
     """Loopback TCP throughput of one transfer.
 
     Returns ``{"direction", "chunk_bytes", "total_bytes", "seconds", "gbps"}``.
@@ -469,27 +347,19 @@ def measure_stream(
     """
     if peer is not None:
         return peer.stream(total_bytes, chunk_bytes, direction)
-    _require_positive("total_bytes", total_bytes)
-    _require_positive("chunk_bytes", chunk_bytes)
-    if direction not in _DIRECTIONS:
-        raise ValueError(f"direction must be 'get' or 'put', got {direction!r}")
+    _stream_op(total_bytes, chunk_bytes, direction)  # bad arguments spawn nothing
     with RawSocketPeer(timeout=timeout) as own:
         return own.stream(total_bytes, chunk_bytes, direction)
 
 
-def measure_rtt(
-    size: int = 64,
-    iterations: int = 2000,
-    *,
-    peer: RawSocketPeer | None = None,
-    timeout: float = 30.0,
-) -> dict[str, Any]:
+def measure_rtt(size: int = 64, iterations: int = 2000, *, peer: RawSocketPeer | None = None,
+                timeout: float = 30.0) -> dict[str, Any]:
     """Loopback TCP ping-pong latency: ``{"size", "iterations", "p50_us", "p99_us",
     "mean_us", "min_us", "max_us"}``. Starts (and reaps) a child unless ``peer``."""
     if peer is not None:
         return peer.rtt(size, iterations)
-    _require_positive("size", size)
-    _require_positive("iterations", iterations)
+    _positive("size", size)
+    _positive("iterations", iterations)
     with RawSocketPeer(timeout=timeout) as own:
         return own.rtt(size, iterations)
 
@@ -500,8 +370,7 @@ def measure_rtt(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m gcache.bench.raw_socket",
-        description="Loopback TCP baseline (throughput and ping-pong latency).",
-    )
+        description="Loopback TCP baseline (throughput and ping-pong latency).")
     parser.add_argument("--serve", action="store_true", help="run as the child server")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)

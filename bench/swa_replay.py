@@ -48,10 +48,11 @@ import numpy as np
 
 from gcache.sdk.client import Client
 from gcache.sdk.sglang import (
-    TRAILING_PAGES,
     ChainStore,
+    HitPolicy,
     PluginConfig,
     PoolSpec,
+    SidePool,
     chain_groups,
     leading,
     window_safe_stops,
@@ -192,7 +193,7 @@ class Engine:
             kv_present = st.wait(fut_kv, n)
             swa_present = st.wait(fut_swa, n)
             hit, pools, _stops = window_safe_stops(
-                kv_present, [("swa", TRAILING_PAGES, swa_present, w)])
+                kv_present, [SidePool("swa", HitPolicy.TRAILING_PAGES, swa_present, w)])
             prefix = pools["kv"]
         else:
             kv_present = st.wait(fut_kv, n)
@@ -302,8 +303,8 @@ def unbounded_hit_rates(path: str, geo: Geometry, limit: int | None) -> dict:
         tot += n
         k = leading([x in kv for x in c])
         prefix += k
-        h, _, _ = window_safe_stops([x in kv for x in c[:k]] + [False] * (n - k),
-                                    [("swa", TRAILING_PAGES, [x in swa for x in c], w)])
+        swa_side = SidePool("swa", HitPolicy.TRAILING_PAGES, [x in swa for x in c], w)
+        h, _, _ = window_safe_stops([x in kv for x in c[:k]] + [False] * (n - k), [swa_side])
         safe += h
         kv.update(c)
         for q in {n, req.block_end}:

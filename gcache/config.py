@@ -72,11 +72,18 @@ def parse_duration_ms(text: str | int | float) -> int:
     return _scaled(text, _MS_UNITS, _MS_RE, "duration", floats=True)
 
 
-def format_size(n: int) -> str:
+def format_size(n: int | float, *, approx: bool = False) -> str:
     """Render bytes in the largest binary unit that is exact with <= 2 decimals.
 
     1048576 -> "1MiB", 1536 -> "1.5KiB", 1000 -> "1000B"; ``parse_size`` inverts it.
+    ``approx=True`` is the display form of a usage figure (status tables): two decimals
+    in the largest unit up to GiB, "1.50 GiB", "512 B"; it rounds, so it does not round-trip.
     """
+    if approx:
+        for unit in ("GiB", "MiB", "KiB"):
+            if n >= _SIZE_UNITS[unit]:
+                return f"{n / _SIZE_UNITS[unit]:.2f} {unit}"
+        return f"{n:.0f} B"
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ConfigError(f"cannot format {n!r} as a size: need an int >= 0")
     for unit in ("TiB", "GiB", "MiB", "KiB"):

@@ -109,11 +109,6 @@ def configure(spec: str | None) -> None:
         _rng = random.Random(seed)
 
 
-def configure_from_env() -> None:
-    """Arm the failpoints named by ``GCACHE_FAILPOINTS`` (for processes without a Config)."""
-    configure(os.environ.get("GCACHE_FAILPOINTS"))
-
-
 def failpoint(name: str) -> str | None:
     """The failpoint's action if it fires now, else None. One dict test when all are off."""
     if not _points:

@@ -6,13 +6,11 @@ state (``/heartbeat``, ``/status``) belong to the leader; a follower forwards
 the request to the leader's API (Raft port - 1) and relays the answer, so a
 client may talk to any master.
 
-Heartbeats are soft state on the leader, never Raft writes: ``last_seen`` per
-member in memory. The leader's monitor turns a member whose heartbeats stop
-for ``heartbeat_timeout_ms`` into ``down`` (one replicated ``mark_down``, which
-moves the epoch). A new leader starts every member's clock afresh, so a
-failover never marks healthy servers down. A heartbeat from a member that is
-``down`` with the same boot re-registers it (a healed partition); one from a
-stale incarnation is told to re-register (409).
+Heartbeats are soft state on the leader, never Raft writes: the failure detector
+(``master/detector.py``, on the injected clock) records them and marks a member
+silent for ``heartbeat_timeout_ms`` ``down``; its monitor thread runs here. A
+heartbeat from a member that is ``down`` with the same boot re-registers it (a
+healed partition); one from a stale incarnation is told to re-register (409).
 
 Auth. Every route needs a credential (``Authorization: Bearer id:secret``) or the
 legacy token (``Bearer <token>``), unless the master runs with neither: 401
@@ -54,12 +52,15 @@ import urllib.error
 import urllib.parse
 from typing import Any
 
+from gcache.clock import SYSTEM, Clock
 from gcache.credentials import Credential, CredentialStore
 from gcache.discovery import http_json
 from gcache.logs import RateLimitedLog
+from gcache.master.detector import FailureDetector
+from gcache.master.raft_node import RaftNode
 from gcache.protocol import arm
 from gcache.tls import HTTPServer
-from gcache.master.raft_node import RaftNode
+from gcache.view import MemberState
 
 log = logging.getLogger("gcache.master")
 # lines a peer can trigger at will (refusals, cut-off requests): one per kind per 10 s
@@ -208,18 +209,15 @@ class MasterService:
                  tls: ssl.SSLContext | None = None, peer_tls: ssl.SSLContext | None = None,
                  request_deadline_ms: int = DEFAULT_REQUEST_DEADLINE_MS,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                 max_connections_per_ip: int = DEFAULT_MAX_CONNECTIONS_PER_IP) -> None:
+                 max_connections_per_ip: int = DEFAULT_MAX_CONNECTIONS_PER_IP,
+                 clock: Clock = SYSTEM) -> None:
         self.node, self.token = node, token
         self.credentials = credentials or CredentialStore(token=token)
         # tls: serve https; peer_tls: the dialer context for forwarding to the leader
         self.peer_tls = peer_tls
-        self.heartbeat_timeout = heartbeat_timeout_ms / 1000.0
+        self.detector = FailureDetector(node, heartbeat_timeout_ms / 1000.0, clock)
         self.request_deadline = request_deadline_ms / 1000.0
         self.raft_to_api = raft_to_api
-        self.last_seen: dict[str, float] = {}
-        self.stats: dict[str, dict] = {}
-        self._lock = threading.Lock()
-        self._was_leader = False
         self._stop = threading.Event()
         self._local = threading.local()
         host, port = listen.rsplit(":", 1)
@@ -261,8 +259,8 @@ class MasterService:
     def start(self) -> None:
         threading.Thread(target=self.http.serve_forever, name="gcache-master-http",
                          daemon=True).start()
-        threading.Thread(target=self._monitor, name="gcache-master-monitor",
-                         daemon=True).start()
+        threading.Thread(target=self.detector.run, args=(self._stop,),
+                         name="gcache-master-monitor", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -391,8 +389,7 @@ class MasterService:
         op = {"op": "register", "id": str(body["id"]), "address": str(body["address"]),
               "capacity_bytes": int(body["capacity_bytes"]), "boot_id": str(body["boot_id"])}
         res = self.node.submit(op)
-        with self._lock:
-            self.last_seen[op["id"]] = time.monotonic()
+        self.detector.seen(op["id"])
         return 200, {**res, "view": self.node.membership.view()}
 
     def heartbeat(self, q: dict, body: dict, method: str, path: str) -> tuple[int, dict]:
@@ -402,10 +399,8 @@ class MasterService:
         rec = self.node.membership.get(mid)
         if rec is None or rec.incarnation != inc or (boot and rec.boot_id != boot):
             return 409, {"error": "unknown member or stale incarnation: re-register"}
-        with self._lock:
-            self.last_seen[mid] = time.monotonic()
-            self.stats[mid] = dict(body.get("stats") or {})
-        if rec.state.value == "down":  # a healed partition: same boot, back up
+        self.detector.seen(mid, dict(body.get("stats") or {}))
+        if rec.state is MemberState.DOWN:  # a healed partition: same boot, back up
             self.node.submit({"op": "register", "id": mid, "address": rec.address,
                               "capacity_bytes": rec.capacity_bytes, "boot_id": rec.boot_id})
         return 200, {"epoch": self.node.membership.epoch}
@@ -420,46 +415,14 @@ class MasterService:
             return 404, {"error": f"no member {body['id']!r}"}
         res = self.node.submit({"op": op, "id": str(body["id"])})
         if op == "undrain":
-            with self._lock:
-                self.last_seen[str(body["id"])] = time.monotonic()
+            self.detector.seen(str(body["id"]))
         return 200, res
 
     def status(self, q: dict, body: dict, method: str, path: str) -> tuple[int, dict]:
         if not self.node.is_leader:
             return self._forward(method, path, body)
         doc = self.node.membership.view()
-        now = time.monotonic()
-        with self._lock:
-            for m in doc["members"]:
-                seen = self.last_seen.get(m["id"])
-                m["last_heartbeat_s"] = None if seen is None else round(now - seen, 2)
-                m["stats"] = self.stats.get(m["id"], {})
+        self.detector.annotate(doc["members"])
         doc["leader"] = self.address
         doc["masters"] = sorted(self.raft_to_api.values())
         return 200, doc
-
-    # ------------------------------------------------------------------ monitor
-    def _monitor(self) -> None:
-        while not self._stop.wait(0.1):
-            leader = self.node.is_leader
-            now = time.monotonic()
-            if leader and not self._was_leader:
-                with self._lock:  # fresh clocks for everyone: soft state died with the old leader
-                    self.last_seen = {mid: now for mid in self.node.membership.members()}
-                log.info("became leader: epoch %d", self.node.membership.epoch)
-            self._was_leader = leader
-            if not leader:
-                continue
-            for mid, rec in self.node.membership.members().items():
-                if rec.state.value not in ("up", "draining", "joining"):
-                    continue
-                with self._lock:
-                    seen = self.last_seen.setdefault(mid, now)
-                if now - seen > self.heartbeat_timeout:
-                    log.warning("member %s missed heartbeats for %.1fs: marking down", mid,
-                                now - seen)
-                    try:
-                        self.node.submit({"op": "mark_down", "id": mid,
-                                          "incarnation": rec.incarnation})
-                    except (TimeoutError, RuntimeError) as exc:
-                        log.warning("mark_down %s not committed: %s", mid, exc)

@@ -1,4 +1,4 @@
-"""``gcache``: the operator command. ``gcache up`` runs a local cluster.
+"""``gcache up``: a local cluster on loopback, optionally driving a workload through it.
 
 ``gcache up`` starts N gcache-server processes on loopback (unique arena
 names), prints ``GCACHE_SERVERS=host:port,...`` once all are serving, and
@@ -6,8 +6,7 @@ then either serves in the foreground with a live status line until SIGINT or
 SIGTERM, or (``--workload`` / ``--trace``) drives a KV-page workload through
 the SDK, prints a results table, and shuts the cluster down.
 
-This module is the application layer: it may import the SDK and bench code
-(lazily, inside commands); the core modules never do.
+Application layer: it imports the SDK and the bench lazily, inside the command.
 """
 
 from __future__ import annotations
@@ -23,14 +22,8 @@ import time
 
 import click
 
-from gcache.config import format_size, parse_size
-
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-
-
-@click.group(context_settings=CONTEXT)
-def main() -> None:
-    """gcache: distributed, tiered KV-cache store for LLM inference."""
+from gcache.config import TRANSPORTS, TransportKind, format_size, parse_size
+from gcache.view import MemberState
 
 
 def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
@@ -42,7 +35,7 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
         raise click.BadParameter(str(exc)) from None
 
 
-@main.command()
+@click.command()
 @click.option("--servers", "n", type=click.IntRange(1, 64), default=3, show_default=True,
               help="Number of gcache-server processes.")
 @click.option("--masters", "n_masters", type=click.IntRange(0, 7), default=3, show_default=True,
@@ -66,7 +59,7 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
               help="Also write the workload report as JSON.")
 @click.option("--keep-arenas", is_flag=True, help="Leave the arena files in /dev/shm on exit.")
-@click.option("--transport", type=click.Choice(["auto", "tcp", "shm", "nixl"]), default="auto",
+@click.option("--transport", type=click.Choice(TRANSPORTS), default="auto",
               show_default=True, help="The workload client's data path; nixl also starts the "
               "servers with --nixl on (UCX over loopback unless UCX_NET_DEVICES is set).")
 @click.option("--tls", is_flag=True, help="TLS everywhere: make a throwaway CA and "
@@ -88,10 +81,10 @@ def up(n: int, n_masters: int, memory: int, slab_bytes: int, token: str, workloa
     extra: list[str] = []
     if mtls and not tls:
         raise click.UsageError("--mtls needs --tls")
-    if tls and transport == "nixl":
+    if tls and transport == TransportKind.NIXL:
         raise click.UsageError("--transport nixl cannot run under --tls: nixl moves bytes by "
                                "RDMA outside the TLS channel; use tcp, shm or auto")
-    if transport == "nixl":
+    if transport == TransportKind.NIXL:
         from gcache.nixl_lib import available
 
         if available():
@@ -138,14 +131,6 @@ def up(n: int, n_masters: int, memory: int, slab_bytes: int, token: str, workloa
     sys.exit(code)
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"
-
-
 def _serve_status(console, cluster, token: str, stop: threading.Event) -> None:
     from rich.live import Live
 
@@ -158,7 +143,8 @@ def _serve_status(console, cluster, token: str, stop: threading.Event) -> None:
             objs = sum(s.get("objects", 0) for s in stats.values())
             down = sum(1 for s in stats.values() if "error" in s)
             live.update(f"[bold]gcache up[/] {len(stats) - down}/{len(stats)} servers up | "
-                        f"{objs:,} objects | {_human(used)} / {_human(cap)} used | "
+                        f"{objs:,} objects | {format_size(used, approx=True)} / "
+                        f"{format_size(cap, approx=True)} used | "
                         "Ctrl-C to stop")
 
 
@@ -171,7 +157,7 @@ def _wait_registered(cluster, token: str, n: int, timeout: float = 30.0) -> None
     while time.monotonic() < end:
         try:
             doc = mc.view()
-            if sum(m["state"] == "up" for m in doc["members"]) >= n:
+            if sum(m["state"] == MemberState.UP for m in doc["members"]) >= n:
                 return
         except (MasterUnavailable, OSError, ValueError):
             pass
@@ -241,7 +227,8 @@ def _run_workload(console, cluster, token: str, workload: str, trace: str | None
         ("requests", f"{s['steps']:,}"), ("pages (tokens)", f"{s['pages']:,} ({s['tokens']:,})"),
         ("token hit rate", f"{s['token_hit_rate']:.1%}"),
         ("pages read / written", f"{s['pages_hit']:,} / {s['pages_put']:,}"),
-        ("bytes read / written", f"{_human(s['bytes_got'])} / {_human(s['bytes_put'])}"),
+        ("bytes read / written", f"{format_size(s['bytes_got'], approx=True)} / "
+                                 f"{format_size(s['bytes_put'], approx=True)}"),
         ("throughput", f"{s['gbps']:.2f} GB/s, {s['steps_per_s']:,} req/s"),
         ("request latency p50 / p99", f"{s['step_p50_ms']} / {s['step_p99_ms']} ms"),
         ("wrong values", str(s["wrong_values"])),
@@ -256,150 +243,3 @@ def _run_workload(console, cluster, token: str, workload: str, trace: str | None
             json.dump(s, f, indent=2)
     return 1 if s["wrong_values"] else 0
 
-
-def tier_cells(stats: dict) -> tuple[str, str]:
-    """The status table's NVMe-tier cells: "used / capacity" (red when degraded to
-    memory-only) and "demoted↓ promoted↑"; "-" for a server without a disk tier."""
-    if not stats or "disk_capacity_bytes" not in stats:
-        return "-", "-"
-    disk = f"{_human(stats.get('disk_used_bytes', 0))} / {_human(stats['disk_capacity_bytes'])}"
-    if stats.get("disk_degraded"):
-        disk = f"[red]{disk} degraded[/]"
-    return disk, f"{stats.get('demoted', 0):,}↓ {stats.get('promoted', 0):,}↑"
-
-
-def _tls_options(fn):
-    """``--tls``/``--tls-ca-file``/``--tls-cert-file``/``--tls-key-file`` (the client
-    scope's options), gathered into one ``tls`` dict argument."""
-    for flag, help_text in reversed((
-            ("--tls-ca-file", "PEM CA bundle that signed the masters' certificates; "
-             "implies --tls. [env GCACHE_TLS_CA_FILE]"),
-            ("--tls-cert-file", "This client's certificate, for masters that require one "
-             "(mTLS). [env GCACHE_TLS_CERT_FILE]"),
-            ("--tls-key-file", "Key of --tls-cert-file. [env GCACHE_TLS_KEY_FILE]"))):
-        fn = click.option(flag, default=None,
-                          envvar="GCACHE_" + flag[2:].upper().replace("-", "_"),
-                          help=help_text)(fn)
-    return click.option("--tls", is_flag=True, default=None, envvar="GCACHE_TLS",
-                        help="Talk https to the masters (verifying them with --tls-ca-file "
-                        "or the system store). [env GCACHE_TLS]")(fn)
-
-
-def _masters_client(masters: str, token: str, tls: dict):
-    from gcache.config import load_config
-    from gcache.discovery import MasterClient
-    from gcache.errors import ConfigError
-    from gcache.tls import dialer_context
-
-    try:
-        ctx = dialer_context(load_config("client", env={}, cli=tls))
-        return MasterClient(masters, token, timeout_s=3.0, tls=ctx)
-    except ConfigError as exc:
-        raise click.UsageError(str(exc)) from None
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--masters") from None
-
-
-@main.command()
-@click.option("--masters", required=True, envvar="GCACHE_MASTERS",
-              help="Master API addresses HOST:PORT,... [env GCACHE_MASTERS]")
-@click.option("--token", default="", envvar="GCACHE_TOKEN", help="[env GCACHE_TOKEN]")
-@click.option("--credential", default="", envvar="GCACHE_CREDENTIAL",
-              help="'id:secret' with admin on \"*\"; wins over --token. [env GCACHE_CREDENTIAL]")
-@_tls_options
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-def status(masters: str, token: str, credential: str, as_json: bool, **tls: object) -> None:
-    """Show the leader, the epoch and every member with its state and usage."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from gcache.discovery import MasterError, MasterUnavailable
-
-    try:
-        doc = _masters_client(masters, credential or token, tls).status()
-    except (MasterUnavailable, MasterError) as exc:
-        raise click.ClickException(str(exc)) from None
-    if as_json:
-        click.echo(json.dumps(doc, indent=2, sort_keys=True))
-        return
-    t = Table(title=f"gcache: epoch {doc['epoch']}, leader {doc.get('leader')}")
-    for col in ("id", "address", "state", "inc", "capacity", "used", "objects", "disk",
-                "moved", "nixl", "leases", "heartbeat"):
-        t.add_column(col, justify="right" if col in ("inc", "capacity", "used", "objects", "disk",
-                                                      "moved", "leases") else "left")
-    colors = {"up": "green", "draining": "yellow", "down": "red", "joining": "cyan"}
-    for m in doc["members"]:
-        st = m.get("stats") or {}
-        hb = m.get("last_heartbeat_s")
-        label = m["state"] + (" (drained)" if m.get("drained") and m["state"] == "down" else "")
-        t.add_row(m["id"], m["address"], f"[{colors.get(m['state'], 'white')}]{label}[/]",
-                  str(m["incarnation"]), _human(m.get("capacity_bytes", 0)),
-                  _human(st.get("used_bytes", 0)) if st else "-",
-                  f"{st.get('objects', 0):,}" if st else "-", *tier_cells(st),
-                  ("on" if st.get("nixl") else "off") if "nixl" in st else "-",
-                  f"{st['shm_leases']:,}" if "shm_leases" in st else "-",
-                  "-" if hb is None else f"{hb:.1f}s ago")
-    # piped output (grep, logs) gets a wide table instead of rich's 80-column default
-    Console(width=None if sys.stdout.isatty() else 160).print(t)
-
-
-@main.group()
-def admin() -> None:
-    """Operator actions on members (replicated through the masters)."""
-
-
-def _admin(op: str, member_id: str, masters: str, token: str, tls: dict) -> None:
-    from gcache.discovery import MasterError, MasterUnavailable
-
-    try:
-        res = _masters_client(masters, token, tls).admin(op, member_id)
-    except (MasterUnavailable, MasterError) as exc:
-        raise click.ClickException(str(exc)) from None
-    state = (res.get("member") or {}).get("state", "removed")
-    click.echo(f"{member_id}: {state} (epoch {res.get('epoch')}, "
-               f"{'changed' if res.get('changed') else 'no change'})")
-
-
-_masters_opt = click.option("--masters", required=True, envvar="GCACHE_MASTERS",
-                            help="Master API addresses. [env GCACHE_MASTERS]")
-_token_opt = click.option("--token", default="", envvar="GCACHE_TOKEN", help="[env GCACHE_TOKEN]")
-_cred_opt = click.option("--credential", default="", envvar="GCACHE_CREDENTIAL",
-                         help="'id:secret' with admin on \"*\"; wins over --token. "
-                         "[env GCACHE_CREDENTIAL]")
-
-
-@admin.command()
-@click.argument("member_id")
-@_masters_opt
-@_token_opt
-@_cred_opt
-@_tls_options
-def drain(member_id: str, masters: str, token: str, credential: str, **tls: object) -> None:
-    """Stop placing new keys on MEMBER_ID (it keeps serving what it holds)."""
-    _admin("drain", member_id, masters, credential or token, tls)
-
-
-@admin.command()
-@click.argument("member_id")
-@_masters_opt
-@_token_opt
-@_cred_opt
-@_tls_options
-def add(member_id: str, masters: str, token: str, credential: str, **tls: object) -> None:
-    """Bring a drained or down MEMBER_ID back into placement."""
-    _admin("undrain", member_id, masters, credential or token, tls)
-
-
-@admin.command()
-@click.argument("member_id")
-@_masters_opt
-@_token_opt
-@_cred_opt
-@_tls_options
-def remove(member_id: str, masters: str, token: str, credential: str, **tls: object) -> None:
-    """Forget MEMBER_ID (it re-registers if it is still running)."""
-    _admin("remove", member_id, masters, credential or token, tls)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,147 @@
+"""``gcache status`` and ``gcache admin``: the operator's view of, and actions on, the
+members, through the masters' API (``gcache.discovery.MasterClient``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from gcache.config import format_size
+from gcache.view import MemberState
+
+
+def tier_cells(stats: dict) -> tuple[str, str]:
+    """The status table's NVMe-tier cells: "used / capacity" (red when degraded to
+    memory-only) and "demoted↓ promoted↑"; "-" for a server without a disk tier."""
+    if not stats or "disk_capacity_bytes" not in stats:
+        return "-", "-"
+    disk = (f"{format_size(stats.get('disk_used_bytes', 0), approx=True)} / "
+            f"{format_size(stats['disk_capacity_bytes'], approx=True)}")
+    if stats.get("disk_degraded"):
+        disk = f"[red]{disk} degraded[/]"
+    return disk, f"{stats.get('demoted', 0):,}↓ {stats.get('promoted', 0):,}↑"
+
+
+def _tls_options(fn):
+    """``--tls``/``--tls-ca-file``/``--tls-cert-file``/``--tls-key-file`` (the client
+    scope's options), gathered into one ``tls`` dict argument."""
+    for flag, help_text in reversed((
+            ("--tls-ca-file", "PEM CA bundle that signed the masters' certificates; "
+             "implies --tls. [env GCACHE_TLS_CA_FILE]"),
+            ("--tls-cert-file", "This client's certificate, for masters that require one "
+             "(mTLS). [env GCACHE_TLS_CERT_FILE]"),
+            ("--tls-key-file", "Key of --tls-cert-file. [env GCACHE_TLS_KEY_FILE]"))):
+        fn = click.option(flag, default=None,
+                          envvar="GCACHE_" + flag[2:].upper().replace("-", "_"),
+                          help=help_text)(fn)
+    return click.option("--tls", is_flag=True, default=None, envvar="GCACHE_TLS",
+                        help="Talk https to the masters (verifying them with --tls-ca-file "
+                        "or the system store). [env GCACHE_TLS]")(fn)
+
+
+def _masters_client(masters: str, token: str, tls: dict):
+    from gcache.config import load_config
+    from gcache.discovery import MasterClient
+    from gcache.errors import ConfigError
+    from gcache.tls import dialer_context
+
+    try:
+        ctx = dialer_context(load_config("client", env={}, cli=tls))
+        return MasterClient(masters, token, timeout_s=3.0, tls=ctx)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--masters") from None
+
+
+@click.command()
+@click.option("--masters", required=True, envvar="GCACHE_MASTERS",
+              help="Master API addresses HOST:PORT,... [env GCACHE_MASTERS]")
+@click.option("--token", default="", envvar="GCACHE_TOKEN", help="[env GCACHE_TOKEN]")
+@click.option("--credential", default="", envvar="GCACHE_CREDENTIAL",
+              help="'id:secret' with admin on \"*\"; wins over --token. [env GCACHE_CREDENTIAL]")
+@_tls_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+def status(masters: str, token: str, credential: str, as_json: bool, **tls: object) -> None:
+    """Show the leader, the epoch and every member with its state and usage."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from gcache.discovery import MasterError, MasterUnavailable
+
+    try:
+        doc = _masters_client(masters, credential or token, tls).status()
+    except (MasterUnavailable, MasterError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    t = Table(title=f"gcache: epoch {doc['epoch']}, leader {doc.get('leader')}")
+    for col in ("id", "address", "state", "inc", "capacity", "used", "objects", "disk",
+                "moved", "nixl", "leases", "heartbeat"):
+        t.add_column(col, justify="right" if col in ("inc", "capacity", "used", "objects", "disk",
+                                                      "moved", "leases") else "left")
+    colors = {MemberState.UP: "green", MemberState.DRAINING: "yellow", MemberState.DOWN: "red",
+              MemberState.JOINING: "cyan"}
+    for m in doc["members"]:
+        st = m.get("stats") or {}
+        hb = m.get("last_heartbeat_s")
+        drained = m.get("drained") and m["state"] == MemberState.DOWN
+        label = m["state"] + (" (drained)" if drained else "")
+        t.add_row(m["id"], m["address"], f"[{colors.get(m['state'], 'white')}]{label}[/]",
+                  str(m["incarnation"]), format_size(m.get("capacity_bytes", 0), approx=True),
+                  format_size(st.get("used_bytes", 0), approx=True) if st else "-",
+                  f"{st.get('objects', 0):,}" if st else "-", *tier_cells(st),
+                  ("on" if st.get("nixl") else "off") if "nixl" in st else "-",
+                  f"{st['shm_leases']:,}" if "shm_leases" in st else "-",
+                  "-" if hb is None else f"{hb:.1f}s ago")
+    # piped output (grep, logs) gets a wide table instead of rich's 80-column default
+    Console(width=None if sys.stdout.isatty() else 160).print(t)
+
+
+@click.group()
+def admin() -> None:
+    """Operator actions on members (replicated through the masters)."""
+
+
+def _admin(op: str, member_id: str, masters: str, token: str, tls: dict) -> None:
+    from gcache.discovery import MasterError, MasterUnavailable
+
+    try:
+        res = _masters_client(masters, token, tls).admin(op, member_id)
+    except (MasterUnavailable, MasterError) as exc:
+        raise click.ClickException(str(exc)) from None
+    state = (res.get("member") or {}).get("state", "removed")
+    click.echo(f"{member_id}: {state} (epoch {res.get('epoch')}, "
+               f"{'changed' if res.get('changed') else 'no change'})")
+
+
+_masters_opt = click.option("--masters", required=True, envvar="GCACHE_MASTERS",
+                            help="Master API addresses. [env GCACHE_MASTERS]")
+_token_opt = click.option("--token", default="", envvar="GCACHE_TOKEN", help="[env GCACHE_TOKEN]")
+_cred_opt = click.option("--credential", default="", envvar="GCACHE_CREDENTIAL",
+                         help="'id:secret' with admin on \"*\"; wins over --token. "
+                         "[env GCACHE_CREDENTIAL]")
+
+
+def _admin_command(name: str, op: str, help_text: str) -> None:
+    """``gcache admin NAME MEMBER_ID``: the masters' admin ``op`` on one member."""
+
+    @admin.command(name, help=help_text)
+    @click.argument("member_id")
+    @_masters_opt
+    @_token_opt
+    @_cred_opt
+    @_tls_options
+    def command(member_id: str, masters: str, token: str, credential: str, **tls: object
+                ) -> None:
+        _admin(op, member_id, masters, credential or token, tls)
+
+
+for _name, _op, _help in (
+        ("drain", "drain", "Stop placing new keys on MEMBER_ID (it keeps serving what it holds)."),
+        ("add", "undrain", "Bring a drained or down MEMBER_ID back into placement."),
+        ("remove", "remove", "Forget MEMBER_ID (it re-registers if it is still running).")):
+    _admin_command(_name, _op, _help)

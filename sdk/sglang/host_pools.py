@@ -1,0 +1,127 @@
+"""SGLang host pools as gcache objects: the ``PoolSpec`` of a registered host pool and
+the mapping from SGLang's page pointers to writable views over host memory.
+
+Called on SGLang's scheduler thread at registration (``bind_pool``), and by the IO
+threads (``PoolBinding.page_views``, which only reads what registration built). Nothing
+here does IO or blocks.
+
+A ``PoolSpec``'s ``layout tag`` spells dtype, page size, host layout and storage
+format, plus a digest of the pool geometry (layers, heads, bytes per component), so
+pages written under another layout or shape miss instead of loading wrong bytes.
+``shard`` is ``tp<r>of<n>`` for rank-sharded pools (MHA: every TP rank stores its own
+head shard) and ``r`` for replicated pools (MLA: only the storage writer rank stores,
+every rank reads), plus ``pp``/``cp``/``dcp`` suffixes when those are > 1. Components
+are the pointers ``get_page_buffer_meta`` returns per page (MHA page_first: K and V;
+MLA: one), so each object is read from and written to host memory in place: no copy
+beyond what the socket needs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import logging
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from gcache.errors import ConfigError
+from gcache.sdk.sglang.chain_store import PoolSpec
+
+log = logging.getLogger("gcache.sglang")
+
+
+class PoolBinding:
+    """One registered SGLang host pool: its PoolSpec and pointer -> view mapping."""
+
+    def __init__(self, name: str, pool: Any, spec: PoolSpec, regions: list[tuple[int, Any]]
+                 ) -> None:
+        self.name, self.pool, self.spec = name, pool, spec
+        self.page_size = int(pool.page_size)
+        self._starts = [s for s, _ in regions]
+        self.arrays = [a for _, a in regions]  # the pool's CPU buffers (nixl registers them)
+
+    def _view(self, ptr: int, size: int) -> Any:
+        i = bisect.bisect_right(self._starts, ptr) - 1
+        if i >= 0:
+            arr = self.arrays[i]
+            off = ptr - self._starts[i]
+            if 0 <= off and off + size <= arr.shape[0]:
+                return arr[off:off + size]
+        # a pool kind whose buffers we did not map: trust SGLang's pointer
+        return np.ctypeslib.as_array((ctypes.c_ubyte * size).from_address(ptr))
+
+    def page_views(self, host_indices: Any, npages: int) -> list[list[Any]]:
+        """Per page, one writable uint8 view per component, straight over host memory."""
+        ptrs, sizes = self.pool.get_page_buffer_meta(host_indices)
+        n = len(self.spec.comp_bytes)
+        if len(ptrs) != npages * n:
+            raise ValueError(f"pool {self.name}: {len(ptrs)} buffer pointers for {npages} "
+                             f"pages, expected {n} per page")
+        return [[self._view(int(ptrs[i * n + c]), int(sizes[i * n + c])) for c in range(n)]
+                for i in range(npages)]
+
+
+def _regions(pool: Any) -> list[tuple[int, Any]]:
+    import torch
+
+    found: list[tuple[int, Any]] = []
+    for attr in ("kv_buffer", "k_buffer", "v_buffer", "index_k_buffer", "index_k_scale_buffer"):
+        val = getattr(pool, attr, None)
+        for t in (val if isinstance(val, (list, tuple)) else [val]):
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.is_contiguous() \
+                    and t.numel():
+                arr = t.detach().reshape(-1).view(torch.uint8).numpy()
+                found.append((t.data_ptr(), arr))
+    found.sort(key=lambda x: x[0])
+    return found
+
+
+def _pool_spec(name: str, pool: Any, storage_config: Any, legacy_kv: bool) -> PoolSpec:
+    """Identity and object shapes of one host pool."""
+    import torch
+
+    page = int(pool.page_size)
+    layout = str(getattr(pool, "layout", "?"))
+    if getattr(storage_config, "should_split_heads", False):
+        raise ConfigError("gcache does not support heterogeneous-TP head splitting "
+                          "(tp_lcm_size / page_head split); run every engine with the same TP")
+    replicated = hasattr(pool, "kv_cache_dim") and name != "mamba"
+    _ptrs, sizes = pool.get_page_buffer_meta(torch.arange(page, dtype=torch.int64))
+    comp = tuple(int(s) for s in sizes)
+    if legacy_kv:  # one flat page object (get_data_page / set_from_flat_data_page bytes)
+        comp = (sum(comp),)
+    if layout == "layer_first" and len(comp) > 2:
+        log.warning("pool %s uses layout layer_first: %d objects per page; "
+                    "--hicache-mem-layout page_first stores 1-2", name, len(comp))
+    dtype = str(getattr(pool, "dtype", "?")).replace("torch.", "")
+    fmt = getattr(pool, "storage_format_tag", None) or "-"
+    geometry = repr((type(pool).__name__, getattr(pool, "layer_num", None),
+                     getattr(pool, "start_layer", None), getattr(pool, "end_layer", None),
+                     getattr(pool, "head_num", None), getattr(pool, "head_dim", None),
+                     getattr(pool, "kv_cache_dim", None), comp, "flat" if legacy_kv else "v1"))
+    digest = xxhash.xxh3_64_hexdigest(geometry.encode())[:8]
+    tag = f"{dtype}.p{page}.{layout}.{fmt}.{digest}"
+    sc = storage_config
+    shard = "r" if replicated else f"tp{sc.tp_rank}of{sc.tp_size}"
+    if sc.pp_size > 1:
+        shard += f".pp{sc.pp_rank}of{sc.pp_size}"
+    if getattr(sc, "attn_cp_size", 1) > 1:
+        shard += f".cp{sc.attn_cp_rank}of{sc.attn_cp_size}"
+    if getattr(sc, "dcp_size", 1) > 1:
+        shard += f".dcp{sc.dcp_rank}of{sc.dcp_size}"
+    writer = (not replicated) or bool(sc.is_storage_writer)
+    return PoolSpec(name=name, tag=tag, shard=shard, comp_bytes=comp, writer=writer)
+
+
+def bind_pool(name: str, pool: Any, storage_config: Any, legacy_kv: bool) -> PoolBinding:
+    """Map one host pool: its ``PoolSpec`` (ConfigError for a layout gcache cannot store)
+    and its CPU buffers, for pointer -> view lookups."""
+    spec = _pool_spec(name, pool, storage_config, legacy_kv)
+    return PoolBinding(name, pool, spec, _regions(pool))
+
+
+def pool_name(name: Any) -> str:
+    """SGLang's pool name (a ``PoolName`` enum or a plain string) as a plain string."""
+    return str(getattr(name, "value", name))
