@@ -369,7 +369,7 @@ class SegmentLog:
 
     def __init__(self, disk_dir: str, name: str, *, capacity_bytes: int, segment_bytes: int,
                  max_value_bytes: int, max_key_bytes: int = 512, max_namespace_bytes: int = 128,
-                 direct_io: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+                 direct_io: bool = True) -> None:
         if segment_bytes % BLOCK or segment_bytes < (1 << 20):
             raise DiskError(f"segment_bytes {segment_bytes} must be a multiple of 4KiB and "
                             ">= 1MiB; fix --segment-bytes")
@@ -387,7 +387,6 @@ class SegmentLog:
                             f"{segment_bytes} bytes; raise --disk or lower --segment-bytes")
         self.capacity = self.max_segments * segment_bytes
         self.dead_bytes = segment_bytes // BLOCK * DEAD.size
-        self.clock = clock
         self.root = tier_root(disk_dir, name)
         try:
             os.makedirs(self.root, mode=0o700, exist_ok=True)
@@ -602,8 +601,7 @@ class SegmentLog:
 
     def do_insert(self, ns: bytes, key: bytes, e: Entry) -> bool:
         """Publish a written record. The higher version wins; the loser dies. True if live."""
-        k = (ns, key)
-        old = self.index.get(k)
+        old = self.index.get((ns, key))
         seg = self.segments.get(e.seg)
         if seg is None or seg.retired:
             return False
@@ -612,25 +610,36 @@ class SegmentLog:
                 self.do_kill(ns, key, e, indexed=False)
                 return False
             self.do_kill(ns, key, old)
+        self.do_link(ns, key, e, seg)
+        return True
+
+    def do_link(self, ns: bytes, key: bytes, e: Entry, seg: Segment) -> None:
+        """Index the live record ``e`` (in ``seg``): the index, its namespace (newest
+        last), its segment's live set and the live bytes. The one place that adds."""
+        k = (ns, key)
         self.index[k] = e
         self.do_ns_add(ns, key, e)
         seg.keys.add(k)
         seg.live_bytes += e.rec_len
         self.live_bytes += e.rec_len
-        return True
+
+    def do_unlink(self, ns: bytes, key: bytes, e: Entry, seg: Segment | None) -> None:
+        """Undo ``do_link`` for ``e`` (whatever of it still holds). The one place that
+        removes."""
+        k = (ns, key)
+        if self.index.get(k) is e:
+            del self.index[k]
+            self.do_ns_sub(ns, key, e)
+        if seg is not None and k in seg.keys:
+            seg.keys.discard(k)
+            seg.live_bytes -= e.rec_len
+            self.live_bytes -= e.rec_len
 
     def do_kill(self, ns: bytes, key: bytes, e: Entry, indexed: bool = True) -> None:
         """Forget a record and persist its death (so a restart cannot resurrect it)."""
-        k = (ns, key)
         seg = self.segments.get(e.seg)
         if indexed:
-            if self.index.get(k) is e:
-                del self.index[k]
-                self.do_ns_sub(ns, key, e)
-            if seg is not None and k in seg.keys:
-                seg.keys.discard(k)
-                seg.live_bytes -= e.rec_len
-                self.live_bytes -= e.rec_len
+            self.do_unlink(ns, key, e, seg)
         if seg is None or seg.retired:
             return
         if seg.dead_next + DEAD.size > self.dead_bytes:
@@ -988,9 +997,7 @@ class SegmentLog:
             for k in list(victim.keys):
                 e = self.index.get(k)
                 if e is not None and e.seg == victim.id:
-                    del self.index[k]
-                    self.do_ns_sub(k[0], k[1], e)
-                    self.live_bytes -= e.rec_len
+                    self.do_unlink(k[0], k[1], e, victim)
                     dropped += 1
             victim.keys.clear()
             victim.live_bytes = 0
@@ -1124,12 +1131,7 @@ class SegmentLog:
                 best[k] = e
             seg.write_off = last
         for k, e in sorted(best.items(), key=lambda kv: (kv[1].seg, kv[1].off)):
-            self.index[k] = e
-            self.do_ns_add(k[0], k[1], e)  # in write order: oldest first
-            seg = self.segments[e.seg]
-            seg.keys.add(k)
-            seg.live_bytes += e.rec_len
-            self.live_bytes += e.rec_len
+            self.do_link(k[0], k[1], e, self.segments[e.seg])  # in write order: oldest first
         for ns, key, e in losers:
             self.do_kill(ns, key, e, indexed=False)
         self.counters["disk_corrupt_dropped"] += counts["corrupt"]
@@ -1163,6 +1165,7 @@ class SegmentLog:
             seg.write_off = woff
             self.segments[sid] = seg
             self._deaths(seg)  # only to find where the next death entry goes
+        entries = []
         for _ in range(n):
             (sid, off4k, pages, hdr_len, ns_len, key_len, shift, ref, length, version,
              csum) = IDX_ENT.unpack_from(raw, pos)
@@ -1172,19 +1175,14 @@ class SegmentLog:
             pos += ns_len + key_len
             e = Entry(sid, off4k * BLOCK, pages * BLOCK, hdr_len, length, version, csum, shift,
                       bool(ref))
-            seg = self.segments.get(sid)
-            if seg is None:
+            if sid not in self.segments:
                 raise ValueError(f"entry names unknown segment {sid}")
-            k = (ns, key)
-            self.index[k] = e
-            seg.keys.add(k)
-            seg.live_bytes += e.rec_len
-            self.live_bytes += e.rec_len
+            entries.append((ns, key, e))
         if pos != len(raw) - 4:
             raise ValueError("trailing bytes")
         self.max_version = max_version
-        for k, e in sorted(self.index.items(), key=lambda kv: (kv[1].seg, kv[1].off)):
-            self.do_ns_add(k[0], k[1], e)  # in write order: oldest first
+        for ns, key, e in sorted(entries, key=lambda r: (r[2].seg, r[2].off)):
+            self.do_link(ns, key, e, self.segments[e.seg])  # in write order: oldest first
 
     def _write_index(self) -> None:
         parts = [b""]
