@@ -909,9 +909,6 @@ class MemoryTier(Tier):
             self.pressure.set()
         return True
 
-    def pending_exists(self, ns: bytes, key: bytes, put_id: int) -> bool:
-        return (ns, key, put_id) in self._pending
-
     def versions(self) -> dict[tuple[bytes, bytes], int]:
         with self._lock:
             return {k: o.version for k, o in self._index.items()}
