@@ -74,12 +74,13 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Iterator
 
 from gcache.errors import DiskError
 from gcache.failpoints import failpoint, os_error
 from gcache.hashing import checksum
 from gcache.server.tier import Pinned
+from gcache.server.tiering import CompactionPolicy, SealedSegment, SecondChance
 from gcache.status import Status
 
 log = logging.getLogger("gcache.server.disk")
@@ -108,6 +109,7 @@ SCAN_WINDOW = 1 << 20
 COPY_STEP = 256 << 10  # copy in 256 KiB steps (~50 us each): other threads get the GIL between
 _ZEROS = bytes(BLOCK)
 _SEG_RE = re.compile(r"seg-([0-9]{8})\.log")
+_SECOND_CHANCE = SecondChance()
 
 
 def align(n: int, a: int = BLOCK) -> int:
@@ -953,22 +955,23 @@ class SegmentLog:
         return (len(self.segments) >= self.max_segments - 1
                 and any(s is not self.active for s in self.segments.values()))
 
-    def compact_one(self, carry: Callable[[bytes, bytes, Entry], bool] | None = None
-                    ) -> dict[str, int]:
-        """Reclaim the sealed segment with the fewest live bytes (mover thread only).
+    def compact_one(self, policy: CompactionPolicy | None = None) -> dict[str, int]:
+        """Reclaim the sealed segment ``policy.victim`` picks (mover thread only; default
+        ``tiering.SecondChance``: the fewest live bytes).
 
-        Records for which ``carry`` (default: ``entry.ref``, read or touched since it was
-        written) is true are rewritten at the head of the log with their ``ref`` cleared;
-        the others are dropped (``disk_evictions``). Returns what happened.
+        Records for which ``policy.carry`` is true are rewritten at the head of the log
+        with their ``ref`` cleared; the others are dropped (``disk_evictions``). Returns
+        what happened.
         """
-        carry = carry or (lambda ns, key, e: e.ref)
+        policy = policy or _SECOND_CHANCE
         with self.lock:
-            sealed = [s for s in self.segments.values() if s is not self.active]
+            sealed = [SealedSegment(s.id, s.live_bytes, s.created_ns)
+                      for s in self.segments.values() if s is not self.active]
             if not sealed:
                 return {"carried": 0, "dropped": 0}
-            victim = min(sealed, key=lambda s: (s.live_bytes, s.id))
+            victim = self.segments[policy.victim(sealed)]
             live = [(k, self.index[k]) for k in victim.keys]
-        hot = [(k, e) for k, e in live if carry(k[0], k[1], e)]
+        hot = [(k, e) for k, e in live if policy.carry(k[0], k[1], e)]
         carried = 0
         for i in range(0, len(hot), 64):
             if self.degraded:

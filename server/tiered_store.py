@@ -63,7 +63,7 @@ from gcache.server.arena import header_len, size_class
 from gcache.server.memory_tier import MemoryTier
 from gcache.server.segment_log import Entry, ReadLease, SegmentLog, record_geometry
 from gcache.server.tier import Pinned, PutSlot, Tier
-from gcache.server.tiering import PromotePolicy, carry_over
+from gcache.server.tiering import CompactionPolicy, PromotePolicy, SecondChance
 from gcache.status import Status
 
 log = logging.getLogger("gcache.server.tiering")
@@ -89,8 +89,13 @@ class _Frame:
 class TieredStore(Tier):
     def __init__(self, memory: MemoryTier, disk: SegmentLog, promote: PromotePolicy, *,
                  clock: Callable[[], float] = time.monotonic, room_wait_s: float = 0.5,
-                 probe_interval_s: float = 1.0, io_threads: int = 8) -> None:
+                 probe_interval_s: float = 1.0, io_threads: int = 8,
+                 compaction: CompactionPolicy | None = None) -> None:
+        """``promote``: when a disk hit goes back to memory; ``compaction``: which
+        segment compaction reclaims and which records it carries (default
+        ``SecondChance``). Both from ``tiering``."""
         self.memory, self.disk, self.promote = memory, disk, promote
+        self.compaction = compaction if compaction is not None else SecondChance()
         self.clock = clock
         self.room_wait = room_wait_s
         self.probe_interval = probe_interval_s
@@ -360,7 +365,7 @@ class TieredStore(Tier):
             for _ in range(_COMPACTIONS_PER_BATCH):
                 if not disk.needs_compaction() or disk.degraded:
                     break
-                disk.compact_one(carry_over)
+                disk.compact_one(self.compaction)
             moved = self._demote_batch(max(int(mem.live_bytes - low), want))
             self._notify_room()
             mem.expire_pending()  # a long demotion run must not keep stalled puts alive
