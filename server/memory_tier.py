@@ -47,15 +47,19 @@ header + data, so objects are limited to one slab page.
   namespace past its quota. After a restart the accounting is rebuilt from the
   recovered index.
 
-* Tiering hooks (``tiered_store.TieredStore`` sets them; all run with
-  ``self._lock`` held, so they are atomic with the index change): ``on_publish``
+* Tiering: this is the memory side of ``movement`` (``MemorySide``); the
+  tiered store's mover drives it through that contract only. Its hooks
+  (``movement.MemoryHooks``, given once by ``attach``) all run with
+  ``self._lock`` held, so they are atomic with the index change: ``on_publish``
   after a put replaced the index entry, ``on_delete`` inside a delete,
   ``is_clean`` to prefer objects that already have a disk copy when an
   allocation must evict synchronously. ``claim_cold``/``finish_demotion`` pin
-  and then hand over the policy's first candidates to the disk; ``admit`` copies a verified disk
-  object back in under its original version (promotion).
+  and then hand over the policy's first candidates (``movement.ColdObject``);
+  ``admit`` copies a verified disk object back in under its original version
+  (promotion).
 
-``do_`` methods require the caller to hold ``self._lock``.
+``do_`` methods require the caller to hold ``self._lock`` (``LockRank.MEMORY``:
+taken before the disk's, never after).
 """
 
 from __future__ import annotations
@@ -68,11 +72,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from gcache.errors import WiringError
 from gcache.hashing import checksum
 from gcache.quotas import QuotaStore
 from gcache.status import Status
 from gcache.server.arena import Arena, HDR_FIXED, header_len, size_class
 from gcache.server.eviction import LRU, EvictionPolicy
+from gcache.server.movement import ColdObject, LockRank, MemoryHooks, ranked_lock
 from gcache.server.tier import Pinned, PutSlot, Tier
 
 log = logging.getLogger("gcache.server.memory")
@@ -180,7 +186,7 @@ class MemoryTier(Tier):
         self.reserve_wait_s = 1.0  # back-pressure on a reservation past its bounds
         self.reserved_bytes = 0
         self.reserved_by_ns: dict[bytes, int] = {}  # the writer's quota plugs in here
-        self._lock = threading.Lock()
+        self._lock = ranked_lock(LockRank.MEMORY)
         self._index: dict[tuple[bytes, bytes], _Obj] = {}
         self._ns: dict[bytes, int] = {}  # chunk bytes per namespace with allocated chunks
         self._over: set[bytes] = set()  # past their quota (a reload lowered it, a restart)
@@ -198,9 +204,9 @@ class MemoryTier(Tier):
                          "no_space": 0, "clean_dropped": 0, "put_checksum_mismatch": 0,
                          "reservations_refused": 0, "pending_released": 0,
                          "quarantined": 0, "quota_refused": 0, "quota_evictions": 0}
-        self.on_publish: Callable[[bytes, bytes, int], None] | None = None
-        self.on_delete: Callable[[bytes, bytes], bool] | None = None
-        self.is_clean: Callable[[bytes, bytes, int], bool] | None = None
+        self._on_publish: Callable[[bytes, bytes, int], object] | None = None  # attach()
+        self._on_delete: Callable[[bytes, bytes], bool] | None = None
+        self._is_clean: Callable[[bytes, bytes, int], bool] | None = None
         self._stop = threading.Event()
         self.pressure = threading.Event()  # set when live bytes pass the high watermark
         self._evictor: threading.Thread | None = None
@@ -250,6 +256,13 @@ class MemoryTier(Tier):
             "superseded": counts["superseded"], "seconds": time.monotonic() - t0,
         }
 
+    def attach(self, hooks: MemoryHooks) -> None:
+        """Install the hooks of the tier below (``movement``), once, before ``start``."""
+        if self._on_publish is not None:
+            raise WiringError("the memory tier's hooks are attached already; build one "
+                              "TieredStore per MemoryTier")
+        self._on_publish, self._on_delete, self._is_clean = hooks
+
     def start(self) -> None:
         self._evictor = threading.Thread(target=self._evict_loop, name="gcache-evictor",
                                          daemon=True)
@@ -261,6 +274,12 @@ class MemoryTier(Tier):
         if cls is None:
             cls = self._classes[csize] = _Class(csize)
         return cls
+
+    @staticmethod
+    def object_bytes(ns: bytes, key: bytes, length: int) -> int:
+        """Bytes an allocation for this object needs (header and value; before rounding
+        to its size class)."""
+        return header_len(len(ns), len(key)) + length
 
     def has_room(self, need: int) -> bool:
         """Whether an allocation of ``need`` bytes would succeed without evicting (a hint:
@@ -353,7 +372,7 @@ class MemoryTier(Tier):
         given: a quota eviction). False if none.
 
         Without ``ns``, a namespace over its quota gives up its own first candidate first.
-        With ``is_clean`` set (a disk tier behind us), an object among the first
+        With ``is_clean`` attached (a disk tier behind us), an object among the first
         candidates that already has an identical disk copy goes first: dropping it loses
         nothing.
         """
@@ -364,11 +383,11 @@ class MemoryTier(Tier):
                 self._over.discard(over)
         candidates = self.policy.candidates
         victim = None
-        if self.is_clean is not None:
+        if self._is_clean is not None:
             for n, o in enumerate(candidates(ns)):
                 if n >= 256:
                     break
-                if o.pins == 0 and self.is_clean(o.ns, o.key, o.version):
+                if o.pins == 0 and self._is_clean(o.ns, o.key, o.version):
                     victim = o
                     self.counters["clean_dropped"] += 1
                     break
@@ -461,7 +480,9 @@ class MemoryTier(Tier):
         return out
 
     def want_quota_room(self, ns: bytes, need: int) -> None:
-        """A put waits for ``need`` bytes within ``ns``'s quota: queue the namespace."""
+        """A put waits for a ``need`` byte allocation within ``ns``'s quota: queue the
+        namespace."""
+        need = size_class(need)
         with self._lock:
             self._quota_wants[ns] = max(need, self._quota_wants.get(ns, 0))
         self.pressure.set()
@@ -549,7 +570,7 @@ class MemoryTier(Tier):
 
     def delete(self, ns: bytes, key: bytes) -> bool:
         with self._lock:
-            other = self.on_delete(ns, key) if self.on_delete is not None else False
+            other = self._on_delete(ns, key) if self._on_delete is not None else False
             o = self._index.get((ns, key))
             if o is None:
                 return other
@@ -688,8 +709,8 @@ class MemoryTier(Tier):
             old = self.do_link(o)
             if old is not None:
                 self.do_unlink(old)
-            if self.on_publish is not None:
-                self.on_publish(o.ns, o.key, o.version)
+            if self._on_publish is not None:
+                self._on_publish(o.ns, o.key, o.version)
             over = self.live_bytes > self.high * self.capacity
             limit = self.do_mem_limit(o.ns)
             if limit is not None and self._ns[o.ns] > self.high * limit:
@@ -788,14 +809,14 @@ class MemoryTier(Tier):
 
     # ------------------------------------------------------------------ tiering
     def claim_cold(self, max_bytes: int, max_items: int = 4096,
-                   ns: bytes | None = None) -> list[_Obj]:
+                   ns: bytes | None = None) -> list[ColdObject]:
         """Pin up to ``max_bytes`` of the policy's first candidates (of namespace ``ns``
         only, when given) for demotion; namespaces over their quota go first.
 
         Each claimed object must go back through ``finish_demotion``. Its bytes stay
         readable (``data_view``) and are never freed while claimed.
         """
-        out: list[_Obj] = []
+        out: list[ColdObject] = []
         total = 0
         with self._lock:
             candidates = self.policy.candidates
@@ -809,21 +830,23 @@ class MemoryTier(Tier):
                     continue
                 o.pins += 1
                 o.moving = True
-                out.append(o)
+                out.append(ColdObject(o.ns, o.key, o.version, o.length, o.checksum, o.chunk, o))
                 total += o.chunk
                 if total >= max_bytes or len(out) >= max_items:
                     break
         return out
 
-    def data_view(self, o: _Obj) -> memoryview:
-        """The object's bytes in the arena (caller holds a pin; release the view)."""
+    def data_view(self, cold: ColdObject) -> memoryview:
+        """A claimed object's bytes in the arena (the claim pins it; release the view)."""
+        o: _Obj = cold.handle
         return self.arena.buf[o.data_off:o.data_off + o.length]
 
-    def finish_demotion(self, o: _Obj, publish: Callable[[], bool] | None,
+    def finish_demotion(self, cold: ColdObject, publish: Callable[[], bool] | None,
                         corrupt: bool = False) -> bool:
-        """Release a claim. If ``o`` is still the current object and ``publish()`` (run
+        """Release a claim. If the object is still the current one and ``publish()`` (run
         under the lock: it makes the disk copy visible) returns True, drop it from memory
         and return True. ``corrupt``: its bytes failed their checksum: drop and count it."""
+        o: _Obj = cold.handle
         k = (o.ns, o.key)
         with self._lock:
             o.pins -= 1
@@ -899,6 +922,11 @@ class MemoryTier(Tier):
             self.do_unindex(o)
             self.do_unlink(o)
             return True
+
+    def quota_event(self, event: str, ns: bytes, n: int) -> None:
+        """Count a quota event for ``ns`` (the tier below's, e.g. ``disk_evicted``)."""
+        if self.on_quota is not None:
+            self.on_quota(event, ns, n)
 
     def bump_version(self, at_least: int) -> None:
         """Never hand out a version below ``at_least`` (the disk tier's versions)."""

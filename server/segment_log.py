@@ -54,11 +54,14 @@ write order), so a per-namespace disk quota can kill that namespace's oldest
 records (``do_evict_oldest``) without touching anyone else's. Segments are
 shared: a killed record's space comes back when compaction reclaims its segment.
 
-Threads: ``read``/``touch``/``delete``/``exists`` from any thread;
+Threads: this is the disk side of ``movement`` (``DiskSide``), which says, per
+method, which thread calls it and whether it blocks. In short:
+``read``/``touch``/``delete``/``exists`` from any thread;
 ``append``/``compact_one``/``probe``/``close`` from the one mover thread.
-``self.lock`` guards the index and segment table; it may be taken while the
-memory tier's lock is held (order: memory -> disk), never the other way.
-``do_`` methods require the caller to hold ``self.lock``.
+``self.lock`` (``LockRank.DISK``) guards the index and segment table; it may be
+taken while the memory tier's lock is held (order: memory -> disk), never the
+other way. ``do_`` methods require the caller to hold ``self.lock``; only this
+module (and its tests) call them.
 """
 
 from __future__ import annotations
@@ -74,11 +77,12 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Mapping
 
 from gcache.errors import DiskError
 from gcache.failpoints import failpoint, os_error
 from gcache.hashing import checksum
+from gcache.server.movement import LockRank, ReadLease, ranked_lock
 from gcache.server.tier import Pinned
 from gcache.server.tiering import CompactionPolicy, SealedSegment, SecondChance
 from gcache.status import Status
@@ -228,20 +232,6 @@ class BufferPool:
             mm.close()
         except BufferError:  # a view still exists: let the GC close it
             pass
-
-
-@dataclass(slots=True, eq=False)
-class ReadLease:
-    """Token of a disk-served ``Pinned``: the verified buffer and what it holds."""
-
-    mm: mmap.mmap | None
-    ns: bytes
-    key: bytes
-    version: int
-    length: int
-    checksum: int
-    whole: memoryview | None = None  # the whole verified object, when the read covered it
-    first: bool = False  # the read started at offset 0 (one object-level hit)
 
 
 def _pread_into(fd: int, view: memoryview, off: int) -> None:
@@ -403,7 +393,7 @@ class SegmentLog:
             raise DiskError(f"disk directory {self.root} is in use by another gcache-server; "
                             "give this server a different --name or --disk-dir") from None
         self.direct = direct_io and hasattr(os, "O_DIRECT")
-        self.lock = threading.Lock()
+        self.lock = ranked_lock(LockRank.DISK)
         self.index: dict[tuple[bytes, bytes], Entry] = {}
         self._ns: dict[bytes, _NsDisk] = {}  # namespaces with live records
         self.segments: dict[int, Segment] = {}
@@ -554,9 +544,6 @@ class SegmentLog:
     def exists(self, ns: bytes, key: bytes) -> bool:
         return (ns, key) in self.index
 
-    def do_get(self, ns: bytes, key: bytes) -> Entry | None:
-        return self.index.get((ns, key))
-
     def do_has(self, ns: bytes, key: bytes, version: int) -> bool:
         e = self.index.get((ns, key))
         return e is not None and e.version == version
@@ -586,8 +573,23 @@ class SegmentLog:
         return u.bytes if u is not None else 0
 
     def namespace_bytes(self) -> dict[bytes, int]:
-        """Live record bytes per namespace (caller holds ``self.lock`` or accepts a race)."""
-        return {ns: u.bytes for ns, u in list(self._ns.items())}
+        """Live record bytes per namespace."""
+        with self.lock:
+            return {ns: u.bytes for ns, u in self._ns.items()}
+
+    def fit_quota(self, ns: bytes, limit: int, want: int) -> tuple[int, bool]:
+        """Kill ``ns``'s oldest records until its live bytes plus ``want`` fit ``limit``
+        (a disk quota); returns how many died and whether it fits now."""
+        killed = 0
+        with self.lock:
+            while self.do_ns_bytes(ns) + want > limit and self.do_evict_oldest(ns):
+                killed += 1
+            return killed, self.do_ns_bytes(ns) + want <= limit
+
+    @staticmethod
+    def record_bytes(ns: bytes, key: bytes, length: int) -> int:
+        """Disk bytes a record of this object takes."""
+        return record_geometry(len(ns), len(key), length)[1]
 
     def do_evict_oldest(self, ns: bytes) -> int:
         """Kill ``ns``'s oldest live record (a quota eviction; its death is persisted).
@@ -667,6 +669,40 @@ class SegmentLog:
             self.do_kill(ns, key, e)
             return True
         return False
+
+    def invalidate_below(self, ns: bytes, key: bytes, version: int) -> bool:
+        with self.lock:
+            return self.do_invalidate_below(ns, key, version)
+
+    def publish(self, ns: bytes, key: bytes, e: Entry) -> bool:
+        """Make a record ``append`` wrote visible (see ``do_insert``)."""
+        with self.lock:
+            return self.do_insert(ns, key, e)
+
+    def discard(self, ns: bytes, key: bytes, e: Entry) -> None:
+        """A written record that was not published: persist its death unless it is the
+        indexed one."""
+        with self.lock:
+            if self.index.get((ns, key)) is not e:
+                self.do_kill(ns, key, e, indexed=False)
+
+    def supersede(self, versions: Mapping[tuple[bytes, bytes], int]
+                  ) -> tuple[int, list[tuple[bytes, bytes, int]]]:
+        """One version per key (startup): kill each record older than ``versions``'
+        version of its key; returns how many died and the ``(ns, key, version)`` of
+        ``versions`` that a newer record here supersedes."""
+        killed, newer = 0, []
+        with self.lock:
+            for (ns, key), v in versions.items():
+                e = self.index.get((ns, key))
+                if e is None or e.version == v:
+                    continue
+                if e.version < v:
+                    self.do_kill(ns, key, e)
+                    killed += 1
+                else:
+                    newer.append((ns, key, v))
+        return killed, newer
 
     def delete(self, ns: bytes, key: bytes) -> bool:
         with self.lock:
