@@ -4,7 +4,7 @@ crosses between them.
 Design. ``tiered_store.TieredStore`` (the mover) puts the memory tier in front of the
 disk tier and moves objects between them. It is written only against the two
 protocols here: ``MemorySide`` (implemented by ``memory_tier.MemoryTier``) and
-``DiskSide`` (implemented by ``segment_log.SegmentLog``). Neither side knows the
+``DiskSide`` (implemented by ``disk.SegmentLog``). Neither side knows the
 other's internals; every method takes its side's own lock, so the mover holds no lock
 of theirs. Records crossing the seam:
 

@@ -1,6 +1,6 @@
 """Tiering policy: when a disk hit goes back to memory, which disk records stay hot.
 
-Design. Policy is kept apart from mechanism: ``segment_log`` moves records and
+Design. Policy is kept apart from mechanism: ``disk`` (the segment log) moves records and
 ``tiered_store`` moves objects between tiers; the decisions live here so a
 smarter policy (prefix-chain aware, S3-FIFO ghost lists) replaces a class, not
 the movers. Both are injected into ``TieredStore`` (``promote=``,
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 from gcache.config import PROMOTE_POLICIES
 
 if TYPE_CHECKING:  # the segment log imports this module: no import back at run time
-    from gcache.server.segment_log import Entry
+    from gcache.server.disk.records import Entry
 
 __all__ = ["PromotePolicy", "NeverPromote", "PromoteOnFirstHit", "PromoteOnSecondHit",
            "make_promote_policy", "carry_over", "SealedSegment", "CompactionPolicy",

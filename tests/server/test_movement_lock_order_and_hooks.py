@@ -14,7 +14,7 @@ from gcache.errors import WiringError
 from gcache.server.arena import Arena
 from gcache.server.memory_tier import MemoryTier
 from gcache.server.movement import LockRank, ranked_lock
-from gcache.server.segment_log import SegmentLog
+from gcache.server.disk import SegmentLog
 from gcache.server.tiered_store import TieredStore
 from gcache.server.tiering import make_promote_policy
 from gcache.status import Status

@@ -7,8 +7,8 @@ import os
 import pytest
 
 from gcache import failpoints
-from gcache.server.segment_log import (BLOCK, REC_HDR, Entry, SegmentLog, record_geometry,
-                                       segment_paths)
+from gcache.server.disk import SegmentLog
+from gcache.server.disk.records import BLOCK, REC_HDR, Entry, record_geometry, segment_paths
 from gcache.server.tiering import SecondChance
 from gcache.status import Status
 from gcache.testing.oracle import value_for
@@ -279,7 +279,7 @@ def test_read_eio_and_injected_corruption_are_dropped_not_served(tmp_path):
 
 
 def test_geometry_and_directory_faults_are_setup_errors(tmp_path):
-    from gcache.server.segment_log import DiskError
+    from gcache.server.disk import DiskError
 
     with pytest.raises(DiskError, match="raise --disk"):
         _log(tmp_path, capacity_bytes=8 * MIB)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gcache.server.segment_log import Entry
+from gcache.server.disk import Entry
 from gcache.server.tiering import SealedSegment, SecondChance, carry_over, make_promote_policy
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
