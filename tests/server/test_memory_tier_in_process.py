@@ -14,6 +14,7 @@ from gcache.server.eviction import EvictionPolicy, Resident
 from gcache.server.memory_tier import MemoryTier
 from gcache.status import Status
 from gcache.testing.oracle import value_for
+from tierops import put_value, read_value
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -49,20 +50,11 @@ def _tier(tmp_path, policy: EvictionPolicy | None = None, **kw) -> MemoryTier:
 
 
 def _put(m: MemoryTier, key: bytes, n: int = SIZE) -> int:
-    slot = m.begin_put(NS, key, n, 0, n, 0)
-    assert slot.status == Status.OK
-    slot.view[:] = value_for(key, n)
-    version = slot.token.obj.version
-    assert m.finish_put(slot) == Status.OK
-    return version
+    return put_value(m, NS, key, n)
 
 
 def _read(m: MemoryTier, key: bytes) -> bytes | None:
-    p = m.pin_read(NS, key, 0, 1 << 40, 0)
-    try:
-        return bytes(p.view) if p.status == Status.OK else None
-    finally:
-        m.unpin(p)
+    return read_value(m, NS, key)
 
 
 def _fill(m: MemoryTier, n: int, tag: bytes = b"k") -> list[bytes]:

@@ -17,8 +17,8 @@ from gcache.server.movement import LockRank, ranked_lock
 from gcache.server.disk import SegmentLog
 from gcache.server.tiered_store import TieredStore
 from gcache.server.tiering import make_promote_policy
-from gcache.status import Status
 from gcache.testing.oracle import value_for
+from tierops import put_value, read_value
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -43,18 +43,11 @@ def _open(tmp_path) -> TieredStore:
 
 
 def _put(st: TieredStore, key: bytes, n: int = SIZE) -> None:
-    slot = st.begin_put(NS, key, n, 0, n, 0)
-    assert slot.status == Status.OK
-    slot.view[:] = value_for(key, n)
-    assert st.finish_put(slot) == Status.OK
+    put_value(st, NS, key, n)
 
 
 def _get(st: TieredStore, key: bytes) -> bytes | None:
-    p = st.pin_read(NS, key, 0, 1 << 40, 0)
-    try:
-        return bytes(p.view) if p.status == Status.OK else None
-    finally:
-        st.unpin(p)
+    return read_value(st, NS, key)
 
 
 def test_a_take_against_the_order_raises() -> None:
