@@ -5,9 +5,10 @@ store. Memory stays the front: every put lands in memory, reads try memory
 first and fall back to disk. One background thread, the mover, does all disk
 writes:
 
-* Demotion. Above the memory high watermark the mover claims the LRU-coldest
-  objects (pinned, so their bytes stay put), copies them into the segment
-  log's write buffer — checking each against its checksum on the way — flushes
+* Demotion. Above the memory high watermark the mover claims the coldest
+  objects (the eviction policy's first candidates; pinned, so their bytes stay
+  put), copies them into the segment log's write buffer — checking each
+  against its checksum on the way — flushes
   with one large pwrite, then publishes each disk copy and drops the memory
   copy in one step under memory lock -> disk lock. A reader therefore always
   finds the object in one of the two. An object that changed meanwhile
@@ -33,7 +34,7 @@ writes:
   so a restart cannot resurrect them. Promotion publishes only if the disk
   copy is still current and memory has no newer object.
 * Quotas (``gcache.quotas``). A put that finds its namespace at its memory quota
-  waits up to ``room_wait_s`` for the mover to demote that namespace's own LRU
+  waits up to ``room_wait_s`` for the mover to demote that namespace's own coldest
   objects, then evicts them (never another namespace's). A namespace past the
   high watermark of its quota is demoted down to the low one in the background.
   On disk, a demotion that would take its namespace past ``disk_bytes`` first
