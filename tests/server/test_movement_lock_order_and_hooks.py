@@ -1,7 +1,7 @@
-"""The movement contract in code: the memory tier's lock comes before the disk's (a take
-against that order raises, with the lock_order failpoint on), a whole mover workload of
-demotion, promotion, replace, delete and compaction keeps that order, and a memory
-tier's hooks are given once."""
+"""The movement contract in code: each tier has every member its protocol names, the
+memory tier's lock comes before the disk's (a take against that order raises, with the
+lock_order failpoint on), a whole mover workload of demotion, promotion, replace, delete
+and compaction keeps that order, and a memory tier's hooks are given once."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from gcache import failpoints
 from gcache.errors import WiringError
 from gcache.server.arena import Arena
 from gcache.server.memory_tier import MemoryTier
-from gcache.server.movement import LockRank, ranked_lock
+from gcache.server.movement import DiskSide, LockRank, MemorySide, ranked_lock
 from gcache.server.disk import SegmentLog
 from gcache.server.tiered_store import TieredStore
 from gcache.server.tiering import make_promote_policy
@@ -48,6 +48,19 @@ def _put(st: TieredStore, key: bytes, n: int = SIZE) -> None:
 
 def _get(st: TieredStore, key: bytes) -> bytes | None:
     return read_value(st, NS, key)
+
+
+def test_each_side_has_every_member_its_protocol_names(tmp_path) -> None:
+    st = _open(tmp_path)
+    try:
+        for side, proto in ((st.memory, MemorySide), (st.disk, DiskSide)):
+            names = {n for n in vars(proto) if not n.startswith("_")}
+            names |= set(proto.__annotations__)
+            assert len(names) > 15
+            missing = sorted(n for n in names if not hasattr(side, n))
+            assert not missing, f"{type(side).__name__} lacks {missing}"
+    finally:
+        st.close()
 
 
 def test_a_take_against_the_order_raises() -> None:
