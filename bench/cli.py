@@ -341,7 +341,7 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
             stack.callback(cluster.close)
             addresses = cluster.start().addresses
             if tier == "disk":
-                from gcache.server.segment_log import tier_root
+                from gcache.server.disk import tier_root
 
                 disk_roots = [tier_root(parent, s.name) for s in cluster.servers]
         else:

@@ -4,7 +4,7 @@ gcache-bench prints this next to the disk-tier get numbers of the same run, so
 a reader can tell "the disk tier is slow" apart from "this disk is slow".
 
 Design: the bench process finds every record in the server's segment files
-(``segment_log.scan_records``: offset, record length, value length), then
+(``disk.records.scan_records``: offset, record length, value length), then
 ``threads`` threads ``preadv`` whole records in a shuffled order into
 page-aligned buffers, with ``O_DIRECT`` when the server uses it (so neither
 side is served from the page cache). No checksum, no copy, no network: the
@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any
 
-from gcache.server.segment_log import read_segment_header, scan_records, segment_paths
+from gcache.server.disk.records import read_segment_header, scan_records, segment_paths
 
 __all__ = ["record_extents", "measure_raw_pread"]
 

@@ -202,6 +202,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("max_header_bytes", "size", 4 * _MIB, "Largest accepted frame header.", "server"),
     Option("high_watermark", "float", 0.95, "Arena fill ratio that starts eviction.", "server"),
     Option("low_watermark", "float", 0.90, "Arena fill ratio eviction stops at.", "server"),
+    Option("eviction_policy", "str", "lru", "Which objects the memory tier gives up first "
+           "(evicts, or demotes to the NVMe tier): lru (least recently used; under a "
+           "namespace quota, that namespace's own least recently used).", "server"),
     Option("metrics_listen", "addr", "", "Prometheus HOST:PORT; empty disables.", "server"),
     Option("log_level", "str", "INFO", "Logging level name.", "server"),
     Option("log_format", "str", "json", "Log format: json or text.", "server"),
@@ -289,6 +292,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
 ]}
 _SECRETS = frozenset({"token", "credential"})
 PROMOTE_POLICIES = ("never", "first", "second-hit")
+EVICTION_POLICIES = ("lru",)
 NIXL_MODES = ("auto", "on", "off")
 
 
@@ -339,6 +343,8 @@ def _check(opt: Option, value: Any) -> str | None:
         return "must be 'json' or 'text'"
     if opt.name == "promote_policy" and value not in PROMOTE_POLICIES:
         return "must be one of " + ", ".join(PROMOTE_POLICIES)
+    if opt.name == "eviction_policy" and value not in EVICTION_POLICIES:
+        return "must be one of " + ", ".join(EVICTION_POLICIES)
     if opt.name == "nixl" and value not in NIXL_MODES:
         return "must be one of " + ", ".join(NIXL_MODES)
     if opt.name == "transport" and value not in TRANSPORTS:

@@ -22,6 +22,8 @@ NixlUnavailable     no              the NIXL library or its agent cannot be used
 ArenaError          no              the shared-memory arena cannot be created or mapped
 DiskError           no              the NVMe tier cannot be set up (bad geometry, in use)
 SnapshotRefused     no              a Raft snapshot failed its schema check
+WiringError         no              components were put together wrongly (a hook attached
+                                    twice, locks taken against their order): a bug
 ==================  ==============  ===================================================
 """
 
@@ -30,7 +32,7 @@ from __future__ import annotations
 __all__ = [
     "GCacheError", "ConfigError", "AuthError", "ProtocolError", "TransportTimeout",
     "MasterUnavailable", "MasterError", "NixlUnavailable", "ArenaError", "DiskError",
-    "SnapshotRefused", "MISS_ERRORS",
+    "SnapshotRefused", "WiringError", "MISS_ERRORS",
 ]
 
 
@@ -89,6 +91,11 @@ class DiskError(GCacheError, RuntimeError):
 
 class SnapshotRefused(GCacheError, ValueError):
     """A Raft snapshot is not one this master wrote: refused, nothing run."""
+
+
+class WiringError(GCacheError, RuntimeError):
+    """Components were put together wrongly (a bug in the caller, never a runtime fault):
+    a tier's hooks attached twice, or locks taken against their documented order."""
 
 
 #: The exceptions a caller may treat as a miss (see the table above).

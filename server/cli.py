@@ -29,6 +29,7 @@ from gcache.tls import dialer_context, listener_context
 from gcache.logs import setup_logging
 from gcache.protocol import Limits
 from gcache.server.arena import Arena, ArenaError, arena_path, header_len
+from gcache.server.eviction import make_policy
 from gcache.server.memory_tier import MemoryTier
 from gcache.server.metrics import ServerMetrics, serve_http
 from gcache.network import check_bind
@@ -113,7 +114,8 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
     memory_tier = MemoryTier(arena, high_watermark=cfg.high_watermark,
                              low_watermark=cfg.low_watermark,
                              pending_put_timeout_ms=cfg.pending_put_timeout_ms,
-                             quotas=quotas, on_quota=metrics.quota_event)
+                             quotas=quotas, on_quota=metrics.quota_event,
+                             eviction_policy=make_policy(cfg.eviction_policy))
     log.info("arena ready", extra={"fields": {k: v for k, v in memory_tier.recovery.items()}})
     limits = build_limits(cfg)
     tier = memory_tier if not cfg.disk_dir else _open_disk_tier(cfg, memory_tier, limits)

@@ -1,17 +1,18 @@
-"""Memory tier: slab allocator, index, LRU eviction and read leases over an Arena.
+"""Memory tier: slab allocator, index, eviction and read leases over an Arena.
 
 Design. KV pages are mostly one size per model, so memory is carved into slab
 pages (``slab_bytes``), each holding equal chunks of one size class
 (``arena.size_class``: 4 KiB granules, <= ~6% waste). An object is one chunk:
 header + data, so objects are limited to one slab page.
 
-* Index: an OrderedDict ``(ns, key) -> _Obj`` that doubles as the LRU list
-  (``move_to_end`` on get/touch). ``touch`` refreshes recency without moving
-  data.
+* Index: a plain dict ``(ns, key) -> _Obj`` of committed objects. The order
+  in which they are given up is the eviction policy's (``eviction.EvictionPolicy``,
+  LRU by default): the tier tells it of every index change and hit (``touch``
+  refreshes recency without moving data) and asks it for ``candidates`` when it
+  needs room, skipping pinned and claimed ones itself.
 * Eviction: a background thread keeps live bytes between the low and high
-  watermarks; an allocation that still finds no room evicts from the LRU head
-  synchronously (bounded). The policy sits behind ``EvictionPolicy`` so
-  prefix- or window-aware policies can replace plain LRU later.
+  watermarks; an allocation that still finds no room evicts the policy's first
+  unpinned candidate synchronously (bounded).
 * Leases: ``pin_read`` bumps a pin count; delete, replace and eviction of a
   pinned object only mark it doomed and the last ``unpin`` frees it, so a
   transfer never reads freed bytes.
@@ -33,29 +34,32 @@ header + data, so objects are limited to one slab page.
   to that holder until it closes, so a late write can never land in another object.
   ``reserved_by_ns`` is the reserved part of each namespace's bytes.
 * Quotas (``gcache.quotas``, optional). Every allocated chunk is charged to its
-  namespace (``_NsUse.mem``: committed objects, puts in flight, ALLOC slots and
-  quarantined chunks, so reservations count against the writer's quota), and each
-  namespace keeps its own LRU of committed objects (``_NsUse.lru``, in step with the
-  index). A new put that would take its namespace past ``memory_bytes`` first evicts
-  that namespace's own LRU objects (``do_quota_room``); if they do not make room it
-  answers NO_SPACE (``PutSlot.extra["quota"]``, counted in ``quota_refused``). It
-  never evicts another namespace for it. A namespace past ``high_watermark`` of its
+  namespace (``_ns``: committed objects, puts in flight, ALLOC slots and
+  quarantined chunks, so reservations count against the writer's quota). A new put
+  that would take its namespace past ``memory_bytes`` first evicts that namespace's
+  own objects, in the policy's order (``candidates(ns)``, ``do_quota_room``); if they
+  do not make room it answers NO_SPACE (``PutSlot.extra["quota"]``, counted in
+  ``quota_refused``). It never evicts another namespace for it. A namespace past ``high_watermark`` of its
   quota is queued (``quota_wants``) and brought down to ``low_watermark`` of it in the
   background: evicted here, demoted by the tiered store's mover. Under global pressure
-  eviction stays LRU over everyone, except that namespaces over their quota (after a
-  reload lowered it, or a restart) go first. Promotion (``admit``) never takes a
+  eviction follows the policy over everyone, except that namespaces over their quota
+  (after a reload lowered it, or a restart) go first. Promotion (``admit``) never takes a
   namespace past its quota. After a restart the accounting is rebuilt from the
   recovered index.
 
-* Tiering hooks (``tiered_store.TieredStore`` sets them; all run with
-  ``self._lock`` held, so they are atomic with the index change): ``on_publish``
+* Tiering: this is the memory side of ``movement`` (``MemorySide``); the
+  tiered store's mover drives it through that contract only. Its hooks
+  (``movement.MemoryHooks``, given once by ``attach``) all run with
+  ``self._lock`` held, so they are atomic with the index change: ``on_publish``
   after a put replaced the index entry, ``on_delete`` inside a delete,
   ``is_clean`` to prefer objects that already have a disk copy when an
   allocation must evict synchronously. ``claim_cold``/``finish_demotion`` pin
-  and then hand over LRU objects to the disk; ``admit`` copies a verified disk
-  object back in under its original version (promotion).
+  and then hand over the policy's first candidates (``movement.ColdObject``);
+  ``admit`` copies a verified disk object back in under its original version
+  (promotion).
 
-``do_`` methods require the caller to hold ``self._lock``.
+``do_`` methods require the caller to hold ``self._lock`` (``LockRank.MEMORY``:
+taken before the disk's, never after).
 """
 
 from __future__ import annotations
@@ -65,14 +69,16 @@ import itertools
 import logging
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
+from gcache.errors import WiringError
 from gcache.hashing import checksum
 from gcache.quotas import QuotaStore
 from gcache.status import Status
 from gcache.server.arena import Arena, HDR_FIXED, header_len, size_class
+from gcache.server.eviction import LRU, EvictionPolicy
+from gcache.server.movement import ColdObject, LockRank, MemoryHooks, ranked_lock
 from gcache.server.tier import Pinned, PutSlot, Tier
 
 log = logging.getLogger("gcache.server.memory")
@@ -97,17 +103,6 @@ class _Obj:
     moving: bool = False  # claimed by the tiering mover
     holder: Holder | None = None  # charged with this uncommitted chunk
     quarantined: bool = False  # an expired slot's chunk: freed when its holder closes
-
-
-class _NsUse:
-    """One namespace's memory: chunk bytes of all its allocated objects, and the LRU of
-    its indexed (committed) ones. Guarded by the MemoryTier lock; dropped when empty."""
-
-    __slots__ = ("mem", "lru")
-
-    def __init__(self) -> None:
-        self.mem = 0
-        self.lru: OrderedDict[bytes, _Obj] = OrderedDict()
 
 
 class _WaitForRoom(Exception):
@@ -169,11 +164,14 @@ class MemoryTier(Tier):
                  max_held_bytes: int | None = None,
                  max_reserved_bytes: int | None = None,
                  quotas: QuotaStore | None = None,
-                 on_quota: Callable[[str, bytes, int], None] | None = None) -> None:
+                 on_quota: Callable[[str, bytes, int], None] | None = None,
+                 eviction_policy: EvictionPolicy | None = None) -> None:
         """``quotas``: per-namespace limits (None: unlimited). ``on_quota(event, ns, n)``
         counts quota events per namespace (``refused``, ``evicted``); it runs with the
-        lock held and must not block."""
+        lock held and must not block. ``eviction_policy``: the order objects are given
+        up in (default LRU; see ``eviction``)."""
         self.arena = arena
+        self.policy = eviction_policy if eviction_policy is not None else LRU()
         self.quotas = quotas
         self.on_quota = on_quota
         self.high, self.low = high_watermark, low_watermark
@@ -188,9 +186,9 @@ class MemoryTier(Tier):
         self.reserve_wait_s = 1.0  # back-pressure on a reservation past its bounds
         self.reserved_bytes = 0
         self.reserved_by_ns: dict[bytes, int] = {}  # the writer's quota plugs in here
-        self._lock = threading.Lock()
-        self._index: OrderedDict[tuple[bytes, bytes], _Obj] = OrderedDict()
-        self._ns: dict[bytes, _NsUse] = {}  # namespaces with allocated chunks
+        self._lock = ranked_lock(LockRank.MEMORY)
+        self._index: dict[tuple[bytes, bytes], _Obj] = {}
+        self._ns: dict[bytes, int] = {}  # chunk bytes per namespace with allocated chunks
         self._over: set[bytes] = set()  # past their quota (a reload lowered it, a restart)
         self._quota_wants: dict[bytes, int] = {}  # ns -> bytes a put waits for (0: none)
         self._quota_gen = -1
@@ -206,9 +204,9 @@ class MemoryTier(Tier):
                          "no_space": 0, "clean_dropped": 0, "put_checksum_mismatch": 0,
                          "reservations_refused": 0, "pending_released": 0,
                          "quarantined": 0, "quota_refused": 0, "quota_evictions": 0}
-        self.on_publish: Callable[[bytes, bytes, int], None] | None = None
-        self.on_delete: Callable[[bytes, bytes], bool] | None = None
-        self.is_clean: Callable[[bytes, bytes, int], bool] | None = None
+        self._on_publish: Callable[[bytes, bytes, int], object] | None = None  # attach()
+        self._on_delete: Callable[[bytes, bytes], bool] | None = None
+        self._is_clean: Callable[[bytes, bytes, int], bool] | None = None
         self._stop = threading.Event()
         self.pressure = threading.Event()  # set when live bytes pass the high watermark
         self._evictor: threading.Thread | None = None
@@ -222,14 +220,14 @@ class MemoryTier(Tier):
             objs, counts = self.arena.scan()
         else:
             objs, counts = [], {"torn": 0, "corrupt": 0, "superseded": 0}
-        objs.sort(key=lambda r: r.created_ns)  # oldest first = LRU head
+        objs.sort(key=lambda r: r.created_ns)  # oldest first: the policy sees them age
         used: dict[int, set[int]] = {}
         for r in objs:
             page = self.arena.page_of(r.offset)
             used.setdefault(page, set()).add(r.offset)
             o = _Obj(r.ns, r.key, r.offset, r.chunk, r.data_off, r.length, r.version,
                      r.checksum, committed=True, verified=False)
-            self.do_use(r.ns).mem += r.chunk
+            self.do_charge_ns(r.ns, r.chunk)
             self.do_link(o)
             self._page_live[page] += 1
             self.live_bytes += r.chunk
@@ -258,6 +256,13 @@ class MemoryTier(Tier):
             "superseded": counts["superseded"], "seconds": time.monotonic() - t0,
         }
 
+    def attach(self, hooks: MemoryHooks) -> None:
+        """Install the hooks of the tier below (``movement``), once, before ``start``."""
+        if self._on_publish is not None:
+            raise WiringError("the memory tier's hooks are attached already; build one "
+                              "TieredStore per MemoryTier")
+        self._on_publish, self._on_delete, self._is_clean = hooks
+
     def start(self) -> None:
         self._evictor = threading.Thread(target=self._evict_loop, name="gcache-evictor",
                                          daemon=True)
@@ -269,6 +274,12 @@ class MemoryTier(Tier):
         if cls is None:
             cls = self._classes[csize] = _Class(csize)
         return cls
+
+    @staticmethod
+    def object_bytes(ns: bytes, key: bytes, length: int) -> int:
+        """Bytes an allocation for this object needs (header and value; before rounding
+        to its size class)."""
+        return header_len(len(ns), len(key)) + length
 
     def has_room(self, need: int) -> bool:
         """Whether an allocation of ``need`` bytes would succeed without evicting (a hint:
@@ -336,9 +347,10 @@ class MemoryTier(Tier):
 
     def do_free(self, o: _Obj) -> None:
         self.do_uncharge(o)
-        u = self._ns[o.ns]
-        u.mem -= o.chunk
-        if u.mem <= 0:
+        left = self._ns[o.ns] - o.chunk
+        if left > 0:
+            self._ns[o.ns] = left
+        else:
             del self._ns[o.ns]
             self._over.discard(o.ns)
         self.arena.clear(o.offset)
@@ -356,35 +368,31 @@ class MemoryTier(Tier):
             cls.partial.setdefault(page, []).append(o.offset)
 
     def do_evict_one(self, ns: bytes | None = None) -> bool:
-        """Evict the least recently used unpinned object (of namespace ``ns`` only, when
+        """Evict the policy's first unpinned candidate (of namespace ``ns`` only, when
         given: a quota eviction). False if none.
 
-        Without ``ns``, a namespace over its quota gives up its own LRU object first.
-        With ``is_clean`` set (a disk tier behind us), an object near the LRU head that
-        already has an identical disk copy goes first: dropping it loses nothing.
+        Without ``ns``, a namespace over its quota gives up its own first candidate first.
+        With ``is_clean`` attached (a disk tier behind us), an object among the first
+        candidates that already has an identical disk copy goes first: dropping it loses
+        nothing.
         """
         if ns is None:
             for over in list(self._over):
                 if self.do_over_quota(over) and self.do_evict_one(over):
                     return True
                 self._over.discard(over)
-            objs = self._index.values()
-        else:
-            u = self._ns.get(ns)
-            if u is None:
-                return False
-            objs = u.lru.values()
+        candidates = self.policy.candidates
         victim = None
-        if self.is_clean is not None:
-            for n, o in enumerate(objs):
+        if self._is_clean is not None:
+            for n, o in enumerate(candidates(ns)):
                 if n >= 256:
                     break
-                if o.pins == 0 and self.is_clean(o.ns, o.key, o.version):
+                if o.pins == 0 and self._is_clean(o.ns, o.key, o.version):
                     victim = o
                     self.counters["clean_dropped"] += 1
                     break
         if victim is None:
-            for o in objs:
+            for o in candidates(ns):
                 if o.pins == 0:
                     victim = o
                     self.counters["evictions"] += 1
@@ -404,51 +412,41 @@ class MemoryTier(Tier):
         return True
 
     # ------------------------------------------------------------------ quotas
-    def do_use(self, ns: bytes) -> _NsUse:
-        u = self._ns.get(ns)
-        if u is None:
-            u = self._ns[ns] = _NsUse()
-        return u
+    def do_charge_ns(self, ns: bytes, chunk: int) -> None:
+        """A ``chunk`` was allocated for ``ns`` (``do_free`` gives it back)."""
+        self._ns[ns] = self._ns.get(ns, 0) + chunk
 
     def do_link(self, o: _Obj) -> _Obj | None:
-        """Make ``o`` the current (most recently used) object of its key; returns the one
-        it replaced (still allocated: the caller unlinks it)."""
+        """Make ``o`` the current (newest) object of its key; returns the one it replaced
+        (still allocated: the caller unlinks it)."""
         k = (o.ns, o.key)
-        old = self._index.pop(k, None)
+        old = self._index.get(k)
         self._index[k] = o
-        lru = self._ns[o.ns].lru  # o's chunk is charged: its namespace entry exists
-        lru.pop(o.key, None)
-        lru[o.key] = o
+        if old is not None:
+            self.policy.on_remove(old)
+        self.policy.on_insert(o)
         return old
 
     def do_unindex(self, o: _Obj) -> None:
         """Remove the current object ``o`` from the index (not freed)."""
         del self._index[(o.ns, o.key)]
-        u = self._ns.get(o.ns)
-        if u is not None:
-            u.lru.pop(o.key, None)
-
-    def do_bump(self, o: _Obj) -> None:
-        self._index.move_to_end((o.ns, o.key))
-        self._ns[o.ns].lru.move_to_end(o.key)
+        self.policy.on_remove(o)
 
     def do_mem_limit(self, ns: bytes) -> int | None:
         return self.quotas.limits(ns).memory_bytes if self.quotas is not None else None
 
     def do_over_quota(self, ns: bytes, add: int = 0) -> bool:
         limit = self.do_mem_limit(ns)
-        u = self._ns.get(ns)
-        return limit is not None and (u.mem if u else 0) + add > limit
+        return limit is not None and self._ns.get(ns, 0) + add > limit
 
     def do_quota_room(self, ns: bytes, csize: int, evict: bool) -> bool:
         """Room for a ``csize`` chunk within ``ns``'s memory quota, evicting only that
-        namespace's own LRU objects (when ``evict``). False: the put must be refused."""
+        namespace's own objects (when ``evict``). False: the put must be refused."""
         limit = self.do_mem_limit(ns)
         if limit is None:
             return True
         while True:
-            u = self._ns.get(ns)
-            if (u.mem if u else 0) + csize <= limit:
+            if self._ns.get(ns, 0) + csize <= limit:
                 return True
             if csize > limit or not evict or not self.do_evict_one(ns):
                 return False
@@ -473,33 +471,33 @@ class MemoryTier(Tier):
             wants, self._quota_wants = self._quota_wants, {}
             for ns, need in wants.items():
                 limit = self.do_mem_limit(ns)
-                u = self._ns.get(ns)
-                if limit is None or u is None:
+                mem = self._ns.get(ns)
+                if limit is None or mem is None:
                     continue
-                excess = max(u.mem - int(self.low * limit), u.mem + need - limit)
+                excess = max(mem - int(self.low * limit), mem + need - limit)
                 if excess > 0:
                     out.append((ns, excess))
         return out
 
     def want_quota_room(self, ns: bytes, need: int) -> None:
-        """A put waits for ``need`` bytes within ``ns``'s quota: queue the namespace."""
+        """A put waits for a ``need`` byte allocation within ``ns``'s quota: queue the
+        namespace."""
+        need = size_class(need)
         with self._lock:
             self._quota_wants[ns] = max(need, self._quota_wants.get(ns, 0))
         self.pressure.set()
 
     def evict_ns(self, ns: bytes, nbytes: int) -> int:
-        """Evict at least ``nbytes`` of ``ns``'s own LRU objects (fewer if none are left
+        """Evict at least ``nbytes`` of ``ns``'s own objects (fewer if none are left
         unpinned); returns the bytes freed."""
         freed = 0
         while freed < nbytes:
             with self._lock:  # small locked batches, so IO threads interleave
                 for _ in range(64):
-                    u = self._ns.get(ns)
-                    before = u.mem if u else 0
+                    before = self._ns.get(ns, 0)
                     if freed >= nbytes or not self.do_evict_one(ns):
                         return freed
-                    u = self._ns.get(ns)
-                    freed += before - (u.mem if u else 0)
+                    freed += before - self._ns.get(ns, 0)
         return freed
 
     def do_unlink(self, o: _Obj) -> None:
@@ -517,7 +515,7 @@ class MemoryTier(Tier):
                 return Pinned(Status.MISS)
             if expect_version and o.version != expect_version:
                 return Pinned(Status.CONFLICT, o.length, o.version)
-            self.do_bump(o)
+            self.policy.on_hit(o)
             o.pins += 1
         if not o.verified and not self._verify(o):
             return Pinned(Status.CORRUPT)
@@ -567,12 +565,12 @@ class MemoryTier(Tier):
             o = self._index.get((ns, key))
             if o is None:
                 return False
-            self.do_bump(o)
+            self.policy.on_hit(o)
             return True
 
     def delete(self, ns: bytes, key: bytes) -> bool:
         with self._lock:
-            other = self.on_delete(ns, key) if self.on_delete is not None else False
+            other = self._on_delete(ns, key) if self._on_delete is not None else False
             o = self._index.get((ns, key))
             if o is None:
                 return other
@@ -635,7 +633,7 @@ class MemoryTier(Tier):
                 data_off = self.arena.write_header(off, ns, key, version, total_len,
                                                    time.time_ns())
                 o = _Obj(ns, key, off, size_class(need), data_off, total_len, version)
-                self.do_use(ns).mem += o.chunk
+                self.do_charge_ns(ns, o.chunk)
                 self.uncommitted_bytes += o.chunk
                 if holder is not None:
                     self.do_charge(holder, o)  # fits: checked above, under the same lock
@@ -711,11 +709,11 @@ class MemoryTier(Tier):
             old = self.do_link(o)
             if old is not None:
                 self.do_unlink(old)
-            if self.on_publish is not None:
-                self.on_publish(o.ns, o.key, o.version)
+            if self._on_publish is not None:
+                self._on_publish(o.ns, o.key, o.version)
             over = self.live_bytes > self.high * self.capacity
             limit = self.do_mem_limit(o.ns)
-            if limit is not None and self._ns[o.ns].mem > self.high * limit:
+            if limit is not None and self._ns[o.ns] > self.high * limit:
                 self._quota_wants.setdefault(o.ns, 0)  # shed down to low in the background
                 over = True
         if over:
@@ -797,7 +795,8 @@ class MemoryTier(Tier):
 
     def evict_to_low(self) -> None:
         """Namespaces past their quota's high watermark first, down to its low one; then,
-        above the arena's high watermark, LRU objects (to nothing) down to the low one."""
+        above the arena's high watermark, the policy's candidates (to nothing) down to the
+        low one."""
         for ns, excess in self.quota_wants():
             self.evict_ns(ns, excess)
         if self.live_bytes <= self.high * self.capacity:
@@ -810,42 +809,44 @@ class MemoryTier(Tier):
 
     # ------------------------------------------------------------------ tiering
     def claim_cold(self, max_bytes: int, max_items: int = 4096,
-                   ns: bytes | None = None) -> list[_Obj]:
-        """Pin up to ``max_bytes`` of the least recently used objects (of namespace ``ns``
+                   ns: bytes | None = None) -> list[ColdObject]:
+        """Pin up to ``max_bytes`` of the policy's first candidates (of namespace ``ns``
         only, when given) for demotion; namespaces over their quota go first.
 
         Each claimed object must go back through ``finish_demotion``. Its bytes stay
         readable (``data_view``) and are never freed while claimed.
         """
-        out: list[_Obj] = []
+        out: list[ColdObject] = []
         total = 0
         with self._lock:
+            candidates = self.policy.candidates
             if ns is not None:
-                u = self._ns.get(ns)
-                objs = iter(u.lru.values()) if u is not None else iter(())
+                objs = candidates(ns)
             else:
-                objs = itertools.chain(*(self._ns[n].lru.values() for n in self._over
-                                         if n in self._ns), self._index.values())
+                objs = itertools.chain(*(candidates(n) for n in self._over if n in self._ns),
+                                       candidates())
             for o in objs:
                 if o.moving:
                     continue
                 o.pins += 1
                 o.moving = True
-                out.append(o)
+                out.append(ColdObject(o.ns, o.key, o.version, o.length, o.checksum, o.chunk, o))
                 total += o.chunk
                 if total >= max_bytes or len(out) >= max_items:
                     break
         return out
 
-    def data_view(self, o: _Obj) -> memoryview:
-        """The object's bytes in the arena (caller holds a pin; release the view)."""
+    def data_view(self, cold: ColdObject) -> memoryview:
+        """A claimed object's bytes in the arena (the claim pins it; release the view)."""
+        o: _Obj = cold.handle
         return self.arena.buf[o.data_off:o.data_off + o.length]
 
-    def finish_demotion(self, o: _Obj, publish: Callable[[], bool] | None,
+    def finish_demotion(self, cold: ColdObject, publish: Callable[[], bool] | None,
                         corrupt: bool = False) -> bool:
-        """Release a claim. If ``o`` is still the current object and ``publish()`` (run
+        """Release a claim. If the object is still the current one and ``publish()`` (run
         under the lock: it makes the disk copy visible) returns True, drop it from memory
         and return True. ``corrupt``: its bytes failed their checksum: drop and count it."""
+        o: _Obj = cold.handle
         k = (o.ns, o.key)
         with self._lock:
             o.pins -= 1
@@ -888,7 +889,7 @@ class MemoryTier(Tier):
             over = self.live_bytes > self.high * self.capacity
             data_off = self.arena.write_header(off, ns, key, version, len(data), time.time_ns())
             o = _Obj(ns, key, off, csize, data_off, len(data), version, pins=1)
-            self.do_use(ns).mem += csize
+            self.do_charge_ns(ns, csize)
             self.uncommitted_bytes += csize
         dst = self.arena.buf
         for a in range(0, len(data), 256 << 10):  # short GIL holds: serving threads interleave
@@ -909,9 +910,6 @@ class MemoryTier(Tier):
             self.pressure.set()
         return True
 
-    def pending_exists(self, ns: bytes, key: bytes, put_id: int) -> bool:
-        return (ns, key, put_id) in self._pending
-
     def versions(self) -> dict[tuple[bytes, bytes], int]:
         with self._lock:
             return {k: o.version for k, o in self._index.items()}
@@ -924,6 +922,11 @@ class MemoryTier(Tier):
             self.do_unindex(o)
             self.do_unlink(o)
             return True
+
+    def quota_event(self, event: str, ns: bytes, n: int) -> None:
+        """Count a quota event for ``ns`` (the tier below's, e.g. ``disk_evicted``)."""
+        if self.on_quota is not None:
+            self.on_quota(event, ns, n)
 
     def bump_version(self, at_least: int) -> None:
         """Never hand out a version below ``at_least`` (the disk tier's versions)."""
@@ -947,11 +950,12 @@ class MemoryTier(Tier):
     def namespace_usage(self) -> dict[bytes, tuple[int, int]]:
         """``(chunk bytes, 0)`` per namespace (committed, in flight and reserved)."""
         with self._lock:
-            return {ns: (u.mem, 0) for ns, u in self._ns.items()}
+            return {ns: (mem, 0) for ns, mem in self._ns.items()}
 
     def keys(self) -> list[tuple[bytes, bytes]]:
+        """The resident keys, in the policy's order (the first to give up first)."""
         with self._lock:
-            return list(self._index)
+            return [(o.ns, o.key) for o in self.policy.candidates()]
 
     def close(self, clean: bool = True) -> None:
         self._stop.set()

@@ -23,6 +23,10 @@ for bookkeeping only; data is copied *outside* the lock, protected by pins:
   ``release_holder`` when its connection closes. A slot never becomes visible before commit,
   so a reader sees the old object or the new one, never a mix.
 * ``exists``/``delete``/``touch`` never block on IO.
+
+The seams behind it: ``eviction.py`` (which objects memory gives up first),
+``movement.py`` (what the tiered store's mover may call on memory and on disk,
+and the lock order), ``tiering.py`` (promotion and compaction policies).
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ store. Memory stays the front: every put lands in memory, reads try memory
 first and fall back to disk. One background thread, the mover, does all disk
 writes:
 
-* Demotion. Above the memory high watermark the mover claims the LRU-coldest
-  objects (pinned, so their bytes stay put), copies them into the segment
-  log's write buffer — checking each against its checksum on the way — flushes
+* Demotion. Above the memory high watermark the mover claims the coldest
+  objects (the eviction policy's first candidates; pinned, so their bytes stay
+  put), copies them into the segment log's write buffer — checking each
+  against its checksum on the way — flushes
   with one large pwrite, then publishes each disk copy and drops the memory
   copy in one step under memory lock -> disk lock. A reader therefore always
   finds the object in one of the two. An object that changed meanwhile
@@ -33,11 +34,11 @@ writes:
   so a restart cannot resurrect them. Promotion publishes only if the disk
   copy is still current and memory has no newer object.
 * Quotas (``gcache.quotas``). A put that finds its namespace at its memory quota
-  waits up to ``room_wait_s`` for the mover to demote that namespace's own LRU
+  waits up to ``room_wait_s`` for the mover to demote that namespace's own coldest
   objects, then evicts them (never another namespace's). A namespace past the
   high watermark of its quota is demoted down to the low one in the background.
   On disk, a demotion that would take its namespace past ``disk_bytes`` first
-  kills that namespace's oldest disk records (``SegmentLog.do_evict_oldest``);
+  kills that namespace's oldest disk records (``DiskSide.fit_quota``);
   segments are shared, so their space comes back with compaction, but the
   namespace's live bytes never exceed its quota and nobody else's records go.
   An object that cannot fit the namespace's disk quota at all is dropped.
@@ -45,8 +46,12 @@ writes:
   segment log has one writer. ``touch`` refreshes recency on the tier that
   holds the object.
 
+Written only against ``movement`` (``MemorySide``, ``DiskSide`` and the records
+crossing between them); it holds neither tier's lock itself.
+
 Threads: ``Tier`` methods from connection threads; ``step`` from the mover
-(or a test). Lock order: memory tier lock, then segment log lock.
+(or a test). Lock order (``movement.LockRank``): memory tier lock, then segment
+log lock; the memory tier's hooks and callbacks are the only place both are held.
 """
 
 from __future__ import annotations
@@ -59,11 +64,10 @@ import itertools
 import queue
 from typing import Any, Callable
 
-from gcache.server.arena import header_len, size_class
-from gcache.server.memory_tier import MemoryTier
-from gcache.server.segment_log import Entry, ReadLease, SegmentLog, record_geometry
+from gcache.server.movement import (ColdObject, DemoteItem, DiskSide, MemorySide, ReadLease,
+                                    disk_hooks)
 from gcache.server.tier import Pinned, PutSlot, Tier
-from gcache.server.tiering import PromotePolicy, carry_over
+from gcache.server.tiering import CompactionPolicy, PromotePolicy, SecondChance
 from gcache.status import Status
 
 log = logging.getLogger("gcache.server.tiering")
@@ -75,22 +79,27 @@ _COMPACTIONS_PER_BATCH = 4
 class _Frame:
     """One GET frame's disk reads, claimed item by item by the caller and IO threads."""
 
-    __slots__ = ("ns", "items", "out", "todo", "claim", "left", "lock", "done", "failed")
+    __slots__ = ("ns", "items", "out", "todo", "claim", "left", "mutex", "done", "failed")
 
     def __init__(self, ns: bytes, items: list, out: list[Pinned], todo: list[int]) -> None:
         self.ns, self.items, self.out, self.todo = ns, items, out, todo
         self.claim = itertools.count()  # next() is atomic under the GIL
         self.left = len(todo)
-        self.lock = threading.Lock()
+        self.mutex = threading.Lock()
         self.done = threading.Event()
         self.failed: BaseException | None = None
 
 
 class TieredStore(Tier):
-    def __init__(self, memory: MemoryTier, disk: SegmentLog, promote: PromotePolicy, *,
+    def __init__(self, memory: MemorySide, disk: DiskSide, promote: PromotePolicy, *,
                  clock: Callable[[], float] = time.monotonic, room_wait_s: float = 0.5,
-                 probe_interval_s: float = 1.0, io_threads: int = 8) -> None:
+                 probe_interval_s: float = 1.0, io_threads: int = 8,
+                 compaction: CompactionPolicy | None = None) -> None:
+        """``promote``: when a disk hit goes back to memory; ``compaction``: which
+        segment compaction reclaims and which records it carries (default
+        ``SecondChance``). Both from ``tiering``."""
         self.memory, self.disk, self.promote = memory, disk, promote
+        self.compaction = compaction if compaction is not None else SecondChance()
         self.clock = clock
         self.room_wait = room_wait_s
         self.probe_interval = probe_interval_s
@@ -114,9 +123,7 @@ class TieredStore(Tier):
                                              daemon=True) for i in range(io_threads)]
         for t in self._io_threads:
             t.start()
-        memory.on_publish = self._on_publish
-        memory.on_delete = self._on_delete
-        memory.is_clean = disk.has
+        memory.attach(disk_hooks(disk))  # one authoritative copy per key, atomically
         self.quotas = memory.quotas
         self._disk_quota_gen = -1
         self.recovery = self._reconcile()
@@ -124,19 +131,7 @@ class TieredStore(Tier):
     # ------------------------------------------------------------------ startup
     def _reconcile(self) -> dict:
         """After both tiers recovered: one version per key, versions never reused."""
-        mem = self.memory.versions()
-        stale_mem = []
-        killed = 0
-        with self.disk.lock:
-            for (ns, key), v in mem.items():
-                e = self.disk.do_get(ns, key)
-                if e is None or e.version == v:
-                    continue
-                if e.version < v:
-                    self.disk.do_kill(ns, key, e)
-                    killed += 1
-                else:
-                    stale_mem.append((ns, key, v))
+        killed, stale_mem = self.disk.supersede(self.memory.versions())
         for ns, key, v in stale_mem:
             self.memory.delete_version(ns, key, v)
         self.memory.bump_version(self.disk.max_version + 1)
@@ -145,14 +140,6 @@ class TieredStore(Tier):
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="gcache-mover", daemon=True)
         self._thread.start()
-
-    # ------------------------------------------------------------------ hooks (memory lock held)
-    def _on_publish(self, ns: bytes, key: bytes, version: int) -> None:
-        with self.disk.lock:
-            self.disk.do_invalidate_below(ns, key, version)
-
-    def _on_delete(self, ns: bytes, key: bytes) -> bool:
-        return self.disk.delete(ns, key)
 
     # ------------------------------------------------------------------ reads
     def pin_read(self, ns: bytes, key: bytes, offset: int, max_len: int,
@@ -193,7 +180,7 @@ class TieredStore(Tier):
                 out[i] = read(frame.ns, *items[i])
             except BaseException as exc:  # noqa: B036 - handed to the caller, who raises it
                 frame.failed = frame.failed or exc
-            with frame.lock:
+            with frame.mutex:
                 frame.left -= 1
                 if frame.left == 0:
                     frame.done.set()
@@ -257,13 +244,13 @@ class TieredStore(Tier):
                              csum=csum, holder=holder)
         if slot.status != Status.NO_SPACE:
             return slot
-        need = header_len(len(ns), len(key)) + total_len
+        need = mem.object_bytes(ns, key, total_len)
         now = time.monotonic()
         if slot.extra.get("quota"):  # its own namespace is full: demote (or evict) its own
             if not self.disk.degraded and now >= self._no_wait_until:
                 end = now + self.room_wait
                 while time.monotonic() < end and not self.disk.degraded:
-                    mem.want_quota_room(ns, size_class(need))
+                    mem.want_quota_room(ns, need)
                     with self._room:
                         self._room.wait(min(max(0.0, end - time.monotonic()), 0.05))
                     slot = mem.begin_put(ns, key, total_len, offset, length, put_id,
@@ -360,7 +347,7 @@ class TieredStore(Tier):
             for _ in range(_COMPACTIONS_PER_BATCH):
                 if not disk.needs_compaction() or disk.degraded:
                     break
-                disk.compact_one(carry_over)
+                disk.compact_one(self.compaction)
             moved = self._demote_batch(max(int(mem.live_bytes - low), want))
             self._notify_room()
             mem.expire_pending()  # a long demotion run must not keep stalled puts alive
@@ -381,21 +368,20 @@ class TieredStore(Tier):
         if self.quotas is None or self.quotas.generation == self._disk_quota_gen:
             return
         self._disk_quota_gen = self.quotas.generation
-        with self.disk.lock:
-            for ns in list(self.disk.namespace_bytes()):
-                limit = self.quotas.limits(ns).disk_bytes
-                while limit is not None and self.disk.do_ns_bytes(ns) > limit:
-                    if not self.disk.do_evict_oldest(ns):
-                        break
-                    self._count_quota_eviction(ns)
+        for ns in self.disk.namespace_bytes():
+            limit = self.quotas.limits(ns).disk_bytes
+            if limit is not None:
+                self._count_quota_eviction(ns, self.disk.fit_quota(ns, limit, 0)[0])
 
-    def _count_quota_eviction(self, ns: bytes) -> None:
+    def _count_quota_eviction(self, ns: bytes, n: int = 1) -> None:
+        if not n:
+            return
         with self._stats_lock:
-            self.counters["disk_quota_evictions"] += 1
-        if self.memory.on_quota is not None:
-            self.memory.on_quota("disk_evicted", ns, 1)
+            self.counters["disk_quota_evictions"] += n
+        self.memory.quota_event("disk_evicted", ns, n)
 
-    def _fit_disk_quotas(self, dirty: list) -> tuple[list, list]:
+    def _fit_disk_quotas(self, dirty: list[ColdObject]
+                         ) -> tuple[list[ColdObject], list[ColdObject]]:
         """Split objects headed for disk into those that fit their namespace's disk quota
         (after killing that namespace's oldest records) and those that do not (dropped).
         The warmest objects are placed first, so the coldest are the ones dropped."""
@@ -403,23 +389,19 @@ class TieredStore(Tier):
             return dirty, []
         fit, drop = [], []
         planned: dict[bytes, int] = {}
-        with self.disk.lock:
-            for o in reversed(dirty):  # claimed coldest first
-                limit = self.quotas.limits(o.ns).disk_bytes
-                if limit is None:
-                    fit.append(o)
-                    continue
-                rec = record_geometry(len(o.ns), len(o.key), o.length)[1]
-                want = planned.get(o.ns, 0) + rec
-                while self.disk.do_ns_bytes(o.ns) + want > limit:
-                    if not self.disk.do_evict_oldest(o.ns):
-                        break
-                    self._count_quota_eviction(o.ns)
-                if self.disk.do_ns_bytes(o.ns) + want <= limit:
-                    planned[o.ns] = want
-                    fit.append(o)
-                else:
-                    drop.append(o)
+        for o in reversed(dirty):  # claimed coldest first
+            limit = self.quotas.limits(o.ns).disk_bytes
+            if limit is None:
+                fit.append(o)
+                continue
+            want = planned.get(o.ns, 0) + self.disk.record_bytes(o.ns, o.key, o.length)
+            killed, fits = self.disk.fit_quota(o.ns, limit, want)
+            self._count_quota_eviction(o.ns, killed)
+            if fits:
+                planned[o.ns] = want
+                fit.append(o)
+            else:
+                drop.append(o)
         fit.reverse()
         return fit, drop
 
@@ -442,7 +424,7 @@ class TieredStore(Tier):
                 self._count_quota_eviction(o.ns)
         views = [mem.data_view(o) for o in dirty]
         try:
-            res = disk.append([(o.ns, o.key, o.version, v, o.checksum, 0)
+            res = disk.append([DemoteItem(o.ns, o.key, o.version, v, o.checksum)
                                for o, v in zip(dirty, views)])
         finally:
             for v in views:
@@ -454,26 +436,19 @@ class TieredStore(Tier):
                 moved_bytes += o.length
                 freed += o.chunk
         for o, r in zip(dirty, res):
-            if isinstance(r, Entry):
-                if mem.finish_demotion(o, lambda o=o, r=r: self._publish(o.ns, o.key, r)):
-                    moved += 1
-                    moved_bytes += o.length
-                    freed += o.chunk
-                else:
-                    with disk.lock:
-                        if disk.index.get((o.ns, o.key)) is not r:
-                            disk.do_kill(o.ns, o.key, r, indexed=False)  # changed meanwhile
-            else:
+            if isinstance(r, Status):  # never written
                 mem.finish_demotion(o, None, corrupt=r == Status.CORRUPT)
+            elif mem.finish_demotion(o, lambda o=o, r=r: disk.publish(o.ns, o.key, r)):
+                moved += 1
+                moved_bytes += o.length
+                freed += o.chunk
+            else:
+                disk.discard(o.ns, o.key, r)  # changed meanwhile
         with self._stats_lock:
             self.counters["demoted"] += moved
             self.counters["demoted_bytes"] += moved_bytes
             self.counters["demote_batches"] += 1
         return freed
-
-    def _publish(self, ns: bytes, key: bytes, e: Entry) -> bool:
-        with self.disk.lock:  # memory lock held by finish_demotion
-            return self.disk.do_insert(ns, key, e)
 
     def _promote_queued(self) -> None:
         while True:
@@ -503,8 +478,7 @@ class TieredStore(Tier):
     def namespace_usage(self) -> dict[bytes, tuple[int, int]]:
         """``(memory bytes, disk bytes)`` per namespace."""
         mem = self.memory.namespace_usage()
-        with self.disk.lock:
-            disk = self.disk.namespace_bytes()
+        disk = self.disk.namespace_bytes()
         return {ns: (mem.get(ns, (0, 0))[0], disk.get(ns, 0))
                 for ns in mem.keys() | disk.keys()}
 

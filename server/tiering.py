@@ -1,10 +1,11 @@
 """Tiering policy: when a disk hit goes back to memory, which disk records stay hot.
 
-Design. Policy is kept apart from mechanism: ``segment_log`` moves records and
+Design. Policy is kept apart from mechanism: ``disk`` (the segment log) moves records and
 ``tiered_store`` moves objects between tiers; the decisions live here so a
 smarter policy (prefix-chain aware, S3-FIFO ghost lists) replaces a class, not
-the movers. Demotion order is the memory tier's LRU order (its eviction
-policy); this module decides the two other questions:
+the movers. Both are injected into ``TieredStore`` (``promote=``,
+``compaction=``). Demotion order is the memory tier's eviction order (its
+``eviction.EvictionPolicy``); this module decides the other questions:
 
 * ``PromotePolicy.on_hit`` — called on each object-level disk hit (a read at
   offset 0, so the slices of one sliced get count once), from connection
@@ -13,8 +14,13 @@ policy); this module decides the two other questions:
   promotes a key hit twice within ``promote_window_ms`` (one-hit wonders stay
   on disk, like a doorkeeper filter). The second-hit table is bounded: the
   oldest entries are forgotten first, which only delays a promotion.
-* ``carry_over`` — compaction keeps a record whose ``ref`` bit says it was
-  read or touched since it was written (second chance); cold records are
+* ``CompactionPolicy`` — which sealed segment compaction reclaims
+  (``victim``: called by the mover thread with the segment log's lock held; it
+  must not block) and which of its live records are carried to the head of the
+  log instead of dropped (``carry``: mover thread, no lock held; must not
+  block). ``SecondChance`` (the default) reclaims the segment with the fewest
+  live bytes (ties: the oldest) and carries a record whose ``ref`` bit says it
+  was read or touched since it was written (``carry_over``); cold records are
   dropped with their segment. The bit is cleared when the record is carried,
   so every record gets one more round and compaction always makes progress.
 """
@@ -25,13 +31,16 @@ import abc
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 from gcache.config import PROMOTE_POLICIES
-from gcache.server.segment_log import Entry
+
+if TYPE_CHECKING:  # the segment log imports this module: no import back at run time
+    from gcache.server.disk.records import Entry
 
 __all__ = ["PromotePolicy", "NeverPromote", "PromoteOnFirstHit", "PromoteOnSecondHit",
-           "make_promote_policy", "carry_over"]
+           "make_promote_policy", "carry_over", "SealedSegment", "CompactionPolicy",
+           "SecondChance"]
 
 
 class PromotePolicy(abc.ABC):
@@ -94,3 +103,39 @@ def make_promote_policy(name: str, window_ms: int,
 def carry_over(ns: bytes, key: bytes, e: Entry) -> bool:
     """Compaction: keep a record that was read or touched since it was written."""
     return e.ref
+
+
+class SealedSegment(NamedTuple):
+    """What a compaction policy sees of a segment it may reclaim."""
+
+    id: int  # ascending: a higher id was opened later
+    live_bytes: int  # record bytes still indexed in it
+    created_ns: int
+
+
+class CompactionPolicy(abc.ABC):
+    """Which segment compaction reclaims, and which of its live records it keeps."""
+
+    name = ""
+
+    @abc.abstractmethod
+    def victim(self, sealed: Sequence[SealedSegment]) -> int:
+        """The id of the segment to reclaim (``sealed`` is never empty). Mover thread,
+        segment log lock held: must not block."""
+
+    @abc.abstractmethod
+    def carry(self, ns: bytes, key: bytes, e: Entry) -> bool:
+        """True: rewrite this live record of the victim at the log's head (its ``ref``
+        bit is then cleared); False: drop it with the segment. Mover thread, no lock."""
+
+
+class SecondChance(CompactionPolicy):
+    """Reclaim the emptiest segment (ties: the oldest); carry what was used since."""
+
+    name = "second-chance"
+
+    def victim(self, sealed: Sequence[SealedSegment]) -> int:
+        return min(sealed, key=lambda s: (s.live_bytes, s.id)).id
+
+    def carry(self, ns: bytes, key: bytes, e: Entry) -> bool:
+        return carry_over(ns, key, e)

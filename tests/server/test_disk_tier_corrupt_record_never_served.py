@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from gcache.sdk import Client, Status
-from gcache.server.segment_log import BLOCK, REC_HDR, REC_MAGIC, segment_paths, tier_root
+from gcache.server.disk.records import BLOCK, REC_HDR, REC_MAGIC, segment_paths, tier_root
 from gcache.testing.oracle import check_value, value_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(120)]

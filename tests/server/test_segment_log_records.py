@@ -7,8 +7,9 @@ import os
 import pytest
 
 from gcache import failpoints
-from gcache.server.segment_log import (BLOCK, REC_HDR, Entry, SegmentLog, record_geometry,
-                                       segment_paths)
+from gcache.server.disk import SegmentLog
+from gcache.server.disk.records import BLOCK, REC_HDR, Entry, record_geometry, segment_paths
+from gcache.server.tiering import SecondChance
 from gcache.status import Status
 from gcache.testing.oracle import value_for
 
@@ -278,7 +279,7 @@ def test_read_eio_and_injected_corruption_are_dropped_not_served(tmp_path):
 
 
 def test_geometry_and_directory_faults_are_setup_errors(tmp_path):
-    from gcache.server.segment_log import DiskError
+    from gcache.server.disk import DiskError
 
     with pytest.raises(DiskError, match="raise --disk"):
         _log(tmp_path, capacity_bytes=8 * MIB)
@@ -288,3 +289,23 @@ def test_geometry_and_directory_faults_are_setup_errors(tmp_path):
     with pytest.raises(DiskError, match="in use"):
         _log(tmp_path)
     log.close()
+
+
+def test_compaction_reclaims_the_segment_its_policy_picks(tmp_path):
+    class NewestSealedCarryNothing(SecondChance):
+        def victim(self, sealed):
+            return max(s.id for s in sealed)
+
+        def carry(self, ns, key, e):
+            return False
+
+    log = _log(tmp_path, capacity_bytes=24 * MIB)
+    keys = [b"c%d" % i for i in range(56)]  # 13 per segment: 5 segments, the 5th active
+    _write(log, [(k, 300_000) for k in keys])
+    for k in keys:
+        assert log.touch(NS, k)  # all hot: SecondChance would carry them
+    res = log.compact_one(NewestSealedCarryNothing())
+    assert res == {"carried": 0, "dropped": 13, "segment": 4}
+    assert [_get(log, k)[0] for k in keys[39:52]] == [Status.MISS] * 13
+    assert all(_get(log, k)[0] == Status.OK for k in keys[:39] + keys[52:])
+    log.close(clean=False)

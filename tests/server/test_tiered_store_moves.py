@@ -7,7 +7,7 @@ import pytest
 
 from gcache.server.arena import Arena
 from gcache.server.memory_tier import MemoryTier
-from gcache.server.segment_log import SegmentLog
+from gcache.server.disk import SegmentLog
 from gcache.server.tiered_store import TieredStore
 from gcache.server.tiering import make_promote_policy
 from gcache.status import Status

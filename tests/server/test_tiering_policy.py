@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gcache.server.segment_log import Entry
-from gcache.server.tiering import carry_over, make_promote_policy
+from gcache.server.disk import Entry
+from gcache.server.tiering import SealedSegment, SecondChance, carry_over, make_promote_policy
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 
@@ -59,3 +59,13 @@ def test_compaction_carries_only_referenced_records() -> None:
     assert not carry_over(b"n", b"k", e)
     e.ref = True
     assert carry_over(b"n", b"k", e)
+
+
+def test_second_chance_reclaims_the_emptiest_segment_oldest_first() -> None:
+    p = SecondChance()
+    assert p.victim([SealedSegment(3, 500, 0), SealedSegment(1, 900, 0),
+                     SealedSegment(2, 100, 0), SealedSegment(4, 100, 0)]) == 2
+    e = Entry(1, 4096, 8192, 128, 5000, 3, 0, 18)
+    assert not p.carry(b"n", b"k", e)
+    e.ref = True
+    assert p.carry(b"n", b"k", e)
