@@ -105,7 +105,7 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
         s = tier.stats()
         svc = metrics_holder.get("svc")
         s["connections"] = svc.connections if svc else 0
-        s.update(shm_ops.transport_stats(nixl is not None))
+        s.update(shm.stats(nixl is not None))
         return s
 
     metrics = ServerMetrics(stats, cfg.metrics_max_namespaces,
@@ -116,10 +116,12 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
                              quotas=quotas, on_quota=metrics.quota_event)
     log.info("arena ready", extra={"fields": {k: v for k, v in memory_tier.recovery.items()}})
     limits = build_limits(cfg)
+    shm = shm_ops.ShmRegistry()  # GCACHE_SHM_LEASE_MS is read here
     tier = memory_tier if not cfg.disk_dir else _open_disk_tier(cfg, memory_tier, limits)
     try:
         # under TLS nixl stays off: its bytes would bypass the TLS channel
-        nixl = nixl_ops.start("off" if tls is not None else cfg.nixl, arena, cfg.name)
+        nixl = nixl_ops.start("off" if tls is not None else cfg.nixl, arena, cfg.name,
+                              shm.lease_ms)
     except Exception as exc:  # NixlUnavailable, or the backend refused the registration
         tier.close(clean=True)
         log.error("cannot start the nixl transport: %s", exc)
@@ -135,7 +137,7 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
                       handshake_timeout_ms=cfg.handshake_timeout_ms,
                       send_timeout_ms=cfg.send_timeout_ms,
                       request_timeout_ms=cfg.request_timeout_ms, tls=tls, quotas=quotas,
-                      shm_trusted_writers=cfg.shm_trusted_writers)
+                      shm_trusted_writers=cfg.shm_trusted_writers, shm=shm)
     except (ValueError, OSError) as exc:
         if nixl is not None:
             nixl.close()
@@ -164,6 +166,7 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
         http = serve_http(cfg.metrics_listen, metrics,
                           lambda: {"status": "ok", "name": cfg.name, **stats()}, tls=tls)
         log.info("metrics on %s://%s:%d/metrics", http.scheme, *http.server_address[:2])
+    shm.start()
     tier.start()
     svc.start()
     stop, hup = threading.Event(), threading.Event()
@@ -185,6 +188,7 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
     if agent is not None:
         agent.stop()
     svc.stop()
+    shm.stop()
     if http is not None:
         http.shutdown()
     if nixl is not None:

@@ -98,8 +98,10 @@ class Service:
                  max_preauth_connections: int = 256, max_preauth_per_ip: int = 128,
                  handshake_timeout_ms: int = 5000, send_timeout_ms: int = 10000,
                  request_timeout_ms: int = 10000, tls: ssl.SSLContext | None = None,
-                 quotas: Any = None, shm_trusted_writers: bool = False) -> None:
+                 quotas: Any = None, shm_trusted_writers: bool = False,
+                 shm: shm_ops.ShmRegistry) -> None:
         self.tier, self.name, self.token, self.limits = tier, name, token, limits
+        self.shm = shm  # the connections' shm leases and slots (its owner runs the reaper)
         self.quotas = quotas  # gcache.quotas.QuotaStore: per-namespace rows in STATS
         self.credentials = credentials or CredentialStore(token=token)
         self.tls = tls  # a server context: every connection must speak TLS
@@ -260,7 +262,7 @@ class Service:
             log.exception("connection handler failed",
                           extra={"fields": {"peer": str(handler.peer)}})
         finally:
-            shm_ops.release_all(handler)  # the connection's shm leases and slots
+            self.shm.release_all(handler)  # the connection's shm leases and slots
             with self._lock:
                 self._conns.pop(handler.sock, None)
                 self.do_drop_preauth(handler)
@@ -343,6 +345,7 @@ class _Connection:
         self.authed = False
         self.cred: Credential | None = None  # set by AUTH, re-resolved every frame
         self.nonce = os.urandom(16)
+        self.shm_state: shm_ops.ShmState | None = None  # made by svc.shm on first use
 
     def reply(self, opcode: int, rid: int, meta: Any, payload: list | None = None,
               status: int = 0) -> None:
@@ -510,7 +513,7 @@ class _Connection:
         s = dict(self.svc.tier.stats())
         s.update(name=self.svc.name, address=self.svc.address,
                  connections=self.svc.connections, uptime_s=time.time() - self.svc.started,
-                 **shm_ops.transport_stats(bool(self.svc.nixl_info)))
+                 **self.svc.shm.stats(bool(self.svc.nixl_info)))
         s["namespaces"] = self.svc.tier.namespace_stats(self.svc.quotas,
                                                         self.svc.metrics.namespace.limit)
         return s
@@ -551,7 +554,7 @@ class _Connection:
         info = self.svc.nixl_info
         # only authenticated peers learn where the arena is (shm: path, uid, boot id) and
         # how to reach it (nixl: metadata carrying memory keys)
-        self.reply(Op.AUTH, rid, {"ok": True, **shm_ops.identity_fields(self.svc.tier),
+        self.reply(Op.AUTH, rid, {"ok": True, **shm_ops.identity_fields(self.svc.tier, self.svc.shm.lease_ms),
                                   **({"nixl": info} if info else {})})
         return True
 
@@ -584,7 +587,7 @@ class _Connection:
                 # for it (bounded, released when it closes)
                 # as in PUT_STAGED: only a put waiting for other frames' slices holds a
                 # reservation past this request
-                holder = None if (key, pid) in whole else shm_ops.holder(self)
+                holder = None if (key, pid) in whole else self.svc.shm.holder(self)
                 slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum, holder=holder)
                         if tl <= lim.max_value_bytes else None)
                 if slot is None or slot.status != Status.OK:
