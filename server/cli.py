@@ -33,7 +33,7 @@ from gcache.server.memory_tier import MemoryTier
 from gcache.server.metrics import ServerMetrics, serve_http
 from gcache.network import check_bind
 from gcache.server import nixl_ops, shm_ops
-from gcache.server.service import Service
+from gcache.server.service import Service, listen_on
 
 log = logging.getLogger("gcache.server")
 
@@ -129,28 +129,18 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
                          ) from None
 
     try:
-        svc = Service(tier, listen=cfg.listen, name=cfg.name, token=cfg.token, limits=limits,
-                      metrics=metrics, max_connections=cfg.max_connections,
-                      credentials=credentials,
-                      max_preauth_connections=cfg.max_preauth_connections,
-                      max_preauth_per_ip=cfg.max_preauth_per_ip,
-                      handshake_timeout_ms=cfg.handshake_timeout_ms,
-                      send_timeout_ms=cfg.send_timeout_ms,
-                      request_timeout_ms=cfg.request_timeout_ms, tls=tls, quotas=quotas,
-                      shm_trusted_writers=cfg.shm_trusted_writers, shm=shm)
+        listener = listen_on(cfg.listen, credentials.required)
     except (ValueError, OSError) as exc:
         if nixl is not None:
             nixl.close()
         tier.close(clean=True)
         log.error("cannot listen on %s: %s", cfg.listen, exc)
         raise SystemExit(f"gcache-server: cannot listen on {cfg.listen}: {exc}") from None
-    metrics_holder["svc"] = svc
-    svc.nixl_info = nixl.info if nixl is not None else None
     agent = None
     if cfg.masters:
         from gcache.server.agent import MembershipAgent
 
-        advertise = cfg.advertise or svc.address
+        advertise = cfg.advertise or listener.address
         if advertise.rsplit(":", 1)[0].strip("[]") in ("0.0.0.0", "::"):
             import socket
 
@@ -159,7 +149,18 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
         agent = MembershipAgent(cfg.masters, cfg.credential or cfg.token, cfg.name, advertise,
                                 tier.capacity, stats, cfg.heartbeat_interval_ms,
                                 tls=masters_tls)
-        svc.ownership = agent
+    svc = Service(tier, listener=listener, name=cfg.name, token=cfg.token, limits=limits,
+                  metrics=metrics, max_connections=cfg.max_connections,
+                  credentials=credentials,
+                  max_preauth_connections=cfg.max_preauth_connections,
+                  max_preauth_per_ip=cfg.max_preauth_per_ip,
+                  handshake_timeout_ms=cfg.handshake_timeout_ms,
+                  send_timeout_ms=cfg.send_timeout_ms,
+                  request_timeout_ms=cfg.request_timeout_ms, tls=tls, quotas=quotas,
+                  shm_trusted_writers=cfg.shm_trusted_writers, shm=shm, ownership=agent,
+                  nixl_info=nixl.info if nixl is not None else None)
+    metrics_holder["svc"] = svc
+    if agent is not None:
         agent.start()  # in the background: serving never waits for the masters
     http = None
     if cfg.metrics_listen:

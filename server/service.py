@@ -43,7 +43,7 @@ import socket
 import ssl
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from gcache import tls as tlslib
 from gcache.credentials import Credential, CredentialStore, Right
@@ -73,6 +73,32 @@ _PREAUTH_OPS = frozenset({Op.AUTH, Op.PING})  # all a stranger may send
 _TLS_PLAIN_WAIT_S = 1.0  # a peer silent this long after connecting is a plain gcache client
 
 
+class Listener(NamedTuple):
+    """A bound, listening data socket and the ``host:port`` it answers on (the port the
+    kernel chose when ``listen`` asked for port 0)."""
+
+    sock: socket.socket
+    address: str
+
+
+def listen_on(listen: str, auth_required: str | bool) -> Listener:
+    """Bind and listen on ``listen`` (``host:port``). A non-loopback address without auth
+    raises ValueError (``check_bind``); a bind that fails raises OSError."""
+    check_bind(listen, auth_required)
+    host, port = listen.rsplit(":", 1)
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, int(port)))
+        sock.listen(512)
+    except BaseException:
+        sock.close()
+        raise
+    return Listener(sock, f"{host}:{sock.getsockname()[1]}")
+
+
 class Service:
     """The listening socket, its connections and their deadlines.
 
@@ -90,16 +116,24 @@ class Service:
     socket of any connection past its deadline, which fails the blocked ``recv``/``send``
     in its thread, whose cleanup then releases the connection's pins, leases and slots.
     A per-call socket timeout would restart on every byte; this deadline does not.
+
+    Built from a ``Listener`` (``listen_on``, which the owner binds first so it knows the
+    address before anything else is built), the ownership check (``ownership``: the
+    ``MembershipAgent`` when masters are configured, else None) and the arena's NIXL
+    registration (``nixl_info``, sent in the AUTH reply). ``start`` / ``stop`` run on the
+    owner's thread; ``stop`` is bounded (about 5 s) and closes the listening socket.
     """
 
-    def __init__(self, tier: Tier, *, listen: str, name: str, token: str, limits: Limits,
+    def __init__(self, tier: Tier, *, listener: Listener, name: str, token: str,
+                 limits: Limits,
                  metrics: ServerMetrics, max_connections: int = 1024,
                  credentials: CredentialStore | None = None,
                  max_preauth_connections: int = 256, max_preauth_per_ip: int = 128,
                  handshake_timeout_ms: int = 5000, send_timeout_ms: int = 10000,
                  request_timeout_ms: int = 10000, tls: ssl.SSLContext | None = None,
                  quotas: Any = None, shm_trusted_writers: bool = False,
-                 shm: shm_ops.ShmRegistry) -> None:
+                 shm: shm_ops.ShmRegistry, ownership: Any = None,
+                 nixl_info: dict | None = None) -> None:
         self.tier, self.name, self.token, self.limits = tier, name, token, limits
         self.shm = shm  # the connections' shm leases and slots (its owner runs the reaper)
         self.quotas = quotas  # gcache.quotas.QuotaStore: per-namespace rows in STATS
@@ -112,19 +146,11 @@ class Service:
         self.max_preauth_per_ip = max_preauth_per_ip
         self.handshake_s, self.send_s = handshake_timeout_ms / 1000.0, send_timeout_ms / 1000.0
         self.request_s = request_timeout_ms / 1000.0
-        self.ownership = None  # MembershipAgent when --masters is set: NOT_OWNER checks
-        self.nixl_info: dict | None = None  # arena registration, sent in the AUTH reply
+        self.ownership = ownership  # MembershipAgent when --masters is set: NOT_OWNER checks
+        self.nixl_info = nixl_info  # arena registration, sent in the AUTH reply
         # same-host peers may ALLOC (write the arena themselves); see shm_ops.alloc_refusal
         self.shm_trusted_writers = shm_trusted_writers
-        check_bind(listen, self.credentials.required)
-        host, port = listen.rsplit(":", 1)
-        host = host.strip("[]")
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, int(port)))
-        self.sock.listen(512)
-        self.address = f"{host}:{self.sock.getsockname()[1]}"
+        self.sock, self.address = listener
         # under _lock: every open connection, the unauthenticated ones (oldest first) and
         # their count per peer address. A socket is shut down by another thread only while
         # it is in _conns, and closed only after leaving it (no fd-reuse race).
