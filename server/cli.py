@@ -30,7 +30,7 @@ from gcache.logs import setup_logging
 from gcache.protocol import Limits
 from gcache.server.arena import Arena, ArenaError, arena_path, header_len
 from gcache.server.memory_tier import MemoryTier
-from gcache.server.metrics import ServerMetrics, serve_http
+from gcache.server.metrics import MetricsEndpoint, ServerMetrics
 from gcache.network import check_bind
 from gcache.server import nixl_ops, shm_ops
 from gcache.server.service import Service, listen_on
@@ -99,17 +99,14 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
                  "clean" if arena.was_clean else "a crash: verifying every object")
     else:
         log.info("clean start of arena %s: %s", path, arena.reuse_reason)
-    metrics_holder: dict = {}
 
-    def stats() -> dict:
+    def stats() -> dict:  # called once svc exists (heartbeats, scrapes)
         s = tier.stats()
-        svc = metrics_holder.get("svc")
-        s["connections"] = svc.connections if svc else 0
+        s["connections"] = svc.connections
         s.update(shm.stats(nixl is not None))
         return s
 
-    metrics = ServerMetrics(stats, cfg.metrics_max_namespaces,
-                            usage_fn=lambda: tier.namespace_usage(), quotas=quotas)
+    metrics = ServerMetrics(cfg.metrics_max_namespaces)
     memory_tier = MemoryTier(arena, high_watermark=cfg.high_watermark,
                              low_watermark=cfg.low_watermark,
                              pending_put_timeout_ms=cfg.pending_put_timeout_ms,
@@ -159,14 +156,16 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
                   request_timeout_ms=cfg.request_timeout_ms, tls=tls, quotas=quotas,
                   shm_trusted_writers=cfg.shm_trusted_writers, shm=shm, ownership=agent,
                   nixl_info=nixl.info if nixl is not None else None)
-    metrics_holder["svc"] = svc
     if agent is not None:
         agent.start()  # in the background: serving never waits for the masters
     http = None
     if cfg.metrics_listen:
-        http = serve_http(cfg.metrics_listen, metrics,
-                          lambda: {"status": "ok", "name": cfg.name, **stats()}, tls=tls)
-        log.info("metrics on %s://%s:%d/metrics", http.scheme, *http.server_address[:2])
+        http = MetricsEndpoint(cfg.metrics_listen, metrics, stats_fn=stats,
+                               usage_fn=tier.namespace_usage, quotas=quotas,
+                               health_fn=lambda: {"status": "ok", "name": cfg.name, **stats()},
+                               tls=tls)
+        http.start()
+        log.info("metrics on %s://%s:%d/metrics", http.scheme, *http.address)
     shm.start()
     tier.start()
     svc.start()
@@ -179,7 +178,7 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
                                           else "on" if tls is not None else "off"}})
     print(f"GCACHE_LISTEN={svc.address}", flush=True)
     if http is not None:
-        print(f"GCACHE_METRICS={http.server_address[0]}:{http.server_address[1]}", flush=True)
+        print(f"GCACHE_METRICS={http.address[0]}:{http.address[1]}", flush=True)
     while not stop.wait(0.2):
         if hup.is_set():
             hup.clear()
@@ -191,7 +190,7 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
     svc.stop()
     shm.stop()
     if http is not None:
-        http.shutdown()
+        http.stop()
     if nixl is not None:
         nixl.close()  # explicit: a NIXL agent left to interpreter exit can crash it
     tier.close(clean=True)
