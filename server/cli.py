@@ -191,6 +191,8 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
     shm.stop()
     if http is not None:
         http.stop()
+    if agent is not None:
+        agent.join(1.0)  # before the tier closes: a heartbeat reads its stats
     if nixl is not None:
         nixl.close()  # explicit: a NIXL agent left to interpreter exit can crash it
     tier.close(clean=True)
