@@ -22,6 +22,9 @@ NixlUnavailable     no              the NIXL library or its agent cannot be used
 ArenaError          no              the shared-memory arena cannot be created or mapped
 DiskError           no              the NVMe tier cannot be set up (bad geometry, in use)
 SnapshotRefused     no              a Raft snapshot failed its schema check
+ServerStartError    no              a gcache-server cannot be built: credentials, a bind,
+                                    the arena, the disk tier or nixl refused (the message
+                                    says which, and what to fix)
 ==================  ==============  ===================================================
 """
 
@@ -30,7 +33,7 @@ from __future__ import annotations
 __all__ = [
     "GCacheError", "ConfigError", "AuthError", "ProtocolError", "TransportTimeout",
     "MasterUnavailable", "MasterError", "NixlUnavailable", "ArenaError", "DiskError",
-    "SnapshotRefused", "MISS_ERRORS",
+    "SnapshotRefused", "ServerStartError", "MISS_ERRORS",
 ]
 
 
@@ -89,6 +92,11 @@ class DiskError(GCacheError, RuntimeError):
 
 class SnapshotRefused(GCacheError, ValueError):
     """A Raft snapshot is not one this master wrote: refused, nothing run."""
+
+
+class ServerStartError(GCacheError, RuntimeError):
+    """A gcache-server could not be built (``gcache.server.app.Server``); nothing it
+    built is left open. ``gcache-server`` exits with ``gcache-server: <message>``."""
 
 
 #: The exceptions a caller may treat as a miss (see the table above).
