@@ -47,7 +47,7 @@ Threads:
  * ``run``: the main thread only (it installs the SIGTERM / SIGINT / SIGHUP handlers);
    blocks until SIGTERM or SIGINT, then stops.
  * ``stats``, ``health``: any thread (scrapes, heartbeats, tests); never block.
- * ``reload``: any thread (``run`` calls it on SIGHUP).
+ * ``reload``: the owner's thread (``run`` calls it on SIGHUP, outside the handler).
 
 Process-wide settings are not the server's: logging and failpoints are set up by the
 CLI (``gcache.server.cli``) before it builds the server.
@@ -156,6 +156,7 @@ class Server:
         log.info("arena ready", extra={"fields": dict(self.memory_tier.recovery)})
         self.limits = build_limits(cfg)
         self.shm = ShmRegistry()  # GCACHE_SHM_LEASE_MS is read here
+        # the server.tier.Tier contract, plus start() and capacity
         self.tier: Any = (_open_disk_tier(cfg, self.memory_tier, self.limits)
                           if cfg.disk_dir else self.memory_tier)
         try:
