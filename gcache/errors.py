@@ -24,6 +24,9 @@ DiskError           no              the NVMe tier cannot be set up (bad geometry
 SnapshotRefused     no              a Raft snapshot failed its schema check
 WiringError         no              components were put together wrongly (a hook attached
                                     twice, locks taken against their order): a bug
+ServerStartError    no              a gcache-server cannot be built: credentials, a bind,
+                                    the arena, the disk tier or nixl refused (the message
+                                    says which, and what to fix)
 ==================  ==============  ===================================================
 """
 
@@ -32,7 +35,7 @@ from __future__ import annotations
 __all__ = [
     "GCacheError", "ConfigError", "AuthError", "ProtocolError", "TransportTimeout",
     "MasterUnavailable", "MasterError", "NixlUnavailable", "ArenaError", "DiskError",
-    "SnapshotRefused", "WiringError", "MISS_ERRORS",
+    "SnapshotRefused", "WiringError", "ServerStartError", "MISS_ERRORS",
 ]
 
 
@@ -96,6 +99,11 @@ class SnapshotRefused(GCacheError, ValueError):
 class WiringError(GCacheError, RuntimeError):
     """Components were put together wrongly (a bug in the caller, never a runtime fault):
     a tier's hooks attached twice, or locks taken against their documented order."""
+
+
+class ServerStartError(GCacheError, RuntimeError):
+    """A gcache-server could not be built (``gcache.server.app.Server``); nothing it
+    built is left open. ``gcache-server`` exits with ``gcache-server: <message>``."""
 
 
 #: The exceptions a caller may treat as a miss (see the table above).

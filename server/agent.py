@@ -8,6 +8,13 @@ because keys are content-addressed), heartbeats every
 ``heartbeat_interval_ms`` with its usage, re-registers when told its
 incarnation is stale, and long-polls the view so it can answer ``NOT_OWNER``
 for keys placed by a client with an older view.
+
+Threads. ``start`` / ``stop`` / ``join`` run on the owner's thread (``Server``):
+``start`` spawns the heartbeat and view threads; ``stop`` only signals them and never
+blocks; ``join`` waits for them until its deadline (the heartbeat thread ends within
+one master request, the view thread may sit in a long poll until that poll's own
+deadline and is then left to end alone: it is a daemon and holds no port of ours).
+``not_owned`` runs on connection threads, reads the current ring and never blocks.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import logging
 import ssl
 import threading
+import time
 import uuid
 from typing import Callable, Sequence
 
@@ -45,13 +53,24 @@ class MembershipAgent:
         self.registered = threading.Event()
         self._stop = threading.Event()
         self._warned = False
+        self._threads = (
+            threading.Thread(target=self._heartbeat_loop, name="gcache-agent-hb", daemon=True),
+            threading.Thread(target=self._watch_loop, name="gcache-agent-view", daemon=True))
 
     def start(self) -> None:
-        threading.Thread(target=self._heartbeat_loop, name="gcache-agent-hb", daemon=True).start()
-        threading.Thread(target=self._watch_loop, name="gcache-agent-view", daemon=True).start()
+        for t in self._threads:
+            t.start()
 
     def stop(self) -> None:
+        """Tell both loops to end (no wait; see ``join``)."""
         self._stop.set()
+
+    def join(self, timeout_s: float) -> None:
+        """Wait at most ``timeout_s`` in all for the loops (after ``stop``)."""
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            if t.is_alive():
+                t.join(timeout=max(0.0, deadline - time.monotonic()))
 
     # ------------------------------------------------------------------ ownership
     def not_owned(self, client_epoch: int, hashes: Sequence[int]) -> list[bool] | None:

@@ -21,6 +21,14 @@ past the label limit add up under ``other`` (which has no quota gauge);
 ``gcache_namespace_quota_refused_total{namespace}`` counts puts refused at the
 namespace's memory quota and ``gcache_namespace_quota_evictions_total{namespace, tier}``
 objects evicted (memory) or records killed or dropped (disk) to keep it within quota.
+
+Two objects. ``ServerMetrics`` holds the counters the tiers and the service update; it
+is built first and reads nothing. ``MetricsEndpoint`` is built last, from the counters
+and the functions it reads at scrape time (the server's ``stats``, the tier's
+``namespace_usage``, the quotas, the health document): it binds its port at
+construction, serves from ``start`` (one accept thread, a thread per request) and
+releases the port in ``stop`` (owner's thread; bounded by one poll interval, 0.5 s).
+Scrape-time collectors run on the request's thread and must not block.
 """
 
 from __future__ import annotations
@@ -69,10 +77,10 @@ class NamespaceLabels:
 
 
 class ServerMetrics:
-    def __init__(self, stats_fn: Callable[[], dict], max_namespaces: int = 64,
-                 usage_fn: Callable[[], dict] | None = None, quotas: Any = None) -> None:
-        """``usage_fn``: ``{ns: (memory bytes, disk bytes)}`` (the tier's
-        ``namespace_usage``); ``quotas``: a ``gcache.quotas.QuotaStore``."""
+    """The counters of one server, updated per frame by the service and the shm ops and
+    per event by the tiers (``quota_event``); thread-safe, never blocking."""
+
+    def __init__(self, max_namespaces: int = 64) -> None:
         self.registry = CollectorRegistry()
         self.items = Counter("gcache_items_total", "Items served, by op and status",
                              ["op", "status"], registry=self.registry)
@@ -116,9 +124,6 @@ class ServerMetrics:
                                           "dropped (disk) to keep the namespace within its "
                                           "quota", ["namespace", "tier"],
                                           registry=self.registry)
-        self.registry.register(_TierCollector(stats_fn))
-        if usage_fn is not None:
-            self.registry.register(_NamespaceCollector(usage_fn, quotas, self.namespace))
 
     def quota_event(self, event: str, ns: bytes, n: int) -> None:
         """A tier's quota event (``refused``, ``evicted``, ``disk_evicted``); must not block
@@ -241,30 +246,74 @@ class _TierCollector:
             yield g
 
 
-def serve_http(listen: str, metrics: ServerMetrics, health_fn: Callable[[], dict],
-               tls: ssl.SSLContext | None = None) -> HTTPServer:
-    """Serve /metrics and /healthz on ``listen``; https when ``tls`` (the data port's
-    context, so mTLS applies to scrapers too) is given."""
-    host, port = listen.rsplit(":", 1)
+class MetricsEndpoint:
+    """/metrics and /healthz of one server on ``listen``; https when ``tls`` (the data
+    port's context, so mTLS applies to scrapers too) is given.
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            if self.path == "/metrics":
-                body, ctype = generate_latest(metrics.registry), "text/plain; version=0.0.4"
-            elif self.path == "/healthz":
-                body, ctype = json.dumps(health_fn()).encode(), "application/json"
-            else:
-                self.send_error(404, "try /metrics or /healthz")
+    ``metrics``: the counters; ``stats_fn``: the server's stats dict (tier gauges and
+    counters, read at scrape time); ``usage_fn``: ``{ns: (memory bytes, disk bytes)}``
+    (the tier's ``namespace_usage``); ``quotas``: a ``gcache.quotas.QuotaStore``;
+    ``health_fn``: the /healthz document. The port is bound here (OSError if it cannot
+    be); ``start`` serves, ``stop`` shuts down and closes the port (idempotent)."""
+
+    def __init__(self, listen: str, metrics: ServerMetrics, *, stats_fn: Callable[[], dict],
+                 usage_fn: Callable[[], dict], quotas: Any, health_fn: Callable[[], dict],
+                 tls: ssl.SSLContext | None = None) -> None:
+        # read at scrape time, after the counters (the order the scrape has always had)
+        collectors = CollectorRegistry()
+        collectors.register(_TierCollector(stats_fn))
+        collectors.register(_NamespaceCollector(usage_fn, quotas, metrics.namespace))
+        registries = (metrics.registry, collectors)
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                if self.path == "/metrics":
+                    body = b"".join(generate_latest(r) for r in registries)
+                    ctype = "text/plain; version=0.0.4"
+                elif self.path == "/healthz":
+                    body, ctype = json.dumps(health_fn()).encode(), "application/json"
+                else:
+                    self.send_error(404, "try /metrics or /healthz")
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        host, port = listen.rsplit(":", 1)
+        self.http = HTTPServer((host, int(port)), Handler, tls=tls)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def scheme(self) -> str:
+        return self.http.scheme
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound ``(host, port)`` (the kernel's choice when ``listen`` gave port 0)."""
+        return self.http.server_address[0], self.http.server_address[1]
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is not None or self._closed:
                 return
-            self.send_response(200)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self._thread = threading.Thread(target=self.http.serve_forever,
+                                            name="gcache-http", daemon=True)
+            self._thread.start()
 
-        def log_message(self, *args) -> None:
-            pass
-
-    srv = HTTPServer((host, int(port)), Handler, tls=tls)
-    threading.Thread(target=srv.serve_forever, name="gcache-http", daemon=True).start()
-    return srv
+    def stop(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            thread = self._thread
+        if thread is not None:
+            self.http.shutdown()  # returns once serve_forever's loop has seen it
+            thread.join(timeout=2.0)
+        self.http.server_close()

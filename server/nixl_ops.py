@@ -25,7 +25,6 @@ import os
 import numpy as np
 
 from gcache.nixl_lib import Agent, NixlUnavailable, load, rdma_devices
-from gcache.server.shm_ops import LEASE_MS
 
 log = logging.getLogger("gcache.server.nixl")
 
@@ -35,7 +34,7 @@ PROGRESS_S = 0.001
 
 
 class ServerNixl:
-    def __init__(self, arena, name: str) -> None:
+    def __init__(self, arena, name: str, lease_ms: int) -> None:
         self.name = f"gcache-{name}-{os.getpid()}-{os.urandom(4).hex()}"
         self.agent = Agent(self.name, progress_s=PROGRESS_S)
         try:
@@ -45,7 +44,7 @@ class ServerNixl:
             self.agent.register(self.base, arena.size)
             self.info = {"agent": self.name, "md": self.agent.metadata(), "base": self.base,
                          "size": arena.size, "data_off": arena.data_off,
-                         "lease_ms": LEASE_MS}
+                         "lease_ms": lease_ms}
         except Exception:
             self.agent.close()
             raise
@@ -54,8 +53,9 @@ class ServerNixl:
         self.agent.close()
 
 
-def start(mode: str, arena, name: str) -> ServerNixl | None:
-    """The agent per ``--nixl`` (auto|on|off), or None. ``on`` raises NixlUnavailable."""
+def start(mode: str, arena, name: str, lease_ms: int) -> ServerNixl | None:
+    """The agent per ``--nixl`` (auto|on|off), or None. ``on`` raises NixlUnavailable.
+    ``lease_ms``: the shm registry's lease expiry, told to clients with the metadata."""
     if mode == "off":
         return None
     if mode == "auto":
@@ -68,6 +68,6 @@ def start(mode: str, arena, name: str) -> ServerNixl | None:
         except NixlUnavailable as exc:
             log.info("nixl transport off: %s", exc)
             return None
-    nx = ServerNixl(arena, name)
+    nx = ServerNixl(arena, name, lease_ms)
     log.info("nixl transport on", extra={"fields": {"agent": nx.name, "bytes": arena.size}})
     return nx

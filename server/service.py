@@ -43,7 +43,7 @@ import socket
 import ssl
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from gcache import tls as tlslib
 from gcache.credentials import Credential, CredentialStore, Right
@@ -73,6 +73,32 @@ _PREAUTH_OPS = frozenset({Op.AUTH, Op.PING})  # all a stranger may send
 _TLS_PLAIN_WAIT_S = 1.0  # a peer silent this long after connecting is a plain gcache client
 
 
+class Listener(NamedTuple):
+    """A bound, listening data socket and the ``host:port`` it answers on (the port the
+    kernel chose when ``listen`` asked for port 0)."""
+
+    sock: socket.socket
+    address: str
+
+
+def listen_on(listen: str, auth_required: str | bool) -> Listener:
+    """Bind and listen on ``listen`` (``host:port``). A non-loopback address without auth
+    raises ValueError (``check_bind``); a bind that fails raises OSError."""
+    check_bind(listen, auth_required)
+    host, port = listen.rsplit(":", 1)
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, int(port)))
+        sock.listen(512)
+    except BaseException:
+        sock.close()
+        raise
+    return Listener(sock, f"{host}:{sock.getsockname()[1]}")
+
+
 class Service:
     """The listening socket, its connections and their deadlines.
 
@@ -90,16 +116,26 @@ class Service:
     socket of any connection past its deadline, which fails the blocked ``recv``/``send``
     in its thread, whose cleanup then releases the connection's pins, leases and slots.
     A per-call socket timeout would restart on every byte; this deadline does not.
+
+    Built from a ``Listener`` (``listen_on``, which the owner binds first so it knows the
+    address before anything else is built), the ownership check (``ownership``: the
+    ``MembershipAgent`` when masters are configured, else None) and the arena's NIXL
+    registration (``nixl_info``, sent in the AUTH reply). ``start`` / ``stop`` run on the
+    owner's thread; ``stop`` is bounded (about 5 s) and closes the listening socket.
     """
 
-    def __init__(self, tier: Tier, *, listen: str, name: str, token: str, limits: Limits,
+    def __init__(self, tier: Tier, *, listener: Listener, name: str, token: str,
+                 limits: Limits,
                  metrics: ServerMetrics, max_connections: int = 1024,
                  credentials: CredentialStore | None = None,
                  max_preauth_connections: int = 256, max_preauth_per_ip: int = 128,
                  handshake_timeout_ms: int = 5000, send_timeout_ms: int = 10000,
                  request_timeout_ms: int = 10000, tls: ssl.SSLContext | None = None,
-                 quotas: Any = None, shm_trusted_writers: bool = False) -> None:
+                 quotas: Any = None, shm_trusted_writers: bool = False,
+                 shm: shm_ops.ShmRegistry, ownership: Any = None,
+                 nixl_info: dict | None = None) -> None:
         self.tier, self.name, self.token, self.limits = tier, name, token, limits
+        self.shm = shm  # the connections' shm leases and slots (its owner runs the reaper)
         self.quotas = quotas  # gcache.quotas.QuotaStore: per-namespace rows in STATS
         self.credentials = credentials or CredentialStore(token=token)
         self.tls = tls  # a server context: every connection must speak TLS
@@ -110,19 +146,11 @@ class Service:
         self.max_preauth_per_ip = max_preauth_per_ip
         self.handshake_s, self.send_s = handshake_timeout_ms / 1000.0, send_timeout_ms / 1000.0
         self.request_s = request_timeout_ms / 1000.0
-        self.ownership = None  # MembershipAgent when --masters is set: NOT_OWNER checks
-        self.nixl_info: dict | None = None  # arena registration, sent in the AUTH reply
+        self.ownership = ownership  # MembershipAgent when --masters is set: NOT_OWNER checks
+        self.nixl_info = nixl_info  # arena registration, sent in the AUTH reply
         # same-host peers may ALLOC (write the arena themselves); see shm_ops.alloc_refusal
         self.shm_trusted_writers = shm_trusted_writers
-        check_bind(listen, self.credentials.required)
-        host, port = listen.rsplit(":", 1)
-        host = host.strip("[]")
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, int(port)))
-        self.sock.listen(512)
-        self.address = f"{host}:{self.sock.getsockname()[1]}"
+        self.sock, self.address = listener
         # under _lock: every open connection, the unauthenticated ones (oldest first) and
         # their count per peer address. A socket is shut down by another thread only while
         # it is in _conns, and closed only after leaving it (no fd-reuse race).
@@ -260,7 +288,7 @@ class Service:
             log.exception("connection handler failed",
                           extra={"fields": {"peer": str(handler.peer)}})
         finally:
-            shm_ops.release_all(handler)  # the connection's shm leases and slots
+            self.shm.release_all(handler)  # the connection's shm leases and slots
             with self._lock:
                 self._conns.pop(handler.sock, None)
                 self.do_drop_preauth(handler)
@@ -343,6 +371,7 @@ class _Connection:
         self.authed = False
         self.cred: Credential | None = None  # set by AUTH, re-resolved every frame
         self.nonce = os.urandom(16)
+        self.shm_state: shm_ops.ShmState | None = None  # made by svc.shm on first use
 
     def reply(self, opcode: int, rid: int, meta: Any, payload: list | None = None,
               status: int = 0) -> None:
@@ -510,7 +539,7 @@ class _Connection:
         s = dict(self.svc.tier.stats())
         s.update(name=self.svc.name, address=self.svc.address,
                  connections=self.svc.connections, uptime_s=time.time() - self.svc.started,
-                 **shm_ops.transport_stats(bool(self.svc.nixl_info)))
+                 **self.svc.shm.stats(bool(self.svc.nixl_info)))
         s["namespaces"] = self.svc.tier.namespace_stats(self.svc.quotas,
                                                         self.svc.metrics.namespace.limit)
         return s
@@ -551,7 +580,7 @@ class _Connection:
         info = self.svc.nixl_info
         # only authenticated peers learn where the arena is (shm: path, uid, boot id) and
         # how to reach it (nixl: metadata carrying memory keys)
-        self.reply(Op.AUTH, rid, {"ok": True, **shm_ops.identity_fields(self.svc.tier),
+        self.reply(Op.AUTH, rid, {"ok": True, **shm_ops.identity_fields(self.svc.tier, self.svc.shm.lease_ms),
                                   **({"nixl": info} if info else {})})
         return True
 
@@ -584,7 +613,7 @@ class _Connection:
                 # for it (bounded, released when it closes)
                 # as in PUT_STAGED: only a put waiting for other frames' slices holds a
                 # reservation past this request
-                holder = None if (key, pid) in whole else shm_ops.holder(self)
+                holder = None if (key, pid) in whole else self.svc.shm.holder(self)
                 slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum, holder=holder)
                         if tl <= lim.max_value_bytes else None)
                 if slot is None or slot.status != Status.OK:

@@ -18,9 +18,18 @@ Leases and slots belong to the connection: the ids are per-connection counters l
 up only in that connection's tables, so a forged or stale id answers ``BAD_REQUEST``
 and can never touch another connection's state. On close every lease is released and
 every slot aborted. A reaper also expires leases older than ``lease_ms``
-(``GCACHE_SHM_LEASE_MS``, default 10 s), so a stuck reader cannot pin memory
-forever; a RELEASE of an expired lease answers ``TIMEOUT`` and the client drops
-what it copied (it may be torn).
+(``GCACHE_SHM_LEASE_MS``, default 10 s, read when the server builds its ``ShmRegistry``),
+so a stuck reader cannot pin memory forever; a RELEASE of an expired lease answers
+``TIMEOUT`` and the client drops what it copied (it may be torn).
+
+State. Nothing here is module-level: one server's connection states, its ``lease_ms``
+and its reaper thread belong to a ``ShmRegistry`` (built and started by
+``server/app.py``'s ``Server``, handed to the ``Service``), so two servers in one
+process share none of it. Threads: ``handle``, ``ShmRegistry.state`` / ``holder`` /
+``release_all`` run on the connection's own thread and only take that connection's lock
+(and, once per connection, the registry's); ``ShmRegistry.stats`` runs on any thread
+(STATS, scrapes, heartbeats) and does not block; ``start`` / ``stop`` run on the owner's
+thread, and ``stop`` joins the reaper within ``lease_ms / 4`` (at most 1 s).
 
 Reservations. Only a one-sided peer may LEASE or ALLOC (``one_sided_refusal``: same
 host, or the server runs NIXL). Every chunk an ALLOC reserves is charged to the
@@ -94,7 +103,13 @@ from gcache.status import Status
 
 log = logging.getLogger("gcache.server.shm")
 
-LEASE_MS = int(os.environ.get("GCACHE_SHM_LEASE_MS", "10000") or 10000)
+LEASE_MS_ENV = "GCACHE_SHM_LEASE_MS"
+DEFAULT_LEASE_MS = 10000
+
+
+def lease_ms_from_env() -> int:
+    """``GCACHE_SHM_LEASE_MS`` as read now (default 10000; empty means the default)."""
+    return int(os.environ.get(LEASE_MS_ENV, "") or DEFAULT_LEASE_MS)
 
 
 def memory_tier(tier: Any) -> Any:
@@ -107,7 +122,7 @@ def memory_tier(tier: Any) -> Any:
     return mem if isinstance(mem, MemoryTier) else None
 
 
-def identity_fields(tier: Any) -> dict:
+def identity_fields(tier: Any, lease_ms: int) -> dict:
     """``{"shm": identity}`` for the AUTH reply: what a co-located client needs to find and
     trust the arena (it stats ``path`` and must see the same dev/ino and its own uid).
     Never in HELLO: the arena path, its owner uid and the boot id are for authenticated
@@ -122,7 +137,7 @@ def identity_fields(tier: Any) -> dict:
         return {}
     return {"shm": {"path": arena.path, "size": arena.size, "dev": st.st_dev,
                     "ino": st.st_ino, "uid": st.st_uid, "gid": st.st_gid,
-                    "data_off": arena.data_off, "lease_ms": LEASE_MS, "boot_id": boot_id(),
+                    "data_off": arena.data_off, "lease_ms": lease_ms, "boot_id": boot_id(),
                     "staged": True}}  # takes PUT_STAGED (older servers do not say so)
 
 
@@ -183,12 +198,16 @@ class Stage:
 
 
 class ShmState:
-    """One connection's leases, slots and reservations (``holder``)."""
+    """One connection's leases, slots and reservations (``holder``); each lease and slot
+    expires ``lease_ms`` after it was handed out."""
 
-    def __init__(self, max_held: int, tier: Any = None) -> None:
+    def __init__(self, max_held: int, tier: Any = None,
+                 lease_ms: int = DEFAULT_LEASE_MS) -> None:
         from gcache.server.memory_tier import Holder
 
         self.tier = tier
+        self.lease_ms = lease_ms
+        self.lease_s = lease_ms / 1000.0
         self.holder = Holder()
         self.lock = threading.Lock()
         self.leases: dict[int, tuple[Any, Any, float]] = {}  # id -> (tier, Pinned, expiry)
@@ -247,7 +266,7 @@ class ShmState:
             tier.abort_put(slot, self.holder)
         if old_l or old_s:
             log.warning("expired %d shm leases and %d slots held past %d ms", len(old_l),
-                        len(old_s), LEASE_MS)
+                        len(old_s), self.lease_ms)
 
     def close(self) -> None:
         with self.lock:
@@ -267,58 +286,82 @@ class ShmState:
             self.tier.release_holder(self.holder)
 
 
-_states: "weakref.WeakSet[ShmState]" = weakref.WeakSet()
-_reaper_lock = threading.Lock()
-_reaper: threading.Thread | None = None
+class ShmRegistry:
+    """One server's shm state: every connection's ``ShmState`` (for STATS and the
+    reaper), the lease expiry ``lease_ms`` and the reaper thread that enforces it.
 
+    ``lease_ms`` defaults to ``GCACHE_SHM_LEASE_MS`` read at construction. ``start`` /
+    ``stop`` (owner's thread; idempotent) run and join the reaper; the other methods run
+    on connection threads (see the module docstring)."""
 
-def _reap_loop() -> None:
-    while True:
-        time.sleep(min(1.0, LEASE_MS / 4000.0))
-        now = time.monotonic()
-        for st in list(_states):
-            try:
-                st.expire(now)
-            except Exception:  # never let the reaper die
-                log.exception("shm lease reaper failed")
+    def __init__(self, lease_ms: int | None = None) -> None:
+        self.lease_ms = lease_ms_from_env() if lease_ms is None else lease_ms
+        self._states: "weakref.WeakSet[ShmState]" = weakref.WeakSet()
+        self._lock = threading.Lock()  # guards _states (added to by connection threads)
+        self._stop = threading.Event()
+        self._reaper: threading.Thread | None = None
 
+    def start(self) -> None:
+        """Start the reaper (once)."""
+        with self._lock:
+            if self._reaper is not None or self._stop.is_set():
+                return
+            self._reaper = threading.Thread(target=self._reap_loop, name="gcache-shm-reaper",
+                                            daemon=True)
+            self._reaper.start()
 
-def _state(conn: Any) -> ShmState:
-    global _reaper
-    st = getattr(conn, "shm_state", None)
-    if st is None:
-        st = conn.shm_state = ShmState(4 * conn.limits.max_batch_items, conn.svc.tier)
-        _states.add(st)
-        with _reaper_lock:
-            if _reaper is None:
-                _reaper = threading.Thread(target=_reap_loop, name="gcache-shm-reaper",
-                                           daemon=True)
-                _reaper.start()
-    return st
+    def stop(self) -> None:
+        """Stop the reaper and wait for it (one tick at most); idempotent."""
+        self._stop.set()
+        with self._lock:
+            reaper = self._reaper
+        if reaper is not None:
+            reaper.join(timeout=2.0)
 
+    def _reap_loop(self) -> None:
+        while not self._stop.wait(min(1.0, self.lease_ms / 4000.0)):
+            now = time.monotonic()
+            for st in self._snapshot():
+                try:
+                    st.expire(now)
+                except Exception:  # never let the reaper die
+                    log.exception("shm lease reaper failed")
 
-def transport_stats(nixl_on: bool) -> dict:
-    """Leases and put slots held right now over every connection, and whether the arena
-    is registered with NIXL (for STATS, /healthz and the metrics)."""
-    leases = slots = 0
-    for st in list(_states):
-        with st.lock:
-            leases += len(st.leases)
-            slots += len(st.slots)
-    return {"shm_leases": leases, "shm_slots": slots, "nixl": 1 if nixl_on else 0}
+    def _snapshot(self) -> list[ShmState]:
+        with self._lock:
+            return list(self._states)
 
+    def state(self, conn: Any) -> ShmState:
+        """``conn``'s ShmState, made on its first shm op (or sliced put)."""
+        st = conn.shm_state
+        if st is None:
+            st = conn.shm_state = ShmState(4 * conn.limits.max_batch_items, conn.svc.tier,
+                                           self.lease_ms)
+            with self._lock:
+                self._states.add(st)
+        return st
 
-def holder(conn: Any) -> Any:
-    """The connection's reservation ``Holder`` (for sliced TCP puts as well)."""
-    return _state(conn).holder
+    def holder(self, conn: Any) -> Any:
+        """The connection's reservation ``Holder`` (for sliced TCP puts as well)."""
+        return self.state(conn).holder
 
+    @staticmethod
+    def release_all(conn: Any) -> None:
+        """Connection closed: release its leases, abort its slots, fail the incomplete
+        sliced puts it took part in."""
+        st = conn.shm_state
+        if st is not None:
+            st.close()
 
-def release_all(conn: Any) -> None:
-    """Connection closed: release its leases, abort its slots, fail the incomplete
-    sliced puts it took part in."""
-    st = getattr(conn, "shm_state", None)
-    if st is not None:
-        st.close()
+    def stats(self, nixl_on: bool) -> dict:
+        """Leases and put slots held right now over every connection, and whether the arena
+        is registered with NIXL (for STATS, /healthz and the metrics)."""
+        leases = slots = 0
+        for st in self._snapshot():
+            with st.lock:
+                leases += len(st.leases)
+                slots += len(st.slots)
+        return {"shm_leases": leases, "shm_slots": slots, "nixl": 1 if nixl_on else 0}
 
 
 def _ids(meta: Any, field: str, limit: int) -> list[int]:
@@ -383,7 +426,7 @@ def handle(conn: Any, op: int, rid: int, meta: Any, plen: int) -> None:
         raise ProtocolError("frame header must be a map", Status.BAD_REQUEST)
     tier = conn.svc.tier
     mem = memory_tier(tier)
-    st = _state(conn)
+    st = conn.svc.shm.state(conn)
     if op in (Op.LEASE, Op.ALLOC, Op.PUT_STAGED):
         if st.refusal is None:
             st.refusal = one_sided_refusal(conn)
@@ -454,7 +497,7 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
         if p.view is not None:
             p.view.release()
             p.view = None
-        lid = st.hold(st.leases, (mem, p, now + LEASE_MS / 1000.0))
+        lid = st.hold(st.leases, (mem, p, now + st.lease_s))
         if not lid:
             mem.unpin(p)
             out.append([int(Status.CLOSED), 0, 0, 0, 0, 0])
@@ -527,7 +570,7 @@ def _alloc(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
             tier.abort_put(slot)
             out.append([int(Status.BUSY), 0, 0])
             continue
-        sid = st.hold(st.slots, (tier, slot, now + LEASE_MS / 1000.0))
+        sid = st.hold(st.slots, (tier, slot, now + st.lease_s))
         if not sid:
             tier.abort_put(slot)
             out.append([int(Status.CLOSED), 0, 0])

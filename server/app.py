@@ -1,0 +1,366 @@
+"""``Server``: one gcache-server, built from its config, with ``start()`` / ``stop()``.
+
+The server is an object, not a script: it builds and owns every part, finished at
+construction (no attribute of a part is assigned afterwards; what a part reads is
+passed to its constructor), so a test can run two servers in one process.
+
+What it owns, in the order the constructor builds it (a failure closes what was
+already built, logs why and raises ``ServerStartError`` with what to fix):
+
+ 1. TLS contexts (``tls_contexts``: the data port's, also the metrics endpoint's; the
+    dialer's for the masters). The CLI builds them first, so a bad certificate is a
+    usage error before logging starts.
+ 2. ``credentials`` and ``quotas`` (their files are read here; SIGHUP re-reads them).
+ 3. The bind checks of ``--listen`` and ``--metrics-listen``, before the arena exists:
+    a refusal leaves nothing behind.
+ 4. ``arena``: the ``/dev/shm`` file, created or reused (restart survival).
+ 5. ``metrics``: the counters (``ServerMetrics``), which the tiers and service update.
+ 6. ``memory_tier``, and with ``--disk-dir`` the disk tier behind it: ``tier`` is the
+    memory tier or the ``TieredStore`` over both.
+ 7. ``shm``: the shm registry (connection states, lease expiry, reaper);
+    ``GCACHE_SHM_LEASE_MS`` is read here.
+ 8. ``nixl``: the arena registered with a NIXL agent (per ``--nixl``; off under TLS).
+ 9. ``listener``: the data socket, bound and listening, so ``address`` is known (the
+    kernel's port when ``--listen`` asked for port 0).
+10. ``agent``: the membership agent (``--masters`` only), told the advertised address.
+11. ``service``: accept loop, deadlines, connections; gets the listener, the agent (for
+    NOT_OWNER checks), the nixl registration and the shm registry.
+12. ``metrics_endpoint``: /metrics and /healthz (``--metrics-listen`` only), bound here,
+    reading ``stats`` and ``health`` at scrape time.
+
+``start()`` starts, in order: the shm reaper, the agent (registers and heartbeats in
+the background: serving never waits for the masters), the metrics endpoint, the tiers'
+background threads, and last the service's accept loop, so no client is served before
+everything behind it runs. ``stop()`` undoes it: signals the agent, stops the service
+(listening socket closed, connections shut down and released), the metrics endpoint
+(port closed) and the reaper, joins the agent, closes nixl (explicitly: an agent left to
+interpreter exit can crash it), then closes the tier clean: the arena is marked clean and
+the disk index written. The arena *file* stays, by design (a restart under the same
+name finds every acknowledged object), unless ``--remove-arena-on-exit``.
+
+Threads:
+ * ``__init__``, ``start``, ``stop``: the owner's thread. ``start`` and ``stop`` are
+   idempotent and serialised; ``stop`` works whether or not ``start`` ran, and is
+   bounded (the service about 5 s, the metrics endpoint and the reaper one tick, the
+   agent 1 s), except that closing the disk tier writes its index, which takes time in
+   proportion to it. A stopped server cannot be started again: build a new one.
+ * ``run``: the main thread only (it installs the SIGTERM / SIGINT / SIGHUP handlers);
+   blocks until SIGTERM or SIGINT, then stops.
+ * ``stats``, ``health``: any thread (scrapes, heartbeats, tests); never block.
+ * ``reload``: the owner's thread (``run`` calls it on SIGHUP, outside the handler).
+
+Process-wide settings are not the server's: logging and failpoints are set up by the
+CLI (``gcache.server.cli``) before it builds the server.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import ssl
+import sys
+import threading
+from typing import Any, NamedTuple
+
+from gcache.config import Config
+from gcache.credentials import CredentialStore
+from gcache.errors import ArenaError, ConfigError, DiskError, ServerStartError
+from gcache.network import check_bind
+from gcache.protocol import Limits
+from gcache.quotas import QuotaStore
+from gcache.server import nixl_ops
+from gcache.server.agent import MembershipAgent
+from gcache.server.arena import Arena, arena_path, header_len
+from gcache.server.eviction import make_policy
+from gcache.server.memory_tier import MemoryTier
+from gcache.server.metrics import MetricsEndpoint, ServerMetrics
+from gcache.server.shm_ops import ShmRegistry
+from gcache.server.service import Service, listen_on
+from gcache.tls import dialer_context, listener_context
+
+log = logging.getLogger("gcache.server")
+
+
+class ServerTLS(NamedTuple):
+    """The server's TLS contexts; None where TLS is off."""
+
+    listener: ssl.SSLContext | None  # the data port and the metrics endpoint
+    dialer: ssl.SSLContext | None  # https to the masters
+
+
+def tls_contexts(cfg: Config) -> ServerTLS:
+    """The TLS contexts of a server config; ConfigError for bad certificate files, or for
+    ``--nixl on`` with TLS."""
+    tls = listener_context(cfg)
+    masters_tls = dialer_context(cfg)
+    if tls is not None and cfg.nixl == "on":
+        raise ConfigError("--nixl on with TLS: nixl moves bytes by RDMA outside the TLS "
+                          "channel, and TLS clients never use it; use --nixl off (or "
+                          "auto, which is off under TLS)")
+    return ServerTLS(tls, masters_tls)
+
+
+def build_limits(cfg: Config) -> Limits:
+    """The wire limits: the configured ones, with values capped at one slab page."""
+    biggest = cfg.slab_bytes - header_len(cfg.max_namespace_bytes, cfg.max_key_bytes)
+    return Limits(max_key_bytes=cfg.max_key_bytes, max_namespace_bytes=cfg.max_namespace_bytes,
+                  max_value_bytes=min(cfg.max_value_bytes, biggest),
+                  max_batch_items=cfg.max_batch_items, max_header_bytes=cfg.max_header_bytes,
+                  max_frame_bytes=cfg.max_frame_bytes)
+
+
+def _refused(message: str, log_format: str, *args: Any) -> ServerStartError:
+    """Log why the server cannot start; the error to raise (its message for the user)."""
+    log.error(log_format, *args)
+    return ServerStartError(message)
+
+
+class Server:
+    """One gcache-server; see the module docstring for what it owns and the threads."""
+
+    def __init__(self, cfg: Config, tls: ServerTLS | None = None) -> None:
+        """Build every part (nothing runs until ``start``). ``tls``: the contexts from
+        ``tls_contexts(cfg)`` (built here when not given). Raises ConfigError (TLS) and
+        ServerStartError."""
+        self.cfg = cfg
+        self.tls = tls_contexts(cfg) if tls is None else tls
+        try:
+            self.credentials = CredentialStore(cfg.credentials_file, cfg.token)
+            self.quotas = QuotaStore(cfg.quota_file)
+        except ConfigError as exc:
+            raise _refused(str(exc), "%s", exc) from None
+        try:  # before the arena exists: a refusal leaves nothing
+            check_bind(cfg.listen, self.credentials.required)
+            if cfg.metrics_listen:  # /metrics and /healthz describe the server to any reader
+                check_bind(cfg.metrics_listen, self.credentials.required, "--metrics-listen")
+        except ValueError as exc:
+            raise _refused(str(exc), "%s", exc) from None
+        self.arena_path = arena_path(cfg.shm_dir, cfg.name)
+        try:
+            self.arena = Arena(self.arena_path, cfg.memory_bytes, cfg.slab_bytes,
+                               prefault=cfg.prefault, group=_group_id(cfg.shm_group))
+        except ArenaError as exc:
+            raise _refused(str(exc), "cannot open arena: %s", exc) from None
+        if self.arena.reused:
+            log.info("reusing arena %s (%s; previous stop was %s)", self.arena_path,
+                     self.arena.reuse_reason,
+                     "clean" if self.arena.was_clean else "a crash: verifying every object")
+        else:
+            log.info("clean start of arena %s: %s", self.arena_path, self.arena.reuse_reason)
+        self.metrics = ServerMetrics(cfg.metrics_max_namespaces)
+        self.memory_tier = MemoryTier(self.arena, high_watermark=cfg.high_watermark,
+                                      low_watermark=cfg.low_watermark,
+                                      pending_put_timeout_ms=cfg.pending_put_timeout_ms,
+                                      quotas=self.quotas, on_quota=self.metrics.quota_event,
+                                      eviction_policy=make_policy(cfg.eviction_policy))
+        log.info("arena ready", extra={"fields": dict(self.memory_tier.recovery)})
+        self.limits = build_limits(cfg)
+        self.shm = ShmRegistry()  # GCACHE_SHM_LEASE_MS is read here
+        # the server.tier.Tier contract, plus start() and capacity
+        self.tier: Any = (_open_disk_tier(cfg, self.memory_tier, self.limits)
+                          if cfg.disk_dir else self.memory_tier)
+        try:
+            # under TLS nixl stays off: its bytes would bypass the TLS channel
+            self.nixl = nixl_ops.start("off" if self.tls.listener is not None else cfg.nixl,
+                                       self.arena, cfg.name, self.shm.lease_ms)
+        except Exception as exc:  # NixlUnavailable, or the backend refused the registration
+            self.tier.close(clean=True)
+            raise _refused(f"cannot start the nixl transport (--nixl on): {exc}",
+                           "cannot start the nixl transport: %s", exc) from None
+        try:
+            self.listener = listen_on(cfg.listen, self.credentials.required)
+        except (ValueError, OSError) as exc:
+            self._close_storage()
+            raise _refused(f"cannot listen on {cfg.listen}: {exc}",
+                           "cannot listen on %s: %s", cfg.listen, exc) from None
+        try:
+            self.agent = self._agent()
+            self.service = Service(
+                self.tier, listener=self.listener, name=cfg.name, token=cfg.token,
+                limits=self.limits, metrics=self.metrics, max_connections=cfg.max_connections,
+                credentials=self.credentials,
+                max_preauth_connections=cfg.max_preauth_connections,
+                max_preauth_per_ip=cfg.max_preauth_per_ip,
+                handshake_timeout_ms=cfg.handshake_timeout_ms,
+                send_timeout_ms=cfg.send_timeout_ms, request_timeout_ms=cfg.request_timeout_ms,
+                tls=self.tls.listener, quotas=self.quotas,
+                shm_trusted_writers=cfg.shm_trusted_writers, shm=self.shm,
+                ownership=self.agent, nixl_info=self.nixl.info if self.nixl else None)
+            self.metrics_endpoint = (
+                MetricsEndpoint(cfg.metrics_listen, self.metrics, stats_fn=self.stats,
+                                usage_fn=self.tier.namespace_usage, quotas=self.quotas,
+                                health_fn=self.health, tls=self.tls.listener)
+                if cfg.metrics_listen else None)
+        except BaseException:  # e.g. the metrics port is taken: close what was built
+            self.listener.sock.close()
+            self._close_storage()
+            raise
+        self._life = threading.Lock()  # serialises start and stop
+        self._started = self._stopped = False
+
+    def _agent(self) -> MembershipAgent | None:
+        """The membership agent when masters are configured (not started)."""
+        cfg = self.cfg
+        if not cfg.masters:
+            return None
+        advertise = cfg.advertise or self.listener.address
+        if advertise.rsplit(":", 1)[0].strip("[]") in ("0.0.0.0", "::"):
+            advertise = f"{socket.getfqdn()}:{advertise.rsplit(':', 1)[1]}"
+        # the masters take the server's credential (one with server = true), else the token
+        # stats: read by heartbeats, which run only after start(), once the service exists
+        return MembershipAgent(cfg.masters, cfg.credential or cfg.token, cfg.name, advertise,
+                               self.tier.capacity, self.stats, cfg.heartbeat_interval_ms,
+                               tls=self.tls.dialer)
+
+    def _close_storage(self) -> None:
+        if self.nixl is not None:
+            self.nixl.close()  # explicit: a NIXL agent left to interpreter exit can crash it
+        self.tier.close(clean=True)
+
+    # ------------------------------------------------------------------ what tests read
+    @property
+    def address(self) -> str:
+        """The data port, ``host:port`` (the bound port, also when ``--listen`` gave 0)."""
+        return self.listener.address
+
+    @property
+    def metrics_address(self) -> str | None:
+        """The metrics endpoint, ``host:port``; None without ``--metrics-listen``."""
+        if self.metrics_endpoint is None:
+            return None
+        host, port = self.metrics_endpoint.address
+        return f"{host}:{port}"
+
+    def stats(self) -> dict:
+        """The tier's stats with the connection count and the shm/nixl numbers (heartbeats,
+        /metrics gauges, /healthz)."""
+        s = self.tier.stats()
+        s["connections"] = self.service.connections
+        s.update(self.shm.stats(self.nixl is not None))
+        return s
+
+    def health(self) -> dict:
+        """The /healthz document."""
+        return {"status": "ok", "name": self.cfg.name, **self.stats()}
+
+    def reload(self) -> None:
+        """Re-read the credentials and quotas files (a bad file keeps the old ones and logs
+        why); connections apply the new grants from their next frame."""
+        self.credentials.reload()
+        self.quotas.reload()
+
+    # ------------------------------------------------------------------ life
+    def start(self) -> None:
+        """Start every background part, the accept loop last (see the module docstring)."""
+        with self._life:
+            if self._started or self._stopped:
+                return
+            self._started = True
+            try:
+                self.shm.start()
+                if self.agent is not None:
+                    self.agent.start()  # in the background: serving never waits for masters
+                if self.metrics_endpoint is not None:
+                    self.metrics_endpoint.start()
+                    log.info("metrics on %s://%s:%d/metrics", self.metrics_endpoint.scheme,
+                             *self.metrics_endpoint.address)
+                self.tier.start()
+                self.service.start()
+            except BaseException:
+                self._do_stop()
+                raise
+        cfg = self.cfg
+        log.info("serving", extra={"fields": {
+            "listen": self.address, "name": cfg.name,
+            "tls": "mtls" if cfg.tls_require_client_cert
+            else "on" if self.tls.listener is not None else "off"}})
+
+    def stop(self) -> None:
+        """Stop serving and close everything, the tier clean (see the module docstring);
+        idempotent, bounded."""
+        with self._life:
+            self._do_stop()
+
+    def _do_stop(self) -> None:
+        """``stop`` with ``_life`` held."""
+        if self._stopped:
+            return
+        self._stopped = True
+        log.info("stopping: closing connections and marking the arena clean")
+        if self.agent is not None:
+            self.agent.stop()
+        self.service.stop()
+        self.shm.stop()
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.stop()
+        if self.agent is not None:
+            self.agent.join(1.0)  # before the tier closes: a heartbeat reads its stats
+        self._close_storage()
+        if self.cfg.remove_arena_on_exit:
+            try:
+                os.unlink(self.arena_path)
+            except OSError:
+                pass
+        log.info("stopped")
+
+    def run(self) -> None:
+        """``start``, print ``GCACHE_LISTEN=host:port`` (and ``GCACHE_METRICS=``) on stdout,
+        serve until SIGTERM or SIGINT (SIGHUP: ``reload``), then ``stop``. Main thread."""
+        self.start()
+        stop, hup = threading.Event(), threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        signal.signal(signal.SIGHUP, lambda *_: hup.set())  # reloaded below, not in the handler
+        try:
+            print(f"GCACHE_LISTEN={self.address}", flush=True)
+            if self.metrics_address is not None:
+                print(f"GCACHE_METRICS={self.metrics_address}", flush=True)
+            while not stop.wait(0.2):
+                if hup.is_set():
+                    hup.clear()
+                    self.reload()
+        finally:
+            self.stop()
+            sys.stdout.flush()
+
+
+def _group_id(group: str) -> int | None:
+    """--shm-group as a gid (a name or a number); None when unset."""
+    if not group:
+        return None
+    if group.isdigit():
+        return int(group)
+    import grp
+
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ArenaError(f"--shm-group {group!r}: no such group; give an existing group "
+                         "name or gid") from None
+
+
+def _open_disk_tier(cfg: Config, memory_tier: MemoryTier, limits: Limits) -> Any:
+    """The NVMe tier behind the memory tier (a TieredStore over both). A setup fault
+    closes the memory tier and raises ServerStartError with what to fix."""
+    from gcache.server.disk import SegmentLog
+    from gcache.server.tiered_store import TieredStore
+    from gcache.server.tiering import make_promote_policy
+
+    try:
+        disk = SegmentLog(cfg.disk_dir, cfg.name, capacity_bytes=cfg.disk_bytes,
+                          segment_bytes=cfg.segment_bytes,
+                          max_value_bytes=memory_tier.max_object,
+                          max_key_bytes=limits.max_key_bytes,
+                          max_namespace_bytes=limits.max_namespace_bytes,
+                          direct_io=cfg.disk_direct_io)
+    except DiskError as exc:
+        memory_tier.close(clean=True)
+        raise _refused(str(exc), "cannot open the disk tier: %s", exc) from None
+    store = TieredStore(memory_tier, disk,
+                        make_promote_policy(cfg.promote_policy, cfg.promote_window_ms),
+                        io_threads=cfg.disk_io_threads)
+    log.info("disk tier ready", extra={"fields": {"dir": disk.root, "capacity": disk.capacity,
+                                                  **disk.recovery, **store.recovery}})
+    return store
