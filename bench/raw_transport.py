@@ -23,7 +23,8 @@ import numpy as np
 from gcache.credentials import ClientCredential, parse_client_credential
 from gcache.protocol import Limits, Op
 from gcache.sdk import Client, Status
-from gcache.sdk.transport import TcpTransport, Work
+from gcache.sdk.transports.base import Work
+from gcache.sdk.transports.tcp import TcpTransport
 
 RELEASE_EVERY_S = 1.0
 
@@ -32,10 +33,10 @@ def _transport(kind: str, address: str, token: str | ClientCredential) -> Any:
     if kind == "tcp":
         return TcpTransport(address, token, Limits(), 5.0)
     if kind == "shm":
-        from gcache.sdk.shm_transport import ShmTransport
+        from gcache.sdk.transports.shm import ShmTransport
 
         return ShmTransport(address, token, Limits(), 5.0, "shm")
-    from gcache.sdk.nixl_transport import NixlTransport
+    from gcache.sdk.transports.nixl import NixlTransport
 
     return NixlTransport(address, token, Limits(), 5.0, "nixl")
 
@@ -67,7 +68,7 @@ def measure_raw_transport(address: str, kind: str, *, size: int = 1 << 20, count
         try:
             t.connect(time.monotonic() + 10)
             if kind == "nixl":
-                from gcache.sdk.nixl_transport import REGISTRY
+                from gcache.sdk.transports.nixl import REGISTRY
 
                 REGISTRY.add(dst)
                 reg = dst
@@ -111,7 +112,7 @@ def measure_raw_transport(address: str, kind: str, *, size: int = 1 << 20, count
             barrier.abort()
         finally:
             if reg is not None:
-                from gcache.sdk.nixl_transport import REGISTRY
+                from gcache.sdk.transports.nixl import REGISTRY
 
                 REGISTRY.remove(reg)
             t.close()

@@ -29,7 +29,7 @@ import time
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from gcache.config import load_config
+from gcache.config import TRANSPORTS, load_config
 from gcache.credentials import ClientCredential, bearer_of, parse_client_credential
 from gcache.discovery import MasterClient, MasterError, MasterUnavailable, view_from_wire
 from gcache.errors import ConfigError
@@ -39,8 +39,9 @@ from gcache.status import Status
 from gcache.tls import dialer_context
 from gcache.view import View
 from gcache.sdk.dispatcher import Lane, Reaper
-from gcache.sdk.transport import ItemResult, TcpTransport, Work
-from gcache.sdk.shm_transport import MODES as TRANSPORTS, make_transport, nixl_usable
+from gcache.sdk.transports.base import ItemResult, Work
+from gcache.sdk.transports.factory import make_transport, nixl_usable
+from gcache.sdk.transports.tcp import TcpTransport
 
 if TYPE_CHECKING:
     import numpy as np
@@ -73,7 +74,7 @@ def as_view(buf: Any, writable: bool, device: bool = False) -> Any:
         if buf.device.type != "cpu":
             if not device:
                 raise ValueError("CUDA tensors need transport='nixl'; pass a CPU tensor")
-            from gcache.sdk.nixl_transport import DeviceView
+            from gcache.sdk.transports.nixl import DeviceView
 
             return DeviceView(flat)
         mv = memoryview(flat.numpy())
@@ -268,7 +269,7 @@ class Client:
         if self._nixl:
             # the agent takes ~0.4 s to start: here, not inside the first op's deadline
             from gcache.nixl_lib import NixlUnavailable
-            from gcache.sdk.nixl_transport import process_agent
+            from gcache.sdk.transports.nixl import process_agent
 
             try:
                 process_agent()
@@ -312,7 +313,7 @@ class Client:
         if not self._nixl:
             return False
         from gcache.nixl_lib import NixlUnavailable
-        from gcache.sdk.nixl_transport import REGISTRY
+        from gcache.sdk.transports.nixl import REGISTRY
 
         try:
             return REGISTRY.add(buf)
@@ -323,7 +324,7 @@ class Client:
         """Undo ``register_buffer``; no transfer may be using ``buf``."""
         if not self._nixl:
             return False
-        from gcache.sdk.nixl_transport import REGISTRY
+        from gcache.sdk.transports.nixl import REGISTRY
 
         return REGISTRY.remove(buf)
 

@@ -29,7 +29,8 @@ import time
 from typing import Callable
 
 from gcache.status import Status
-from gcache.sdk.transport import AuthError, ItemResult, Transport, TransportTimeout, Work
+from gcache.config import TransportKind
+from gcache.sdk.transports.base import AuthError, ItemResult, Transport, TransportTimeout, Work
 
 log = logging.getLogger("gcache.sdk")
 
@@ -54,7 +55,7 @@ class Lane:
         self.generation = 0
         self._state_lock = state_lock
         self._closed = False
-        self.kind = ""  # data path of the last connection ("tcp", "shm", "nixl"), once known
+        self.kind: TransportKind | None = None  # data path of the last connection, once known
         self.threads = [threading.Thread(target=self._run, name=f"gcache-dispatch-{address}-{i}",
                                          daemon=True) for i in range(threads)]
         for t in self.threads:
@@ -133,7 +134,7 @@ class Lane:
                         # same bytes), and a dead server refuses the connect at once.
                         transport.close()
                         results = transport.execute(work)
-                    self.kind = getattr(transport, "kind", "") or "tcp"
+                    self.kind = transport.kind
                 except TransportTimeout:
                     self.consecutive_timeouts += 1
                     if self.consecutive_timeouts >= 2:

@@ -23,8 +23,8 @@ from gcache.credentials import parse_client_credential
 from gcache.hashing import checksum
 from gcache.protocol import Limits, Op
 from gcache.sdk import Client, Status
-from gcache.sdk import shm_transport
-from gcache.sdk.shm_transport import ShmTransport, _Staging
+from gcache.sdk.transports import onesided, shm
+from gcache.sdk.transports.shm import ShmTransport, _Staging
 from gcache.testing.oracle import value_for
 
 pytestmark = [pytest.mark.integration]
@@ -100,7 +100,7 @@ def test_sdk_maps_the_arena_read_only(srv):
 
 
 def test_shm_puts_round_trip_byte_exact_staged(srv):
-    before = dict(shm_transport.STATS)
+    before = dict(onesided.STATS)
     sizes = [1, 4095, 65536, (1 << 20) + 3, (3 << 20) + 7]  # 3 MiB: sliced at 1 MiB
     keys = [f"v{n}" for n in sizes]
     with Client(srv.addresses, namespace="shm-put", transport="shm", timeout_ms=10_000,
@@ -116,7 +116,7 @@ def test_shm_puts_round_trip_byte_exact_staged(srv):
         outs = [np.zeros(1 << 20, np.uint8) for _ in big]
         assert c.get_batch_into(big, outs) == [Status.OK] * 70
         assert all(np.array_equal(a, b) for a, b in zip(arrs, outs))
-    d = {k: shm_transport.STATS[k] - before[k] for k in before}
+    d = {k: onesided.STATS[k] - before[k] for k in before}
     assert d["shm_put_items"] >= 70 and d["tcp_fallback_items"] == 0, d
     assert d["shm_staged_frames"] >= 2, d  # 70 MiB: more than one 64 MiB staging frame
 
@@ -233,10 +233,10 @@ def test_client_of_another_uid_reads_through_the_arena_group(make_cluster, monke
     t.close()
     st = os.stat(path)
     assert stat.S_IMODE(st.st_mode) == 0o640 and st.st_gid == gid
-    monkeypatch.setattr(shm_transport.os, "getuid", lambda: st.st_uid + 12345)
+    monkeypatch.setattr(shm.os, "getuid", lambda: st.st_uid + 12345)
     v = os.urandom(600_000)
-    before = shm_transport.STATS["shm_staged_frames"]
+    before = onesided.STATS["shm_staged_frames"]
     with Client([addr], transport="shm", timeout_ms=10_000) as c:
         assert c.put("other-uid", v) == Status.OK  # staged: file 0640 with the group
         assert c.get("other-uid") == v
-    assert shm_transport.STATS["shm_staged_frames"] == before + 1
+    assert onesided.STATS["shm_staged_frames"] == before + 1

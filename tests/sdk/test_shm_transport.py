@@ -17,9 +17,11 @@ import pytest
 from gcache.hashing import checksum
 from gcache.protocol import Limits, Op
 from gcache.sdk import Client, Status
-from gcache.sdk import shm_transport
-from gcache.sdk.shm_transport import ShmTransport, make_transport
-from gcache.sdk.transport import TcpTransport, TransportTimeout, Work
+from gcache.sdk.transports import onesided, shm
+from gcache.sdk.transports.base import TransportTimeout, Work
+from gcache.sdk.transports.factory import make_transport
+from gcache.sdk.transports.shm import ShmTransport
+from gcache.sdk.transports.tcp import TcpTransport
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +58,7 @@ def _value(n: int, seed: int) -> np.ndarray:
 
 
 def test_shm_round_trip_every_form(srv):
-    before = dict(shm_transport.STATS)
+    before = dict(onesided.STATS)
     with Client(srv.addresses, namespace="shm", transport="shm", timeout_ms=10_000) as c:
         vals = [_value(n, i) for i, n in enumerate(SIZES)]
         keys = [f"k{n}" for n in SIZES]
@@ -78,7 +80,7 @@ def test_shm_round_trip_every_form(srv):
         assert c.exists("k1") is True
         assert c.delete("k1") == Status.OK
         assert c.get("k1") is None
-    after = shm_transport.STATS
+    after = onesided.STATS
     assert after["shm_get_items"] > before["shm_get_items"]
     assert after["shm_put_items"] > before["shm_put_items"]
     assert after["tcp_fallback_items"] == before["tcp_fallback_items"]
@@ -91,15 +93,15 @@ def test_auto_picks_shm_and_tcp_when_forced(srv, monkeypatch):
     t.connect(time.monotonic() + 5)
     assert t.kind == "shm"
     t.close()
-    before = shm_transport.STATS["shm_get_items"]
+    before = onesided.STATS["shm_get_items"]
     with Client(srv.addresses, transport="tcp") as c:
         assert c.put("x", b"abc") == Status.OK and c.get("x") == b"abc"
-    assert shm_transport.STATS["shm_get_items"] == before
+    assert onesided.STATS["shm_get_items"] == before
     with Client(srv.addresses) as c:  # auto is the default
         assert c.get("x") == b"abc"
-    assert shm_transport.STATS["shm_get_items"] == before + 1
+    assert onesided.STATS["shm_get_items"] == before + 1
     # not co-located (the arena cannot be mapped): auto falls back, shm refuses
-    monkeypatch.setattr(shm_transport, "_acquire", lambda info: None)
+    monkeypatch.setattr(shm, "_acquire", lambda info: None)
     t = make_transport("auto", addr, "", Limits(), 1.0)
     t.connect(time.monotonic() + 5)
     assert t.kind == "tcp"
@@ -164,9 +166,9 @@ def test_forged_ids_are_rejected(trusted):
     assert a._call(Op.RELEASE, {"leases": [lid]}, dl)["st"] == [Status.BAD_REQUEST]
     assert a._call(Op.COMMIT, {"slots": [sid], "abort": []}, dl)["st"] == [Status.OK]
     # malformed control headers are frame errors: that connection closes, the server lives
-    with pytest.raises(shm_transport._FrameStatus):
+    with pytest.raises(onesided._FrameStatus):
         b._call(Op.RELEASE, {"leases": "nope"}, dl)
-    with pytest.raises(shm_transport._FrameStatus):
+    with pytest.raises(onesided._FrameStatus):
         _raw(addr)._call(Op.LEASE, {"ns": b"default", "items": [[b"a", -1]]}, dl)
     a.close()
     b.close()
@@ -282,28 +284,28 @@ def test_small_frames_go_as_plain_round_trips(srv):
     addr = srv.addresses[0]
     v = _value(65536, 21)
     with Client([addr], transport="shm", timeout_ms=10_000) as c:
-        before = dict(shm_transport.STATS)
+        before = dict(onesided.STATS)
         assert c.put_batch_from(["s1"], [v]) == [Status.OK]
         out = np.zeros(65536, np.uint8)
         assert c.get_batch_into(["s1"], [out]) == [Status.OK] and np.array_equal(out, v)
-        d = {k: shm_transport.STATS[k] - before[k] for k in before}
+        d = {k: onesided.STATS[k] - before[k] for k in before}
         assert d["small_frame_tcp_items"] == 2 and d["shm_get_items"] == 0 \
             and d["shm_put_items"] == 0
         keys = [f"b{i}" for i in range(8)]  # 8 x 64 KiB = 512 KiB: one-sided
         assert c.put_batch_from(keys, [v] * 8) == [Status.OK] * 8
         outs = [np.zeros(65536, np.uint8) for _ in keys]
         assert c.get_batch_into(keys, outs) == [Status.OK] * 8
-        d = {k: shm_transport.STATS[k] - before[k] for k in before}
+        d = {k: onesided.STATS[k] - before[k] for k in before}
         assert d["shm_get_items"] == 8 and d["shm_put_items"] == 8
 
 
 def test_one_sided_min_bytes_1_makes_every_frame_one_sided(srv, monkeypatch):
     monkeypatch.setenv("GCACHE_ONE_SIDED_MIN_BYTES", "1")
     with Client(srv.addresses, transport="shm", timeout_ms=10_000) as c:
-        before = dict(shm_transport.STATS)
+        before = dict(onesided.STATS)
         assert c.put("tiny", b"x") == Status.OK and c.get("tiny") == b"x"
         out = bytearray(1)
         assert c.get_batch_into(["tiny"], [out]) == [Status.OK] and out == b"x"
-        d = {k: shm_transport.STATS[k] - before[k] for k in before}
+        d = {k: onesided.STATS[k] - before[k] for k in before}
         assert d["small_frame_tcp_items"] == 0 and d["shm_put_items"] == 1 \
             and d["shm_get_items"] == 2

@@ -23,7 +23,7 @@ larger than it, or a connection whose staging the server refused, goes as a plai
 PUT.
 
 The control ops (LEASE/RELEASE, ALLOC/COMMIT for NIXL) and the deadline rules live in
-``OneSidedTransport`` (gcache.sdk.onesided); this module maps, stages and copies.
+``OneSidedTransport`` (onesided.py); this module maps, stages and copies.
 
 Modes (``Client(transport=...)``): ``auto`` uses shm when co-located and TCP otherwise;
 ``shm`` requires co-location (a remote server is unreachable for this client); ``tcp``
@@ -33,7 +33,6 @@ never maps.
 from __future__ import annotations
 
 import ctypes
-import functools
 import logging
 import mmap
 import os
@@ -45,16 +44,17 @@ import numpy as np
 
 from gcache import staging
 from gcache.network import boot_id
+from gcache.config import TransportKind
 from gcache.credentials import ClientCredential
 from gcache.protocol import Limits, Op
 from gcache.status import status_of
 from gcache.errors import ProtocolError
-from gcache.sdk.onesided import STATS, Copy, OneSidedTransport, _FrameStatus  # noqa: F401
-from gcache.sdk.transport import ItemResult, TcpTransport, Transport, TransportTimeout, Work
+from gcache.sdk.transports.base import ItemResult, TransportTimeout, Work
+from gcache.sdk.transports.onesided import STATS, Copy, OneSidedTransport
+from gcache.sdk.transports.tcp import TcpTransport
 
 log = logging.getLogger("gcache.sdk.shm")
 
-MODES = ("auto", "tcp", "shm", "nixl")
 CHECK_BYTES = 2 << 20  # deadline / lease-bound check at least this often while copying
 STAGE_BYTES = 64 << 20  # data capacity of one connection's staging file (tmpfs: sparse)
 
@@ -201,7 +201,7 @@ class ShmTransport(OneSidedTransport):
             super().close()
             raise ConnectionError(f"{self.address} is not co-located (cannot map its "
                                   "arena); use transport='tcp' or 'auto'")
-        self.kind = "tcp"
+        self.kind = TransportKind.TCP
         STATS["tcp_connections"] += 1
 
     def try_map(self) -> bool:
@@ -220,7 +220,7 @@ class ShmTransport(OneSidedTransport):
             self.map = m = _acquire(info)
         if m is None:
             return False
-        self.kind = "shm"
+        self.kind = TransportKind.SHM
         STATS["shm_connections"] += 1
         self.lease_s = max(0.05, int(info.get("lease_ms", 10000)) / 1000.0)
         self.span = (int(info.get("data_off", 0)), m.size)
@@ -261,7 +261,7 @@ class ShmTransport(OneSidedTransport):
 
     # ------------------------------------------------------------------ staged puts
     def _put(self, work: Work) -> list[ItemResult]:
-        if self.kind != "shm":  # nixl: ALLOC -> one-sided WRITE -> COMMIT
+        if self.kind != TransportKind.SHM:  # nixl: ALLOC -> one-sided WRITE -> COMMIT
             return super()._put(work)
         items = work.items
         out: list[ItemResult | None] = [None] * len(items)
@@ -346,45 +346,3 @@ class ShmTransport(OneSidedTransport):
         STATS["shm_put_items"] += len(run)
         STATS["shm_staged_frames"] += 1
         return [ItemResult(status_of(x)) for x in st]
-
-
-def make_transport(mode: str, address: str, token: str | ClientCredential, limits: Limits,
-                   connect_timeout: float, nixl_bounce_bytes: int = 8 << 20,
-                   one_sided_min_bytes: int = 256 << 10,
-                   tls: ssl.SSLContext | None = None) -> Transport:
-    """The transport for one dispatch thread.
-
-    ``tcp`` -> TcpTransport; ``shm`` -> ShmTransport; ``nixl`` -> NixlTransport;
-    ``auto`` -> shm when co-located, else nixl when this host has an RDMA device and
-    the server offers NIXL, else TCP (decided per connection). With ``tls`` every
-    connection is TLS; nixl is refused (its bytes bypass the TLS channel), shm works
-    unchanged (its control RPCs ride the TLS socket, its bytes stay on this host)."""
-    if mode == "tcp":
-        return TcpTransport(address, token, limits, connect_timeout, tls)
-    if mode not in MODES:
-        raise ValueError(f"transport must be one of {', '.join(MODES)}, not {mode!r}")
-    if tls is not None and mode == "nixl":
-        raise ValueError("transport nixl cannot run under TLS: its bytes move by RDMA "
-                         "outside the TLS channel; use tcp, shm or auto")
-    if tls is not None:
-        t: OneSidedTransport = ShmTransport(address, token, limits, connect_timeout, mode, tls)
-    elif mode == "nixl" or (mode == "auto" and nixl_usable()):
-        from gcache.sdk.nixl_transport import NixlTransport
-
-        t = NixlTransport(address, token, limits, connect_timeout, mode, nixl_bounce_bytes)
-    else:
-        t = ShmTransport(address, token, limits, connect_timeout, mode)
-    t.min_bytes = one_sided_min_bytes
-    return t
-
-
-@functools.cache
-def nixl_usable() -> bool:
-    """Whether ``auto`` considers nixl here (decided once per process, logged once)."""
-    from gcache.nixl_lib import available, rdma_devices
-
-    why = "no RDMA device on this host" if not rdma_devices() else available()
-    if why:
-        logging.getLogger("gcache.sdk").info(
-            "transport auto: nixl not used (%s); shm when co-located, else TCP", why)
-    return not why

@@ -12,7 +12,7 @@ ops) that serves GET and PUT through the control ops of docs/protocol.md
 * PUT: ``ALLOC`` (same items as a PUT: sliced puts work unchanged) -> ``move_out``
   copies into the slots -> ``COMMIT``; the server checksums and publishes exactly as
   for a TCP put.
-* EXISTS / DELETE / TOUCH, everything when ``kind`` is "tcp", and frames smaller than
+* EXISTS / DELETE / TOUCH, everything when ``kind`` is tcp, and frames smaller than
   ``min_bytes`` (``one_sided_min_bytes``): the plain TCP ops. One round trip that
   carries the bytes beats two control round trips plus a copy for small frames.
 
@@ -38,8 +38,10 @@ from typing import Any
 from gcache.errors import ProtocolError
 from gcache.protocol import Op, encode_frame, read_frame, sendmsg_all
 from gcache.status import Status, status_of
-from gcache.sdk.transport import (AuthError, ItemResult, TcpTransport, TransportTimeout,
-                                  Work, _rids)
+from gcache.config import TransportKind
+from gcache.sdk.transports.base import (AuthError, ItemResult, TransportTimeout, Work,
+                                        next_request_id)
+from gcache.sdk.transports.tcp import TcpTransport
 
 log = logging.getLogger("gcache.sdk.onesided")
 
@@ -68,7 +70,7 @@ RELEASE_GRACE_S = 0.01  # how long a no-wait RELEASE may block past the deadline
 
 
 class OneSidedTransport(TcpTransport):
-    kind = ""  # the data path once connected: a subclass's name, or "tcp"
+    kind: TransportKind | None = None  # the data path once connected: a subclass's, or tcp
     min_bytes = 256 << 10  # smaller frames go as plain GET/PUT (``one_sided_min_bytes``)
     lease_s = 10.0
     span = (0, 0)  # [lo, hi) of arena offsets the server may hand out
@@ -114,7 +116,8 @@ class OneSidedTransport(TcpTransport):
         # TcpTransport.execute wraps this: timeouts and protocol errors close the channel
         if self.unread:
             self._drain(work.deadline)
-        if self.kind in ("", "tcp") or work.op not in (Op.GET, Op.PUT) or self._small(work):
+        if self.kind in (None, TransportKind.TCP) or work.op not in (Op.GET, Op.PUT) \
+                or self._small(work):
             return super()._execute(work)
         try:
             return self._get(work) if work.op == Op.GET else self._put(work)
@@ -127,7 +130,7 @@ class OneSidedTransport(TcpTransport):
     def _call(self, op: int, meta: dict, deadline: float) -> Any:
         if self.unread:
             self._drain(deadline)
-        rid = next(_rids)
+        rid = next_request_id()
         sendmsg_all(self.sock, [encode_frame(op, rid, meta)], deadline)
         fh, rmeta = read_frame(self.sock, self.limits, self.prefix, deadline=deadline)
         if fh.request_id != rid or fh.opcode != op:
@@ -148,7 +151,7 @@ class OneSidedTransport(TcpTransport):
         the plain ops on this connection from now on, starting with this frame."""
         log.info("%s refused one-sided ops (%s); using TCP on this connection",
                  self.address, rmeta.get("error", ""))
-        self.kind = "tcp"
+        self.kind = TransportKind.TCP
         return TcpTransport._execute(self, work)
 
     def _check_span(self, off: int, n: int) -> None:
@@ -228,7 +231,7 @@ class OneSidedTransport(TcpTransport):
             # (read before the next request on this connection). A few dozen bytes on an
             # idle request/response stream never block unless the server stopped reading:
             # that costs at most RELEASE_GRACE_S past the deadline, then the connection.
-            sendmsg_all(self.sock, [encode_frame(Op.RELEASE, next(_rids), {"leases": held})],
+            sendmsg_all(self.sock, [encode_frame(Op.RELEASE, next_request_id(), {"leases": held})],
                         max(work.deadline, time.monotonic() + RELEASE_GRACE_S))
             self.unread += 1
         elif held:
@@ -244,7 +247,7 @@ class OneSidedTransport(TcpTransport):
                     r = leases[which[i]]
                     if r[0] == Status.OK and r[4] in lost and out[i] is not None:
                         out[i] = ItemResult(Status.TIMEOUT, r[1], r[2], 0)
-        STATS[self.kind + "_get_items"] += len(items) - len(fallback)
+        STATS[f"{self.kind.value}_get_items"] += len(items) - len(fallback)
         if fallback:
             self._drain(work.deadline)
             STATS["tcp_fallback_items"] += len(fallback)
@@ -294,7 +297,7 @@ class OneSidedTransport(TcpTransport):
                 raise ProtocolError("COMMIT reply does not match the request")
             for i, s in zip(ok, st):
                 out[i] = ItemResult(status_of(s))
-        STATS[self.kind + "_put_items"] += len(ok)
+        STATS[f"{self.kind.value}_put_items"] += len(ok)
         if fallback:
             STATS["tcp_fallback_items"] += len(fallback)
             for i, r in zip(fallback, TcpTransport._execute(self, self._subset(work, fallback))):

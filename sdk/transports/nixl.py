@@ -37,12 +37,14 @@ from typing import Any
 
 import numpy as np
 
+from gcache.config import TransportKind
 from gcache.nixl_lib import Agent, NixlUnavailable
 from gcache.credentials import ClientCredential
 from gcache.protocol import Limits
-from gcache.sdk.onesided import STATS, Copy
-from gcache.sdk.shm_transport import ShmTransport, _addr, _copy
-from gcache.sdk.transport import TcpTransport, TransportTimeout
+from gcache.sdk.transports.base import TransportTimeout
+from gcache.sdk.transports.onesided import STATS, Copy
+from gcache.sdk.transports.shm import ShmTransport, _addr, _copy
+from gcache.sdk.transports.tcp import TcpTransport
 
 log = logging.getLogger("gcache.sdk.nixl")
 
@@ -219,7 +221,7 @@ class NixlTransport(ShmTransport):
         if self.address not in _told:  # once per server, not per connection
             _told.add(self.address)
             log.info("nixl not used for %s: %s; using TCP", self.address, why)
-        self.kind = "tcp"
+        self.kind = TransportKind.TCP
         STATS["tcp_connections"] += 1
 
     def _attach(self) -> str:
@@ -246,7 +248,7 @@ class NixlTransport(ShmTransport):
         self.remote, self.rbase = remote, base
         self.span = (data_off, size)
         self.lease_s = max(0.05, int(info.get("lease_ms", 10000)) / 1000.0)
-        self.kind = "nixl"
+        self.kind = TransportKind.NIXL
         STATS["nixl_connections"] += 1
         return ""
 
@@ -285,12 +287,12 @@ class NixlTransport(ShmTransport):
 
     # ------------------------------------------------------------------ movers
     def move_in(self, copies: list[Copy], t0: float, deadline: float) -> None:
-        if self.kind == "shm":
+        if self.kind == TransportKind.SHM:
             return super().move_in(copies, t0, deadline)
         self._run("READ", copies, t0, deadline)
 
     def move_out(self, copies: list[Copy], t0: float, deadline: float) -> None:
-        if self.kind == "shm":
+        if self.kind == TransportKind.SHM:
             return super().move_out(copies, t0, deadline)
         self._run("WRITE", copies, t0, deadline)
 

@@ -1,0 +1,101 @@
+"""The Transport contract: one channel to one server, driven by one dispatch thread.
+
+A ``Transport`` carries request frames (``Work``) to one server and returns one
+``ItemResult`` per item. Implementations: ``TcpTransport`` (tcp.py: the framed
+protocol over a socket), ``ShmTransport`` and ``NixlTransport`` (shm.py, nixl.py: the
+one-sided data paths of onesided.py over the same socket); ``factory.make_transport``
+picks one per ``Client(transport=...)``.
+
+Threads and blocking. A transport is owned by exactly one dispatch thread
+(``dispatcher.Lane``), which makes it, calls every method on it, and closes it; it is
+never shared, so it takes no locks. The probe and ``Client.stats`` make their own
+short-lived ``TcpTransport`` on the reaper or a stats thread.
+
+* ``kind``: the data path of the current connection (``TransportKind``: tcp, shm,
+  nixl), ``None`` until the first connection is up. One-sided transports learn it in
+  the handshake (``auto`` falls back to tcp per connection). Never blocks.
+* ``connect(deadline)``: dial, greet (HELLO), authenticate (AUTH), and for one-sided
+  transports attach the data path. Blocks until done or ``deadline`` (a
+  ``time.monotonic`` value) — never longer: every blocking call re-arms its socket
+  timeout from the time left before each syscall (``gcache.protocol.arm``), because a
+  socket timeout alone restarts on every byte and is not a deadline. ``execute``
+  connects on its own when there is no connection; callers call ``connect`` only to
+  probe a server or to inspect the handshake.
+* ``execute(work)``: send one request frame and read its reply; blocks until
+  ``work.deadline`` at the latest. Returns one ``ItemResult`` per item, or raises:
+
+  - ``TransportTimeout`` when the deadline passes mid-request; the channel is then
+    closed, because the stream position is unknown (a late reply can never land in a
+    buffer already reported as a miss);
+  - ``AuthError`` when the server refuses the credential (or token) at AUTH;
+  - ``ConnectionError`` / ``OSError`` when the server is unreachable or died.
+
+  A request outside the credential's namespace grants is not an exception: the server
+  answers ``Status.AUTH`` per item and the channel stays open.
+* ``close()``: drop the connection (idempotent, never blocks); the next ``execute``
+  reconnects.
+
+Work items (``Work.items``), by op:
+
+* PUT:    ``(key, total_len, offset, length, put_id, src_view, checksum)``
+  (checksum: xxh3_64 of the whole value, the same on every slice)
+* GET:    ``(key, offset, max_len, expect_version, dest_view | None)``
+* others: ``key``
+"""
+
+from __future__ import annotations
+
+import abc
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from gcache.config import TransportKind
+from gcache.errors import AuthError, TransportTimeout  # noqa: F401  (part of the contract)
+from gcache.status import Status
+
+#: Request ids of every connection of this process (unique per connection is enough).
+next_request_id = itertools.count(1).__next__
+
+
+@dataclass(slots=True)
+class ItemResult:
+    status: Status
+    total_len: int = 0
+    version: int = 0
+    nbytes: int = 0
+    data: bytearray | None = None
+    checksum: int = 0  # a get's: the server's xxh3_64 of the whole object
+
+
+@dataclass(slots=True, eq=False)
+class Work:
+    """One request frame for one server (items: see the module docstring)."""
+
+    op: int
+    ns: bytes
+    items: list
+    deadline: float
+    on_done: Any  # callable(list[ItemResult]) -> None, called exactly once
+    extra: dict | None = None  # merged into the request header (view epoch, placement hashes)
+    retried: bool = False
+    state: int = 0  # 0 queued, 1 running, 2 done
+
+
+class Transport(abc.ABC):
+    """One channel to one server (see the module docstring for threads and blocking)."""
+
+    #: the data path of the current connection; None until the first connection is up
+    kind: TransportKind | None = None
+
+    @abc.abstractmethod
+    def connect(self, deadline: float) -> None:
+        """Dial and authenticate by ``deadline``."""
+
+    @abc.abstractmethod
+    def execute(self, work: Work) -> list[ItemResult]:
+        """One request frame; one result per item, by ``work.deadline``."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Drop the connection (idempotent)."""
