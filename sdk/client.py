@@ -33,11 +33,12 @@ from gcache.config import TRANSPORTS, load_config
 from gcache.credentials import ClientCredential, bearer_of, parse_client_credential
 from gcache.discovery import MasterClient, MasterError, MasterUnavailable, view_from_wire
 from gcache.errors import ConfigError
-from gcache.hashing import checksum, placement_hash
+from gcache.hashing import placement_hash
 from gcache.protocol import Limits, Op
 from gcache.status import Status
 from gcache.tls import dialer_context
 from gcache.view import View
+from gcache.sdk.buffers import as_view, digest
 from gcache.sdk.dispatcher import Lane, Reaper
 from gcache.sdk.transports.base import ItemResult, Work
 from gcache.sdk.transports.factory import make_transport, nixl_usable
@@ -57,34 +58,6 @@ _GET_BYTES = operator.itemgetter(2)  # a GET item's max_len
 _PUT_BYTES = operator.itemgetter(3)  # a PUT item's slice length
 KeyCallback = Callable[[int, bytes, Any], None]
 BatchCallback = Callable[[list], None]
-
-
-def as_view(buf: Any, writable: bool, device: bool = False) -> Any:
-    """A flat byte view of memoryview / bytes / numpy / torch tensor, no copy.
-
-    CUDA tensors become a ``DeviceView`` when ``device`` (the nixl transport) allows it.
-    """
-    mod = type(buf).__module__
-    if mod.startswith("torch"):
-        if not buf.is_contiguous():
-            raise ValueError("tensor must be contiguous")
-        import torch
-
-        flat = buf.reshape(-1).view(torch.uint8) if buf.numel() else buf.reshape(-1)
-        if buf.device.type != "cpu":
-            if not device:
-                raise ValueError("CUDA tensors need transport='nixl'; pass a CPU tensor")
-            from gcache.sdk.transports.nixl import DeviceView
-
-            return DeviceView(flat)
-        mv = memoryview(flat.numpy())
-    else:
-        mv = memoryview(buf)
-    if not mv.contiguous:
-        raise ValueError("buffer must be C-contiguous")
-    if writable and mv.readonly:
-        raise ValueError("destination buffer is read-only")
-    return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
 
 
 class _Batch:
@@ -537,7 +510,7 @@ class Client:
         """OK if the bytes that landed in ``buf`` (the whole object) hash to the checksum
         the server sent; else CORRUPT (counted, logged): the read is a miss."""
         want = batch.sums[i]
-        if want is not None and _digest(buf) == want:
+        if want is not None and digest(buf) == want:
             return Status.OK
         with self._state_lock:
             self.counters["checksum_mismatch"] += 1
@@ -588,7 +561,7 @@ class Client:
             if n > self.limits.max_value_bytes:
                 too_large.append(i)
                 continue
-            c = _digest(v)  # the server refuses to publish bytes that hash differently
+            c = digest(v)  # the server refuses to publish bytes that hash differently
             if n <= self.slice:
                 batch.parts[i] = 1
                 routed.setdefault(addr, []).append((i, (k, n, 0, n, 0, v, c)))
@@ -878,14 +851,6 @@ def _slice_status(it: tuple, r: ItemResult) -> Status:
             and r.nbytes != min(it[2], max(0, r.total_len - it[1])):
         return Status.SIZE_MISMATCH
     return r.status
-
-
-def _digest(buf: Any) -> int:
-    """xxh3_64 of a flat byte view (host memory in place; a CUDA ``DeviceView`` is
-    copied to the host first)."""
-    if isinstance(buf, (memoryview, bytes, bytearray)):
-        return checksum(buf)
-    return checksum(buf.t.cpu().numpy())
 
 
 def _safe(fn: Callable | None, *args: Any) -> None:

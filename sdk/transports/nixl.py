@@ -28,7 +28,6 @@ the server offers it, then TCP; ``make_transport`` only builds this class for
 from __future__ import annotations
 
 import bisect
-import ctypes
 import logging
 import os
 import threading
@@ -41,9 +40,10 @@ from gcache.config import TransportKind
 from gcache.nixl_lib import Agent, NixlUnavailable
 from gcache.credentials import ClientCredential
 from gcache.protocol import Limits
+from gcache.sdk.buffers import DeviceView, address_of, as_view, memmove
 from gcache.sdk.transports.base import TransportTimeout
 from gcache.sdk.transports.onesided import STATS, Copy
-from gcache.sdk.transports.shm import ShmTransport, _addr, _copy
+from gcache.sdk.transports.shm import ShmTransport
 from gcache.sdk.transports.tcp import TcpTransport
 
 log = logging.getLogger("gcache.sdk.nixl")
@@ -88,38 +88,11 @@ def close_agent() -> None:
         a.close()
 
 
-class DeviceView:
-    """A flat byte range of a CUDA tensor; slices like a memoryview (for the dispatcher)."""
-
-    __slots__ = ("t", "ptr", "dev")
-
-    def __init__(self, flat: Any) -> None:  # flat: contiguous 1-D uint8 CUDA tensor
-        self.t, self.ptr, self.dev = flat, int(flat.data_ptr()), int(flat.device.index or 0)
-
-    def __len__(self) -> int:
-        return int(self.t.numel())
-
-    def __getitem__(self, sl: slice) -> "DeviceView":
-        return DeviceView(self.t[sl])
-
-    def to_host(self, addr: int, n: int) -> None:
-        import torch
-
-        host = torch.from_numpy(np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(addr)))
-        host.copy_(self.t[:n])
-
-    def from_host(self, addr: int, n: int) -> None:
-        import torch
-
-        host = torch.from_numpy(np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(addr)))
-        self.t[:n].copy_(host)
-
-
 def local_span(local: Any) -> tuple[int, str, int]:
     """(address, NIXL memory type, device) of a destination/source view."""
     if isinstance(local, DeviceView):
         return local.ptr, "VRAM", local.dev
-    return _addr(local), "DRAM", 0
+    return address_of(local), "DRAM", 0
 
 
 class _Registry:
@@ -132,8 +105,6 @@ class _Registry:
     def add(self, buf: Any) -> bool:
         view = buf if isinstance(buf, DeviceView) else None
         if view is None:
-            from gcache.sdk.client import as_view
-
             view = as_view(buf, writable=False, device=True)
         addr, mem, dev = local_span(view)
         n = len(view)
@@ -150,8 +121,6 @@ class _Registry:
     def remove(self, buf: Any) -> bool:
         view = buf if isinstance(buf, DeviceView) else None
         if view is None:
-            from gcache.sdk.client import as_view
-
             view = as_view(buf, writable=False, device=True)
         addr = local_span(view)[0]
         with self.lock:
@@ -366,11 +335,11 @@ def _to_bounce(src: Any, baddr: int, n: int) -> None:
     if isinstance(src, DeviceView):
         src.to_host(baddr, n)
     else:
-        _copy(baddr, _addr(src), n)
+        memmove(baddr, address_of(src), n)
 
 
 def _from_bounce(dst: Any, baddr: int, n: int) -> None:
     if isinstance(dst, DeviceView):
         dst.from_host(baddr, n)
     else:
-        _copy(_addr(dst), baddr, n)
+        memmove(address_of(dst), baddr, n)

@@ -49,6 +49,7 @@ from gcache.credentials import ClientCredential
 from gcache.protocol import Limits, Op
 from gcache.status import status_of
 from gcache.errors import ProtocolError
+from gcache.sdk.buffers import address_of, memmove
 from gcache.sdk.transports.base import ItemResult, TransportTimeout, Work
 from gcache.sdk.transports.onesided import STATS, Copy, OneSidedTransport
 from gcache.sdk.transports.tcp import TcpTransport
@@ -168,18 +169,6 @@ class _Staging:
             pass
 
 
-def _addr(view: memoryview) -> int:
-    try:  # writable buffers: ~0.2 us, the export ends with the temporary
-        return ctypes.addressof(ctypes.c_char.from_buffer(view))
-    except (TypeError, ValueError):  # read-only (bytes) or empty
-        return np.frombuffer(view, dtype=np.uint8).ctypes.data
-
-
-def _copy(dst_addr: int, src_addr: int, n: int) -> None:
-    if n:
-        ctypes.memmove(dst_addr, src_addr, n)  # a foreign call: the GIL is released
-
-
 class ShmTransport(OneSidedTransport):
     def __init__(self, address: str, token: str | ClientCredential, limits: Limits,
                  connect_timeout: float, mode: str = "auto",
@@ -253,7 +242,7 @@ class ShmTransport(OneSidedTransport):
             if since >= CHECK_BYTES:  # the clock is read every few MiB, not per slice
                 self.copy_window(t0, deadline)
                 since = 0
-            _copy(_addr(local), base + remote, n)
+            memmove(address_of(local), base + remote, n)
             since += n
 
     def move_out(self, copies: list[Copy], t0: float, deadline: float) -> None:
@@ -323,7 +312,7 @@ class ShmTransport(OneSidedTransport):
             if since >= CHECK_BYTES:
                 since = 0
             n = items[i][3]
-            _copy(pos, _addr(items[i][5]), n)
+            memmove(pos, address_of(items[i][5]), n)
             pos += n
             since += n
         sub = self._subset(work, run)

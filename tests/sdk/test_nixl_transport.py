@@ -224,8 +224,9 @@ def test_device_view_staged_path_with_a_cpu_tensor(srv):
     buffer, split into rounds) runs here on CPU tensors: the same torch copies."""
     import torch
 
+    from gcache.sdk.buffers import DeviceView
     from gcache.sdk.transports.base import Work
-    from gcache.sdk.transports.nixl import DeviceView, NixlTransport
+    from gcache.sdk.transports.nixl import NixlTransport
     from gcache.protocol import Op
     from gcache.hashing import checksum
 
