@@ -85,7 +85,7 @@ def measure_raw_transport(address: str, kind: str, *, size: int = 1 << 20, count
                         raise RuntimeError("raw GET missed")
             else:
                 def lease() -> Any:
-                    rep = t._call(Op.LEASE, {"ns": ns, "items": [[k, 0] for k in keys]},
+                    rep = t.call(Op.LEASE, {"ns": ns, "items": [[k, 0] for k in keys]},
                                   time.monotonic() + 10)
                     ls = rep["items"]
                     if any(x[0] != Status.OK for x in ls):
@@ -101,10 +101,10 @@ def measure_raw_transport(address: str, kind: str, *, size: int = 1 << 20, count
                 once(h)
                 moved[w] += count * size
                 if h is not None and time.monotonic() - h[2] > RELEASE_EVERY_S:
-                    t._call(Op.RELEASE, {"leases": h[0]}, time.monotonic() + 10)
+                    t.call(Op.RELEASE, {"leases": h[0]}, time.monotonic() + 10)
                     h = lease()
             if h is not None:
-                t._call(Op.RELEASE, {"leases": h[0]}, time.monotonic() + 10)
+                t.call(Op.RELEASE, {"leases": h[0]}, time.monotonic() + 10)
             if int(dst[count - 1, size - 1]) != (count - 1) % 251:
                 raise RuntimeError("raw transport read wrong bytes")
         except BaseException as exc:

@@ -68,7 +68,7 @@ def _staged(t: ShmTransport, ns: bytes, items: list, stage: _Staging | None = No
     """Write ``items`` ([key, value, csum]) into a staging file, send one PUT_STAGED."""
     if stage is None:
         stage = _Staging(t.auth_reply["shm"]["path"], t.auth_reply["shm"]["uid"],
-                         t.map.gid, 1 << 20)
+                         t.shm.map.gid, 1 << 20)
     pos = staging.HEADER_BYTES
     for _k, v, _c in items:
         if pos + len(v) <= len(stage.mm):  # (a too-small file on purpose: not written)
@@ -78,7 +78,7 @@ def _staged(t: ShmTransport, ns: bytes, items: list, stage: _Staging | None = No
             "skey": stage.key if key is None else key,
             "items": [[k, len(v), 0, len(v), 0, c] for k, v, c in items]}
     try:
-        return t._call(Op.PUT_STAGED, meta, time.monotonic() + 5)
+        return t.call(Op.PUT_STAGED, meta, time.monotonic() + 5)
     finally:
         stage.close()
 
@@ -92,7 +92,7 @@ def test_sdk_maps_the_arena_read_only(srv):
         perms = _arena_perms(path)
         assert perms and all(p.startswith("r-") for p in perms), perms  # PROT_READ only
         with pytest.raises(TypeError):
-            t.map.mm[t.span[0]:t.span[0] + 4] = b"evil"
+            t.shm.map.mm[t.shm.span[0]:t.shm.span[0] + 4] = b"evil"
         t.close()
     # no staging file outlives its connection's first put
     prefix = staging.name_prefix(path)
@@ -123,7 +123,7 @@ def test_shm_puts_round_trip_byte_exact_staged(srv):
 
 def test_alloc_is_refused_to_shm_clients(srv):
     t = _raw(srv.addresses[0])
-    rep = t._call(Op.ALLOC, {"ns": b"default", "items": [
+    rep = t.call(Op.ALLOC, {"ns": b"default", "items": [
         [b"a", 4, 0, 4, 0, checksum(b"abcd")]]}, time.monotonic() + 5)
     assert rep["one_sided"] is False and rep["items"][0][0] == Status.AUTH
     assert "shm-trusted-writers" in rep["error"]
@@ -174,7 +174,7 @@ def test_bad_staging_files_are_refused_and_the_server_keeps_serving(srv, tmp_pat
         assert why in rep["error"], rep["error"]
 
     def mk(capacity: int = 1 << 20) -> _Staging:
-        return _Staging(path, t.auth_reply["shm"]["uid"], t.map.gid, capacity)
+        return _Staging(path, t.auth_reply["shm"]["uid"], t.shm.map.gid, capacity)
 
     # every refusal is a normal reply: the same connection goes on to the next case
     s = mk()  # a symlink (to a real staging file) in the arena's directory

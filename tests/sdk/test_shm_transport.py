@@ -126,22 +126,22 @@ def test_lease_blocks_eviction_and_close_releases(srv):
         assert c.put("held", v) == Status.OK
         assert c.put("free", v) == Status.OK
     t = _raw(addr)
-    rep = t._call(Op.LEASE, {"ns": b"default", "items": [[b"held", 0]]}, time.monotonic() + 5)
+    rep = t.call(Op.LEASE, {"ns": b"default", "items": [[b"held", 0]]}, time.monotonic() + 5)
     st, total, _ver, off, lid, _csum = rep["items"][0]
     assert st == Status.OK and total == len(v) and lid
     t2 = _raw(addr)
-    rep2 = t2._call(Op.LEASE, {"ns": b"default", "items": [[b"free", 0]]}, time.monotonic() + 5)
+    rep2 = t2.call(Op.LEASE, {"ns": b"default", "items": [[b"free", 0]]}, time.monotonic() + 5)
     assert rep2["items"][0][0] == Status.OK
     with Client([addr], transport="tcp") as c:  # held leases show in the server's stats
         assert c.stats()[addr]["shm_leases"] == 2
     t2.close()  # the server releases t2's lease when its connection closes
     time.sleep(0.2)
     _fill(addr, 300 << 20)  # ~3x the arena: everything unpinned is evicted
-    assert bytes(t.map.mm[off:off + total]) == v  # the leased bytes were never reused
+    assert bytes(t.shm.map.mm[off:off + total]) == v  # the leased bytes were never reused
     with Client([addr], transport="tcp") as c:
         assert c.exists("free") is False
         assert c.get("held") == v
-    rel = t._call(Op.RELEASE, {"leases": [lid]}, time.monotonic() + 5)
+    rel = t.call(Op.RELEASE, {"leases": [lid]}, time.monotonic() + 5)
     assert rel["st"] == [Status.OK]
     t.close()
 
@@ -152,24 +152,24 @@ def test_forged_ids_are_rejected(trusted):
         assert c.put("a", b"x" * 5000) == Status.OK
     a, b = _raw(addr), _raw(addr)
     dl = time.monotonic() + 5
-    lid = a._call(Op.LEASE, {"ns": b"default", "items": [[b"a", 0]]}, dl)["items"][0][4]
-    _st, soff, sid = a._call(Op.ALLOC, {"ns": b"default", "items": [
+    lid = a.call(Op.LEASE, {"ns": b"default", "items": [[b"a", 0]]}, dl)["items"][0][4]
+    _st, soff, sid = a.call(Op.ALLOC, {"ns": b"default", "items": [
         [b"n", 10, 0, 10, 0, checksum(b"0123456789")]]}, dl)["items"][0]
     _write_arena(a, soff, b"0123456789")
     # another connection cannot release or commit them; unknown ids are refused
-    assert b._call(Op.RELEASE, {"leases": [lid, 999_999, -3]}, dl)["st"] == [
+    assert b.call(Op.RELEASE, {"leases": [lid, 999_999, -3]}, dl)["st"] == [
         Status.BAD_REQUEST] * 3
-    assert b._call(Op.COMMIT, {"slots": [sid, 424242], "abort": [sid]}, dl)["st"] == [
+    assert b.call(Op.COMMIT, {"slots": [sid, 424242], "abort": [sid]}, dl)["st"] == [
         Status.BAD_REQUEST] * 2
     # the owner still can
-    assert a._call(Op.RELEASE, {"leases": [lid]}, dl)["st"] == [Status.OK]
-    assert a._call(Op.RELEASE, {"leases": [lid]}, dl)["st"] == [Status.BAD_REQUEST]
-    assert a._call(Op.COMMIT, {"slots": [sid], "abort": []}, dl)["st"] == [Status.OK]
+    assert a.call(Op.RELEASE, {"leases": [lid]}, dl)["st"] == [Status.OK]
+    assert a.call(Op.RELEASE, {"leases": [lid]}, dl)["st"] == [Status.BAD_REQUEST]
+    assert a.call(Op.COMMIT, {"slots": [sid], "abort": []}, dl)["st"] == [Status.OK]
     # malformed control headers are frame errors: that connection closes, the server lives
     with pytest.raises(onesided._FrameStatus):
-        b._call(Op.RELEASE, {"leases": "nope"}, dl)
+        b.call(Op.RELEASE, {"leases": "nope"}, dl)
     with pytest.raises(onesided._FrameStatus):
-        _raw(addr)._call(Op.LEASE, {"ns": b"default", "items": [[b"a", -1]]}, dl)
+        _raw(addr).call(Op.LEASE, {"ns": b"default", "items": [[b"a", -1]]}, dl)
     a.close()
     b.close()
     with Client([addr]) as c:
@@ -181,7 +181,7 @@ def test_uncommitted_alloc_is_never_visible_and_close_aborts(trusted):
     addr = trusted.addresses[0]
     t = _raw(addr)
     dl = time.monotonic() + 5
-    st, off, sid = t._call(Op.ALLOC, {"ns": b"default", "items": [
+    st, off, sid = t.call(Op.ALLOC, {"ns": b"default", "items": [
         [b"p", 4, 0, 4, 0, checksum(b"abcd")]]}, dl)["items"][0]
     assert st == Status.OK
     _write_arena(t, off, b"abcd")
@@ -200,9 +200,9 @@ def test_lease_expires(make_cluster, monkeypatch):
         assert cl.put("a", b"v" * 100) == Status.OK
     t = _raw(addr)
     dl = time.monotonic() + 5
-    lid = t._call(Op.LEASE, {"ns": b"default", "items": [[b"a", 0]]}, dl)["items"][0][4]
+    lid = t.call(Op.LEASE, {"ns": b"default", "items": [[b"a", 0]]}, dl)["items"][0][4]
     time.sleep(1.2)
-    assert t._call(Op.RELEASE, {"leases": [lid]}, time.monotonic() + 5)["st"] == [
+    assert t.call(Op.RELEASE, {"leases": [lid]}, time.monotonic() + 5)["st"] == [
         Status.TIMEOUT]
     t.close()
 
