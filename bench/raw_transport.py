@@ -23,7 +23,7 @@ import numpy as np
 from gcache.credentials import ClientCredential, parse_client_credential
 from gcache.protocol import Limits, Op
 from gcache.sdk import Client, Status
-from gcache.sdk.transports.base import Work
+from gcache.sdk.transports.base import GetItem, Work
 from gcache.sdk.transports.tcp import TcpTransport
 
 RELEASE_EVERY_S = 1.0
@@ -74,7 +74,7 @@ def measure_raw_transport(address: str, kind: str, *, size: int = 1 << 20, count
                 reg = dst
             views = [memoryview(row) for row in dst]
             if kind == "tcp":
-                items = [(k, 0, size, 0, v) for k, v in zip(keys, views)]
+                items = [GetItem(k, 0, size, 0, v) for k, v in zip(keys, views)]
 
                 def lease() -> Any:
                     return None

@@ -40,7 +40,7 @@ from gcache.tls import dialer_context
 from gcache.view import View
 from gcache.sdk.buffers import as_view, digest
 from gcache.sdk.dispatcher import Lane, Reaper
-from gcache.sdk.transports.base import ItemResult, Work
+from gcache.sdk.transports.base import GetItem, ItemResult, KeyItem, PutItem, Work
 from gcache.sdk.transports.factory import make_transport, nixl_usable
 from gcache.sdk.transports.tcp import TcpTransport
 
@@ -54,8 +54,8 @@ log = logging.getLogger("gcache.sdk")
 
 Key = str | bytes
 ONE_SIDED_FRAME_BYTES = 4 << 20  # smallest frame target on shm/nixl lanes
-_GET_BYTES = operator.itemgetter(2)  # a GET item's max_len
-_PUT_BYTES = operator.itemgetter(3)  # a PUT item's slice length
+_GET_BYTES = operator.attrgetter("max_len")
+_PUT_BYTES = operator.attrgetter("length")
 KeyCallback = Callable[[int, bytes, Any], None]
 BatchCallback = Callable[[list], None]
 
@@ -401,14 +401,14 @@ class Client:
 
     def _dispatch(self, op: int, batch: _Batch, routed: dict[str, list], deadline: float,
                   nbytes: Callable[[tuple], int], retried: bool = False) -> None:
-        """routed: address -> [(key_index, item_tuple)]. Packs frames and enqueues them."""
+        """routed: address -> [item]. Packs frames and enqueues them."""
         for addr, entries in routed.items():
             if not addr:  # empty view: no server to ask
-                for i, _ in entries:
-                    batch.slice_done(i, Status.UNAVAILABLE)
+                for it in entries:
+                    batch.slice_done(it.index, Status.UNAVAILABLE)
                 continue
             lane = self._lane(addr)
-            sizes = [nbytes(it) for _, it in entries]
+            sizes = [nbytes(it) for it in entries]
             total = sum(sizes)
             target = max(self.slice, min(self.frame_target, -(-total // self.conns)))
             if lane.kind == "shm":
@@ -420,53 +420,50 @@ class Client:
                 # concurrent transfers of one agent contend (measured: 1 frame 4.1 GB/s,
                 # 4 frames 2.6 GB/s at 1 MiB over CMA)
                 target = max(total, self.slice)
-            cur_i: list[int] = []
             cur: list = []
             size = 0
-            for (i, it), n in zip(entries, sizes):
+            for it, n in zip(entries, sizes):
                 if cur and (size + n > target or len(cur) >= self.limits.max_batch_items):
-                    self._send(op, batch, lane, cur_i, cur, deadline, retried)
-                    cur_i, cur, size = [], [], 0
-                cur_i.append(i)
+                    self._send(op, batch, lane, cur, deadline, retried)
+                    cur, size = [], 0
                 cur.append(it)
                 size += n
             if cur:
-                self._send(op, batch, lane, cur_i, cur, deadline, retried)
+                self._send(op, batch, lane, cur, deadline, retried)
 
-    def _send(self, op: int, batch: _Batch, lane: Lane, idx: list[int], items: list,
-              deadline: float, retried: bool = False) -> None:
+    def _send(self, op: int, batch: _Batch, lane: Lane, items: list, deadline: float,
+              retried: bool = False) -> None:
         def on_done(results: list[ItemResult]) -> None:
-            moved = [(i, it) for i, it, r in zip(idx, items, results)
-                     if r.status == Status.NOT_OWNER]
+            done_items = items
+            moved = [it for it, r in zip(items, results) if r.status == Status.NOT_OWNER]
             if moved:
                 if retried or self._master is None:
-                    for i, _ in moved:
-                        batch.slice_done(i, Status.NOT_OWNER)
+                    for it in moved:
+                        batch.slice_done(it.index, Status.NOT_OWNER)
                 else:  # our view is stale: refresh it, then re-route these items once
                     threading.Thread(target=self._reroute, args=(op, batch, moved, deadline),
                                      daemon=True).start()
                 keep = [k for k, r in enumerate(results) if r.status != Status.NOT_OWNER]
-                done_idx = [idx[k] for k in keep]
                 done_items = [items[k] for k in keep]
                 results = [results[k] for k in keep]
-            else:
-                done_idx, done_items = idx, items
             if op == Op.GET:
                 bulk = []
-                for i, it, r in zip(done_idx, done_items, results):
-                    if it[4] is None and r.status == Status.OK and batch.bufs[i] is None:
-                        self._get_part(batch, i, it, r, lane, deadline)  # may fan out
+                for it, r in zip(done_items, results):
+                    i = it.index
+                    if it.dest is None and r.status == Status.OK and batch.bufs[i] is None:
+                        self._get_part(batch, it, r, lane, deadline)  # may fan out
                     else:
                         bulk.append((i, _slice_status(it, r), r.version, r.total_len,
                                      r.checksum))
                 batch.slices_done(bulk)
             else:
-                batch.slices_done([(i, r.status, 0, -1, None)
-                                   for i, r in zip(done_idx, results)])
+                batch.slices_done([(it.index, r.status, 0, -1, None)
+                                   for it, r in zip(done_items, results)])
 
         extra = None
         if self._master is not None:
-            extra = {"ep": self._view.epoch, "ph": [batch.hashes[i] for i in idx]}
+            hashes = batch.hashes
+            extra = {"ep": self._view.epoch, "ph": [hashes[it.index] for it in items]}
         work = Work(op, self.namespace, items, deadline, on_done, extra=extra,
                     retried=retried)
         if lane.submit(work):
@@ -478,16 +475,16 @@ class Client:
         self._refresh_view(wait_ms=0, deadline=deadline)
         ring = self._ring
         routed: dict[str, list] = {}
-        for i, it in moved:
-            addr = ring.owners([batch.hashes[i]])[0].address if len(ring) else ""
-            routed.setdefault(addr, []).append((i, it))
+        for it in moved:
+            addr = ring.owners([batch.hashes[it.index]])[0].address if len(ring) else ""
+            routed.setdefault(addr, []).append(it)
         nbytes = {Op.PUT: _PUT_BYTES, Op.GET: _GET_BYTES}.get(op, lambda t: 64)
         self._dispatch(op, batch, routed, deadline, nbytes, retried=True)
 
-    def _get_part(self, batch: _Batch, i: int, it: tuple, r: ItemResult, lane: Lane,
+    def _get_part(self, batch: _Batch, it: GetItem, r: ItemResult, lane: Lane,
                   deadline: float) -> None:
-        st = r.status
-        if st == Status.OK and batch.bufs[i] is None and it[4] is None:
+        st, i = r.status, it.index
+        if st == Status.OK and batch.bufs[i] is None and it.dest is None:
             # byte-returning get, first slice: learn the size, fetch the rest in parallel
             if r.total_len <= r.nbytes:
                 batch.bufs[i] = r.data if r.data is not None else bytearray()
@@ -496,8 +493,8 @@ class Client:
                 full[:r.nbytes] = r.data
                 batch.bufs[i] = full
                 view = memoryview(full)
-                rest = [(i, (batch.keys[i], off, min(self.slice, r.total_len - off), r.version,
-                             view[off:off + min(self.slice, r.total_len - off)]))
+                rest = [GetItem(batch.keys[i], off, min(self.slice, r.total_len - off), r.version,
+                                view[off:off + min(self.slice, r.total_len - off)], i)
                         for off in range(r.nbytes, r.total_len, self.slice)]
                 with batch.lock:
                     batch.parts[i] += len(rest)
@@ -556,23 +553,24 @@ class Client:
         routed: dict[str, list] = {}
         deadline = self._deadline(timeout_ms)
         too_large = []
+        parts, step, most = batch.parts, self.slice, self.limits.max_value_bytes
         for i, (k, v, addr) in enumerate(zip(ks, views, self._owners(ks, group, batch))):
             n = len(v)
-            if n > self.limits.max_value_bytes:
+            if n > most:
                 too_large.append(i)
                 continue
             c = digest(v)  # the server refuses to publish bytes that hash differently
-            if n <= self.slice:
-                batch.parts[i] = 1
-                routed.setdefault(addr, []).append((i, (k, n, 0, n, 0, v, c)))
+            if n <= step:
+                parts[i] = 1
+                routed.setdefault(addr, []).append(PutItem(k, n, 0, n, 0, v, c, i))
                 continue
             pid = int.from_bytes(os.urandom(8), "little") >> 1 or 1
-            offs = range(0, n, self.slice)
-            batch.parts[i] = len(offs)
+            offs = range(0, n, step)
+            parts[i] = len(offs)
             dest = routed.setdefault(addr, [])
             for off in offs:
-                ln = min(self.slice, n - off)
-                dest.append((i, (k, n, off, ln, pid, v[off:off + ln], c)))
+                ln = min(step, n - off)
+                dest.append(PutItem(k, n, off, ln, pid, v[off:off + ln], c, i))
         for i in too_large:
             batch.parts[i] = 1
             batch.slice_done(i, Status.TOO_LARGE)
@@ -683,14 +681,19 @@ class Client:
             self._closed_batch(batch)
             return batch.future if outer is None else outer
         routed: dict[str, list] = {}
+        parts, step = batch.parts, self.slice
         for i, (k, v, addr) in enumerate(zip(ks, views, self._owners(ks, group, batch))):
             n = len(v)
-            offs = range(0, max(n, 1), self.slice)
-            batch.parts[i] = len(offs)
             dest = routed.setdefault(addr, [])
+            if n <= step:  # one slice: the whole buffer
+                parts[i] = 1
+                dest.append(GetItem(k, 0, n, 0, v, i))
+                continue
+            offs = range(0, n, step)
+            parts[i] = len(offs)
             for off in offs:
-                ln = min(self.slice, n - off)
-                dest.append((i, (k, off, ln, 0, v[off:off + ln])))
+                ln = min(step, n - off)
+                dest.append(GetItem(k, off, ln, 0, v[off:off + ln], i))
         self._dispatch(Op.GET, batch, routed, self._deadline(timeout_ms), _GET_BYTES)
         return batch.future if outer is None else outer
 
@@ -719,7 +722,7 @@ class Client:
         routed: dict[str, list] = {}
         for i, (k, addr) in enumerate(zip(ks, self._owners(ks, group, batch))):
             batch.parts[i] = 1
-            routed.setdefault(addr, []).append((i, (k, 0, self.slice, 0, None)))
+            routed.setdefault(addr, []).append(GetItem(k, 0, self.slice, 0, None, i))
         self._dispatch(Op.GET, batch, routed, self._deadline(timeout_ms), _GET_BYTES)
         return batch.future
 
@@ -745,7 +748,7 @@ class Client:
         routed: dict[str, list] = {}
         for i, (k, addr) in enumerate(zip(ks, self._owners(ks, group, batch))):
             batch.parts[i] = 1
-            routed.setdefault(addr, []).append((i, k))
+            routed.setdefault(addr, []).append(KeyItem(k, i))
         self._dispatch(op, batch, routed, self._deadline(timeout_ms), lambda t: 64)
         return batch.future
 
@@ -844,11 +847,11 @@ class Client:
         self.close()
 
 
-def _slice_status(it: tuple, r: ItemResult) -> Status:
+def _slice_status(it: GetItem, r: ItemResult) -> Status:
     """A get slice's status: SIZE_MISMATCH when the bytes that came are not what the
-    destination slice at ``it[1]`` of a ``r.total_len`` object should hold."""
-    if r.status == Status.OK and it[4] is not None \
-            and r.nbytes != min(it[2], max(0, r.total_len - it[1])):
+    destination slice at ``it.offset`` of a ``r.total_len`` object should hold."""
+    if r.status == Status.OK and it.dest is not None \
+            and r.nbytes != min(it.max_len, max(0, r.total_len - it.offset)):
         return Status.SIZE_MISMATCH
     return r.status
 

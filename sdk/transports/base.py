@@ -35,12 +35,10 @@ short-lived ``TcpTransport`` on the reaper or a stats thread.
 * ``close()``: drop the connection (idempotent, never blocks); the next ``execute``
   reconnects.
 
-Work items (``Work.items``), by op:
-
-* PUT:    ``(key, total_len, offset, length, put_id, src_view, checksum)``
-  (checksum: xxh3_64 of the whole value, the same on every slice)
-* GET:    ``(key, offset, max_len, expect_version, dest_view | None)``
-* others: ``key``
+Work items (``Work.items``), by op: ``PutItem`` (PUT), ``GetItem`` (GET), ``KeyItem``
+(EXISTS, DELETE, TOUCH). NamedTuples: they cost what a tuple costs, and a frame holds
+thousands. Each carries ``index``, the key's position in the caller's batch, which the
+transports pass through and never send.
 """
 
 from __future__ import annotations
@@ -48,7 +46,7 @@ from __future__ import annotations
 import abc
 import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from gcache.config import TransportKind
 from gcache.errors import AuthError, TransportTimeout  # noqa: F401  (part of the contract)
@@ -56,6 +54,37 @@ from gcache.status import Status
 
 #: Request ids of every connection of this process (unique per connection is enough).
 next_request_id = itertools.count(1).__next__
+
+
+class PutItem(NamedTuple):
+    """One slice of a value to store."""
+
+    key: bytes
+    total_len: int  # the whole value's length
+    offset: int  # of this slice in the value
+    length: int  # of this slice
+    put_id: int  # ties the slices of one sliced put together (0: not sliced)
+    src: Any  # the slice's bytes: a memoryview or DeviceView of ``length`` bytes
+    checksum: int | None  # xxh3_64 of the whole value, the same on every slice
+    index: int = 0  # the key's position in the caller's batch (not sent)
+
+
+class GetItem(NamedTuple):
+    """One slice of an object to read."""
+
+    key: bytes
+    offset: int
+    max_len: int
+    version: int  # the object version every slice must come from (0: any)
+    dest: Any  # a memoryview / DeviceView to land in, or None: new bytes (a byte get)
+    index: int = 0  # the key's position in the caller's batch (not sent)
+
+
+class KeyItem(NamedTuple):
+    """One key of an EXISTS, DELETE or TOUCH."""
+
+    key: bytes
+    index: int = 0  # the key's position in the caller's batch (not sent)
 
 
 @dataclass(slots=True)
@@ -74,7 +103,7 @@ class Work:
 
     op: int
     ns: bytes
-    items: list
+    items: list  # PutItem | GetItem | KeyItem, by op
     deadline: float
     on_done: Any  # callable(list[ItemResult]) -> None, called exactly once
     extra: dict | None = None  # merged into the request header (view epoch, placement hashes)

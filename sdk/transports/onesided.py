@@ -48,7 +48,7 @@ from gcache.status import Status, status_of
 from gcache.config import TransportKind
 from gcache.sdk.transports.base import (AuthError, ItemResult, TransportTimeout, Work,
                                         next_request_id)
-from gcache.sdk.transports.tcp import TcpTransport
+from gcache.sdk.transports.tcp import TcpTransport, put_fields
 
 if TYPE_CHECKING:
     import ssl
@@ -183,12 +183,12 @@ class OneSidedTransport(TcpTransport):
     def _small(self, work: Work) -> bool:
         """A frame this small costs less as one plain round trip (the bytes ride along)
         than as two control round trips plus a copy: single-key gets and puts."""
-        # a get's max_len and destination, a put's slice length and source
-        idx, buf = (2, 4) if work.op == Op.GET else (3, 5)
+        get = work.op == Op.GET  # a get's max_len and destination, a put's length and source
         total = 0
         for it in work.items:
-            total += it[idx]
-            if total >= self.min_bytes or not isinstance(it[buf], memoryview):
+            total += it.max_len if get else it.length
+            if total >= self.min_bytes or not isinstance(it.dest if get else it.src,
+                                                         memoryview):
                 return False  # large, or a byte get (size unknown) / device memory
         STATS["small_frame_tcp_items"] += len(work.items)
         return True
@@ -267,7 +267,7 @@ class OneSidedTransport(TcpTransport):
         first: dict[tuple[bytes, int], int] = {}
         which = []
         for it in items:
-            which.append(first.setdefault((it[0], it[3]), len(first)))
+            which.append(first.setdefault((it.key, it.version), len(first)))
         uniq = list(first)
         extra = dict(work.extra or {})
         if "ph" in extra and isinstance(extra["ph"], list) and len(extra["ph"]) == len(items):
@@ -304,10 +304,10 @@ class OneSidedTransport(TcpTransport):
                 if st != Status.OK:
                     out[i] = ItemResult(status_of(st), total, ver, 0)
                     continue
-                start = min(it[1], total)
-                n = min(total - start, it[2])
+                start = min(it.offset, total)
+                n = min(total - start, it.max_len)
                 res = out[i] = ItemResult(Status.OK, total, ver, n, None, csum)
-                dst = it[4]
+                dst = it.dest
                 if dst is None:  # a byte get: the bytes land in a new buffer
                     res.data = bytearray(n)
                     dst = memoryview(res.data)
@@ -355,9 +355,8 @@ class OneSidedTransport(TcpTransport):
         """A PUT frame as ALLOC -> ``move_out`` -> COMMIT (the nixl path's)."""
         items = work.items
         t0 = time.monotonic()
-        rmeta = self.call(Op.ALLOC, {"ns": work.ns, "items": [[it[0], it[1], it[2], it[3],
-                                                                it[4], it[6]] for it in items],
-                                      **(work.extra or {})}, work.deadline)
+        rmeta = self.call(Op.ALLOC, {"ns": work.ns, "items": put_fields(items),
+                                     **(work.extra or {})}, work.deadline)
         if rmeta.get("one_sided") is False:
             return self._refused(work, rmeta)
         slots = rmeta.get("items")
@@ -374,13 +373,13 @@ class OneSidedTransport(TcpTransport):
             if s[0] != Status.OK:
                 out[i] = ItemResult(status_of(s[0]))
                 continue
-            self._check_span(s[1], it[3])
-            if len(it[5]) != it[3]:
-                raise ValueError(f"put slice has {len(it[5])} bytes, item says {it[3]}")
+            self._check_span(s[1], it.length)
+            if len(it.src) != it.length:
+                raise ValueError(f"put slice has {len(it.src)} bytes, item says {it.length}")
             ok.append(i)
         if ok:
-            self.move_out([(items[i][5], slots[i][1], items[i][3]) for i in ok if items[i][3]],
-                          t0, work.deadline)
+            self.move_out([(items[i].src, slots[i][1], items[i].length) for i in ok
+                           if items[i].length], t0, work.deadline)
             rmeta = self.call(Op.COMMIT, {"slots": [slots[i][2] for i in ok], "abort": []},
                                work.deadline)
             st = rmeta.get("st")

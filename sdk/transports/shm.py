@@ -53,6 +53,7 @@ from gcache.errors import ProtocolError
 from gcache.sdk.buffers import address_of, memmove
 from gcache.sdk.transports.base import ItemResult, TransportTimeout, Work
 from gcache.sdk.transports.onesided import STATS, Copy, DataPath, OneSidedTransport
+from gcache.sdk.transports.tcp import put_fields
 
 log = logging.getLogger("gcache.sdk.shm")
 
@@ -241,16 +242,17 @@ class ShmPath(DataPath):
         runs: list[list[int]] = []
         used = cap
         for i, it in enumerate(items):
-            if len(it[5]) != it[3]:
-                raise ValueError(f"put slice has {len(it[5])} bytes, item says {it[3]}")
-            if stage is None or it[3] > cap or it[6] is None:
+            n = it.length
+            if len(it.src) != n:
+                raise ValueError(f"put slice has {len(it.src)} bytes, item says {n}")
+            if stage is None or n > cap or it.checksum is None:
                 tcp.append(i)
-            elif used + it[3] > cap:
+            elif used + n > cap:
                 runs.append([i])
-                used = it[3]
+                used = n
             else:
                 runs[-1].append(i)
-                used += it[3]
+                used += n
         for run in runs:
             if self.stage_refused:
                 tcp.extend(run)
@@ -292,13 +294,13 @@ class ShmPath(DataPath):
                 raise TransportTimeout()
             if since >= CHECK_BYTES:
                 since = 0
-            n = items[i][3]
-            memmove(pos, address_of(items[i][5]), n)
+            n = items[i].length
+            memmove(pos, address_of(items[i].src), n)
             pos += n
             since += n
         sub = conn.subset(work, run)
         meta = {"ns": work.ns, "stage": stage.name, "skey": stage.key,
-                "items": [[it[0], it[1], it[2], it[3], it[4], it[6]] for it in sub.items],
+                "items": put_fields(sub.items),
                 **(sub.extra or {})}
         try:
             rmeta = conn.call(Op.PUT_STAGED, meta, work.deadline)

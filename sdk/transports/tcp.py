@@ -28,10 +28,17 @@ from gcache.protocol import (PREFIX_SIZE, Limits, Op, encode_frame, read_frame,
                              recv_into_many, sendmsg_all)
 from gcache.config import TransportKind
 from gcache.status import Status, status_of
-from gcache.sdk.transports.base import ItemResult, Transport, Work, next_request_id
+from gcache.sdk.transports.base import (ItemResult, PutItem, Transport, Work,
+                                        next_request_id)
 
 
 _INT5 = (int, int, int, int, int)
+
+
+def put_fields(items: list[PutItem]) -> list[list]:
+    """A PUT's (or ALLOC's, PUT_STAGED's) wire items: everything but the bytes."""
+    return [[it.key, it.total_len, it.offset, it.length, it.put_id, it.checksum]
+            for it in items]
 
 
 class TcpTransport(Transport):
@@ -136,17 +143,17 @@ class TcpTransport(Transport):
     def _execute(self, work: Work) -> list[ItemResult]:
         op, rid, sock, deadline = work.op, next_request_id(), self.sock, work.deadline
         if op == Op.PUT:
-            meta = {"ns": work.ns, "items": [[it[0], it[1], it[2], it[3], it[4], it[6]]
-                                             for it in work.items], **(work.extra or {})}
-            plen = sum(it[3] for it in work.items)
+            meta = {"ns": work.ns, "items": put_fields(work.items), **(work.extra or {})}
+            plen = sum(it.length for it in work.items)
             sendmsg_all(sock, [encode_frame(op, rid, meta, plen),
-                               *(it[5] for it in work.items)], deadline)
+                               *(it.src for it in work.items)], deadline)
         elif op == Op.GET:
-            meta = {"ns": work.ns, "items": [[it[0], it[1], it[2], it[3]] for it in work.items],
-                    **(work.extra or {})}
+            meta = {"ns": work.ns, "items": [[it.key, it.offset, it.max_len, it.version]
+                                             for it in work.items], **(work.extra or {})}
             sendmsg_all(sock, [encode_frame(op, rid, meta)], deadline)
         else:
-            sendmsg_all(sock, [encode_frame(op, rid, {"ns": work.ns, "items": work.items,
+            sendmsg_all(sock, [encode_frame(op, rid, {"ns": work.ns,
+                                                      "items": [it.key for it in work.items],
                                                       **(work.extra or {})})], deadline)
         fh, rmeta = read_frame(sock, self.limits, self.prefix, deadline=deadline)
         if fh.request_id != rid or fh.opcode != op:
@@ -182,13 +189,14 @@ class TcpTransport(Transport):
                 raise ProtocolError("GET reply item has a negative length")
             res = ItemResult(status_of(st), total, ver, n, None, csum)
             if n:
-                if n > it[2]:
-                    raise ProtocolError(f"server sent {n} bytes for a {it[2]}-byte request")
-                if it[4] is None:
+                if n > it.max_len:
+                    raise ProtocolError(f"server sent {n} bytes for a {it.max_len}-byte "
+                                        "request")
+                if it.dest is None:
                     res.data = bytearray(n)
                     views.append(memoryview(res.data))
                 else:
-                    views.append(it[4][:n])
+                    views.append(it.dest[:n])
             out.append(res)
         # one scatter read fills many destinations, all by the deadline
         recv_into_many(self.sock, views, work.deadline)

@@ -225,7 +225,7 @@ def test_device_view_staged_path_with_a_cpu_tensor(srv):
     import torch
 
     from gcache.sdk.buffers import DeviceView
-    from gcache.sdk.transports.base import Work
+    from gcache.sdk.transports.base import GetItem, PutItem, Work
     from gcache.sdk.transports.nixl import NixlTransport
     from gcache.protocol import Op
     from gcache.hashing import checksum
@@ -238,11 +238,11 @@ def test_device_view_staged_path_with_a_cpu_tensor(srv):
         dv = DeviceView(src)
         assert len(dv) == n and len(dv[4096:8192]) == 4096
         csum = checksum(src.numpy())
-        res = t.execute(Work(Op.PUT, b"dv", [(b"dev", n, 0, n, 0, dv, csum)],
+        res = t.execute(Work(Op.PUT, b"dv", [PutItem(b"dev", n, 0, n, 0, dv, csum)],
                              time.monotonic() + 10, None))
         assert [r.status for r in res] == [Status.OK]
         dst = torch.zeros(n, dtype=torch.uint8)
-        res = t.execute(Work(Op.GET, b"dv", [(b"dev", 0, n, 0, DeviceView(dst))],
+        res = t.execute(Work(Op.GET, b"dv", [GetItem(b"dev", 0, n, 0, DeviceView(dst))],
                              time.monotonic() + 10, None))
         assert [r.status for r in res] == [Status.OK] and res[0].nbytes == n
         assert torch.equal(dst, src)

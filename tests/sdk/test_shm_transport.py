@@ -18,7 +18,7 @@ from gcache.hashing import checksum
 from gcache.protocol import Limits, Op
 from gcache.sdk import Client, Status
 from gcache.sdk.transports import onesided, shm
-from gcache.sdk.transports.base import TransportTimeout, Work
+from gcache.sdk.transports.base import GetItem, KeyItem, TransportTimeout, Work
 from gcache.sdk.transports.factory import make_transport
 from gcache.sdk.transports.shm import ShmTransport
 from gcache.sdk.transports.tcp import TcpTransport
@@ -105,7 +105,7 @@ def test_auto_picks_shm_and_tcp_when_forced(srv, monkeypatch):
     t = make_transport("auto", addr, "", Limits(), 1.0)
     t.connect(time.monotonic() + 5)
     assert t.kind == "tcp"
-    w = Work(Op.GET, b"default", [(b"x", 0, 100, 0, None)], time.monotonic() + 5, None)
+    w = Work(Op.GET, b"default", [GetItem(b"x", 0, 100, 0, None)], time.monotonic() + 5, None)
     assert bytes(t.execute(w)[0].data) == b"abc"
     t.close()
     with pytest.raises(ConnectionError):
@@ -232,7 +232,7 @@ def test_dead_or_hung_server_is_a_timely_miss(srv):
 
 def test_transport_timeout_before_copy(srv):
     t = _raw(srv.addresses[0])
-    w = Work(Op.GET, b"default", [(b"zz", 0, 10, 0, None)], time.monotonic() - 1, None)
+    w = Work(Op.GET, b"default", [GetItem(b"zz", 0, 10, 0, None)], time.monotonic() - 1, None)
     with pytest.raises(TransportTimeout):
         t.execute(w)
     t.close()
@@ -263,13 +263,13 @@ def test_release_without_waiting_then_other_ops_on_the_same_connection(srv):
         assert c.put("r", v) == Status.OK
     t = _raw(addr)
     dst = bytearray(len(v))
-    res = t.execute(Work(Op.GET, b"default", [(b"r", 0, len(v), 0, memoryview(dst))],
+    res = t.execute(Work(Op.GET, b"default", [GetItem(b"r", 0, len(v), 0, memoryview(dst))],
                          time.monotonic() + 5, None))
     assert res[0].status == Status.OK and bytes(dst) == v
     assert t.unread == 1  # the RELEASE reply is still on the wire
-    ex = t.execute(Work(Op.EXISTS, b"default", [b"r", b"nope"], time.monotonic() + 5, None))
+    ex = t.execute(Work(Op.EXISTS, b"default", [KeyItem(b"r"), KeyItem(b"nope")], time.monotonic() + 5, None))
     assert [r.status for r in ex] == [Status.OK, Status.MISS] and t.unread == 0
-    res = t.execute(Work(Op.GET, b"default", [(b"r", 0, len(v), 0, None)],
+    res = t.execute(Work(Op.GET, b"default", [GetItem(b"r", 0, len(v), 0, None)],
                          time.monotonic() + 5, None))
     assert bytes(res[0].data) == v
     _fill(addr, 300 << 20)  # ~3x the arena: an unreleased lease would keep "r" cached
