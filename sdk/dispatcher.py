@@ -16,6 +16,17 @@ Suspicion: a connection failure marks the lane suspect for
 background and clears suspicion when a handshake succeeds. Two timeouts in a
 row also make a lane suspect, so a hung (e.g. SIGSTOPped) server costs one
 deadline, not one per request.
+
+Time: every deadline, suspicion window and probe period is read from an injected
+``gcache.clock.Clock`` (``SYSTEM`` by default), so tests run the lanes and the reaper
+on a ``VirtualClock``. Deadlines are values of that clock.
+
+Threads. ``Lane.submit`` runs on user threads (and on whichever thread re-sends
+work) and never blocks: a full queue is ``QUEUE_FULL``. Each lane's dispatch threads
+own one transport each and block in it up to a frame's deadline. ``Reaper.watch``
+never blocks; the reaper thread sleeps until the earliest deadline or the next probe.
+``Work.on_done`` runs on a dispatch thread, the reaper thread, or the submitting
+thread (for work completed at once), and must not block.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ import threading
 import time
 from typing import Callable
 
+from gcache.clock import SYSTEM, Clock
 from gcache.status import Status
 from gcache.config import TransportKind
 from gcache.sdk.transports.base import AuthError, ItemResult, Transport, TransportTimeout, Work
@@ -44,8 +56,10 @@ def fail_work(work: Work, status: Status) -> None:
 
 class Lane:
     def __init__(self, address: str, make_transport: Callable[[], Transport], *, threads: int,
-                 queue_depth: int, probe_interval: float, state_lock: threading.Lock) -> None:
+                 queue_depth: int, probe_interval: float, state_lock: threading.Lock,
+                 clock: Clock = SYSTEM) -> None:
         self.address = address
+        self.clock = clock
         self.make_transport = make_transport
         self.q: queue.Queue = queue.Queue(maxsize=queue_depth)
         self.probe_interval = probe_interval
@@ -63,13 +77,13 @@ class Lane:
 
     @property
     def suspect(self) -> bool:
-        return time.monotonic() < self.suspect_until
+        return self.clock.monotonic() < self.suspect_until
 
     def mark_suspect(self, reason: str) -> None:
         if not self.suspect:
             log.warning("server %s marked suspect: %s", self.address, reason)
         self.suspect_reason = reason
-        self.suspect_until = time.monotonic() + self.probe_interval
+        self.suspect_until = self.clock.monotonic() + self.probe_interval
         self.generation += 1  # every pooled connection to this server is now stale
 
     def clear_suspect(self) -> None:
@@ -114,7 +128,7 @@ class Lane:
                 if self.suspect:
                     self._finish(work, None, Status.UNAVAILABLE)
                     continue
-                if time.monotonic() >= work.deadline:
+                if self.clock.monotonic() >= work.deadline:
                     self._finish(work, None, Status.TIMEOUT)
                     continue
                 if gen != self.generation:
@@ -126,7 +140,7 @@ class Lane:
                         results = transport.execute(work)
                     except (OSError, ConnectionError) as exc:
                         if not reused or isinstance(exc, TimeoutError) \
-                                or time.monotonic() >= work.deadline:
+                                or self.clock.monotonic() >= work.deadline:
                             raise
                         # A pooled connection that died while idle (the server restarted,
                         # a NAT dropped it): one fresh connection before calling the
@@ -183,19 +197,23 @@ class Lane:
             self.q.put(_STOP)
 
     def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the dispatch threads (real time, as
+        ``Thread.join`` waits, whatever the lane's clock)."""
         end = time.monotonic() + timeout
         for t in self.threads:
             t.join(max(0.0, end - time.monotonic()))
 
 
 class Reaper:
-    """Expires queued work at its deadline and probes suspect lanes."""
+    """Expires queued work at its deadline and probes suspect lanes (one thread)."""
 
     def __init__(self, state_lock: threading.Lock, probe: Callable[[], None],
-                 probe_interval: float) -> None:
+                 probe_interval: float, clock: Clock = SYSTEM) -> None:
         self._lock = state_lock
+        self._clock = clock
         self._heap: list[tuple[float, int, Work]] = []
-        self._cv = threading.Condition(threading.Lock())
+        self._heap_lock = threading.Lock()
+        self._wake = threading.Event()  # a new earliest deadline, or stop
         self._seq = itertools.count()
         self._probe = probe
         self._probe_interval = probe_interval
@@ -204,28 +222,32 @@ class Reaper:
         self.thread.start()
 
     def watch(self, work: Work) -> None:
-        with self._cv:
+        """Complete ``work`` as TIMEOUT at its deadline unless a worker claimed it first."""
+        with self._heap_lock:
             heapq.heappush(self._heap, (work.deadline, next(self._seq), work))
-            if self._heap[0][2] is work:
-                self._cv.notify()
+            first = self._heap[0][2] is work
+        if first:
+            self._wake.set()
 
     def _run(self) -> None:
-        next_probe = time.monotonic() + self._probe_interval
+        clock = self._clock
+        next_probe = clock.monotonic() + self._probe_interval
         while True:
-            with self._cv:
+            self._wake.clear()
+            with self._heap_lock:
                 if self._stop:
                     return
-                now = time.monotonic()
+                now = clock.monotonic()
                 wait = next_probe - now
                 if self._heap:
                     wait = min(wait, self._heap[0][0] - now)
-                if wait > 0:
-                    self._cv.wait(wait)
-                    continue
-                now = time.monotonic()
-                due = []
-                while self._heap and self._heap[0][0] <= now:
-                    due.append(heapq.heappop(self._heap)[2])
+                if wait <= 0:
+                    due = []
+                    while self._heap and self._heap[0][0] <= now:
+                        due.append(heapq.heappop(self._heap)[2])
+            if wait > 0:
+                clock.wait(self._wake, wait)
+                continue
             for w in due:
                 with self._lock:
                     expire = w.state == QUEUED
@@ -236,15 +258,15 @@ class Reaper:
                         fail_work(w, Status.TIMEOUT)
                     except Exception:
                         log.exception("completion callback raised")
-            if time.monotonic() >= next_probe:
-                next_probe = time.monotonic() + self._probe_interval
+            if clock.monotonic() >= next_probe:
+                next_probe = clock.monotonic() + self._probe_interval
                 try:
                     self._probe()
                 except Exception:
                     log.exception("probe failed")
 
     def stop(self) -> None:
-        with self._cv:
+        with self._heap_lock:
             self._stop = True
-            self._cv.notify()
+        self._wake.set()
         self.thread.join(2)
