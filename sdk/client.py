@@ -21,7 +21,6 @@ a reader never sees a mix of an old and a new object.
 from __future__ import annotations
 
 import logging
-import operator
 import os
 import ssl
 import threading
@@ -39,8 +38,8 @@ from gcache.status import Status
 from gcache.tls import dialer_context
 from gcache.view import View
 from gcache.sdk.buffers import as_view, digest
-from gcache.sdk.dispatcher import Lane, Reaper
-from gcache.sdk.transports.base import GetItem, ItemResult, KeyItem, PutItem, Work
+from gcache.sdk.dispatcher import Dispatcher, Lane
+from gcache.sdk.transports.base import Framing, GetItem, ItemResult, KeyItem, PutItem, Work
 from gcache.sdk.transports.factory import make_transport, nixl_usable
 from gcache.sdk.transports.tcp import TcpTransport
 
@@ -53,9 +52,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("gcache.sdk")
 
 Key = str | bytes
-ONE_SIDED_FRAME_BYTES = 4 << 20  # smallest frame target on shm/nixl lanes
-_GET_BYTES = operator.attrgetter("max_len")
-_PUT_BYTES = operator.attrgetter("length")
 KeyCallback = Callable[[int, bytes, Any], None]
 BatchCallback = Callable[[list], None]
 
@@ -252,10 +248,16 @@ class Client:
         self._watcher: Any = None  # StreamWatcher, made on the first stream= call
         self._event_factory: Any = None  # None = torch.cuda.Event (tests may replace it)
         self._state_lock = threading.Lock()
-        self._lanes: dict[str, Lane] = {}
-        self._lanes_lock = threading.Lock()
         self._closed = False
-        self._reaper = Reaper(self._state_lock, self._probe, cfg.probe_interval_ms / 1000.0)
+        connect_s = cfg.connect_timeout_ms / 1000.0
+        self._framing = Framing(self.slice, self.frame_target, self.conns,
+                                self.limits.max_batch_items)
+        self._dispatcher = Dispatcher(
+            lambda address: make_transport(
+                self.transport, address, self._token, self.limits, connect_s,
+                int(cfg.nixl_bounce_bytes), int(cfg.one_sided_min_bytes), self._tls),
+            self._dial, conns=self.conns, queue_depth=cfg.queue_depth,
+            probe_interval=cfg.probe_interval_ms / 1000.0, connect_timeout=connect_s)
         self._master: MasterClient | None = None
         self._view_lock = threading.Lock()
         self._view = View.static(list(servers or []))
@@ -271,7 +273,7 @@ class Client:
             threading.Thread(target=self._watch_view, name="gcache-view-watch",
                              daemon=True).start()
         for m in self._view.members:
-            self._lane(m.address)
+            self._dispatcher.lane(m.address)
 
     # ------------------------------------------------------------------ registration
     def register_buffer(self, buf: Any) -> bool:
@@ -302,22 +304,10 @@ class Client:
         return REGISTRY.remove(buf)
 
     # ------------------------------------------------------------------ plumbing
-    def _lane(self, address: str) -> Lane:
-        lane = self._lanes.get(address)
-        if lane is None:
-            with self._lanes_lock:
-                lane = self._lanes.get(address)
-                if lane is None:
-                    cfg = self.config
-                    lane = Lane(address, lambda: make_transport(
-                        self.transport, address, self._token, self.limits,
-                        cfg.connect_timeout_ms / 1000.0, int(cfg.nixl_bounce_bytes),
-                        int(cfg.one_sided_min_bytes), self._tls),
-                        threads=self.conns, queue_depth=cfg.queue_depth,
-                        probe_interval=cfg.probe_interval_ms / 1000.0,
-                        state_lock=self._state_lock)
-                    self._lanes[address] = lane
-        return lane
+    def _dial(self, address: str) -> TcpTransport:
+        """A plain connection to ``address`` (probes, STATS)."""
+        return TcpTransport(address, self._token, self.limits,
+                            self.config.connect_timeout_ms / 1000.0, self._tls)
 
     def update_view(self, view: View) -> None:
         """Route by a new membership view (normally fed by the masters)."""
@@ -325,7 +315,7 @@ class Client:
             if self._master is not None and view.epoch <= self._view.epoch:
                 return
             for m in view.members:
-                self._lane(m.address)
+                self._dispatcher.lane(m.address)
             self._view, self._ring = view, view.ring
         log.info("routing by view epoch %d (%d servers)", view.epoch, len(view.members))
 
@@ -349,20 +339,6 @@ class Client:
     @property
     def view(self) -> View:
         return self._view
-
-    def _probe(self) -> None:
-        for lane in list(self._lanes.values()):
-            if lane.suspect_until and not self._closed:
-                t = TcpTransport(lane.address, self._token, self.limits,
-                                 self.config.connect_timeout_ms / 1000.0, self._tls)
-                try:
-                    t.connect(time.monotonic() + self.config.connect_timeout_ms / 1000.0)
-                    lane.clear_suspect()
-                except Exception:
-                    lane.suspect_until = max(lane.suspect_until,
-                                             time.monotonic() + lane.probe_interval)
-                finally:
-                    t.close()
 
     def _key(self, key: Key) -> bytes:
         k = key if type(key) is bytes else key.encode() if isinstance(key, str) else bytes(key)
@@ -400,36 +376,16 @@ class Client:
         return [m.address for m in ring.owners(hs)]
 
     def _dispatch(self, op: int, batch: _Batch, routed: dict[str, list], deadline: float,
-                  nbytes: Callable[[tuple], int], retried: bool = False) -> None:
+                  retried: bool = False) -> None:
         """routed: address -> [item]. Packs frames and enqueues them."""
         for addr, entries in routed.items():
             if not addr:  # empty view: no server to ask
                 for it in entries:
                     batch.slice_done(it.index, Status.UNAVAILABLE)
                 continue
-            lane = self._lane(addr)
-            sizes = [nbytes(it) for it in entries]
-            total = sum(sizes)
-            target = max(self.slice, min(self.frame_target, -(-total // self.conns)))
-            if lane.kind == "shm":
-                # one-sided: no bytes travel in the frame and each frame costs two control
-                # RPCs, so split the batch evenly over the lane's threads (no frame cap)
-                target = max(ONE_SIDED_FRAME_BYTES, -(-total // self.conns))
-            elif lane.kind == "nixl":
-                # one NIXL transfer per batch: UCX pipelines its descriptors itself, and
-                # concurrent transfers of one agent contend (measured: 1 frame 4.1 GB/s,
-                # 4 frames 2.6 GB/s at 1 MiB over CMA)
-                target = max(total, self.slice)
-            cur: list = []
-            size = 0
-            for it, n in zip(entries, sizes):
-                if cur and (size + n > target or len(cur) >= self.limits.max_batch_items):
-                    self._send(op, batch, lane, cur, deadline, retried)
-                    cur, size = [], 0
-                cur.append(it)
-                size += n
-            if cur:
-                self._send(op, batch, lane, cur, deadline, retried)
+            lane = self._dispatcher.lane(addr)
+            for frame in self._framing.frames(lane.kind, op, entries):
+                self._send(op, batch, lane, frame, deadline, retried)
 
     def _send(self, op: int, batch: _Batch, lane: Lane, items: list, deadline: float,
               retried: bool = False) -> None:
@@ -466,8 +422,7 @@ class Client:
             extra = {"ep": self._view.epoch, "ph": [hashes[it.index] for it in items]}
         work = Work(op, self.namespace, items, deadline, on_done, extra=extra,
                     retried=retried)
-        if lane.submit(work):
-            self._reaper.watch(work)
+        self._dispatcher.submit(lane, work)
 
     def _reroute(self, op: int, batch: _Batch, moved: list, deadline: float) -> None:
         """NOT_OWNER: refresh the view from the masters, then send the items once more.
@@ -478,8 +433,7 @@ class Client:
         for it in moved:
             addr = ring.owners([batch.hashes[it.index]])[0].address if len(ring) else ""
             routed.setdefault(addr, []).append(it)
-        nbytes = {Op.PUT: _PUT_BYTES, Op.GET: _GET_BYTES}.get(op, lambda t: 64)
-        self._dispatch(op, batch, routed, deadline, nbytes, retried=True)
+        self._dispatch(op, batch, routed, deadline, retried=True)
 
     def _get_part(self, batch: _Batch, it: GetItem, r: ItemResult, lane: Lane,
                   deadline: float) -> None:
@@ -498,7 +452,7 @@ class Client:
                         for off in range(r.nbytes, r.total_len, self.slice)]
                 with batch.lock:
                     batch.parts[i] += len(rest)
-                self._dispatch(Op.GET, batch, {lane.address: rest}, deadline, _GET_BYTES)
+                self._dispatch(Op.GET, batch, {lane.address: rest}, deadline)
         else:
             st = _slice_status(it, r)
         batch.slice_done(i, st, r.version, r.total_len, r.checksum)
@@ -574,7 +528,7 @@ class Client:
         for i in too_large:
             batch.parts[i] = 1
             batch.slice_done(i, Status.TOO_LARGE)
-        self._dispatch(Op.PUT, batch, routed, deadline, _PUT_BYTES)
+        self._dispatch(Op.PUT, batch, routed, deadline)
         return batch.future
 
     def _put_after_stream(self, keys: Sequence[Key], buffers: Sequence[Any], stream: Any, *,
@@ -694,7 +648,7 @@ class Client:
             for off in offs:
                 ln = min(step, n - off)
                 dest.append(GetItem(k, off, ln, 0, v[off:off + ln], i))
-        self._dispatch(Op.GET, batch, routed, self._deadline(timeout_ms), _GET_BYTES)
+        self._dispatch(Op.GET, batch, routed, self._deadline(timeout_ms))
         return batch.future if outer is None else outer
 
     def get_batch_into(self, keys: Sequence[Key], buffers: Sequence[Any], **kw: Any
@@ -723,7 +677,7 @@ class Client:
         for i, (k, addr) in enumerate(zip(ks, self._owners(ks, group, batch))):
             batch.parts[i] = 1
             routed.setdefault(addr, []).append(GetItem(k, 0, self.slice, 0, None, i))
-        self._dispatch(Op.GET, batch, routed, self._deadline(timeout_ms), _GET_BYTES)
+        self._dispatch(Op.GET, batch, routed, self._deadline(timeout_ms))
         return batch.future
 
     def get_batch(self, keys: Sequence[Key], **kw: Any) -> list[bytes | None]:
@@ -749,7 +703,7 @@ class Client:
         for i, (k, addr) in enumerate(zip(ks, self._owners(ks, group, batch))):
             batch.parts[i] = 1
             routed.setdefault(addr, []).append(KeyItem(k, i))
-        self._dispatch(op, batch, routed, self._deadline(timeout_ms), lambda t: 64)
+        self._dispatch(op, batch, routed, self._deadline(timeout_ms))
         return batch.future
 
     def exists_batch_async(self, keys: Sequence[Key], *, group: Any = None,
@@ -796,12 +750,11 @@ class Client:
         every server at once. Returns within ``timeout_ms`` (plus scheduling noise); a
         server that did not answer in time maps to ``{"error": ...}``."""
         deadline = time.monotonic() + timeout_ms / 1000
-        addrs = list(self._lanes)
+        addrs = self._dispatcher.addresses()
         out: dict[str, dict] = {}
 
         def one(addr: str) -> None:
-            t = TcpTransport(addr, self._token, self.limits, self.config.connect_timeout_ms / 1000,
-                             self._tls)
+            t = self._dial(addr)
             try:
                 t.connect(deadline)
                 out[addr] = t.call_stats(deadline)
@@ -831,12 +784,7 @@ class Client:
         if self._closed:
             return
         self._closed = True
-        lanes = list(self._lanes.values())
-        for lane in lanes:
-            lane.close()
-        for lane in lanes:
-            lane.join(self.timeout + 2)
-        self._reaper.stop()
+        self._dispatcher.close(self.timeout + 2)
         if self._watcher is not None:
             self._watcher.close()
 

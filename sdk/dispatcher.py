@@ -270,3 +270,77 @@ class Reaper:
             self._stop = True
         self._wake.set()
         self.thread.join(2)
+
+
+class Dispatcher:
+    """The lanes of one client, one per server, and the reaper that expires their work
+    and probes the suspect ones.
+
+    ``lane`` and ``submit`` run on any thread and never block
+    (``lane`` takes a short lock to create a lane once). ``probe`` runs on the reaper
+    thread and blocks up to ``connect_timeout`` per suspect server. ``close`` fails
+    queued work with CLOSED and waits up to ``join_timeout`` for the dispatch threads.
+    """
+
+    def __init__(self, make_transport: Callable[[str], Transport],
+                 dial: Callable[[str], Transport], *, conns: int, queue_depth: int,
+                 probe_interval: float, connect_timeout: float, clock: Clock = SYSTEM) -> None:
+        """``make_transport(address)``: a dispatch thread's transport; ``dial(address)``:
+        a plain transport for probes."""
+        self._make_transport = make_transport
+        self._dial = dial
+        self._conns, self._queue_depth = conns, queue_depth
+        self._probe_interval = probe_interval
+        self._connect_timeout = connect_timeout
+        self.clock = clock
+        self.state_lock = threading.Lock()  # Work.state moves under it
+        self._lanes: dict[str, Lane] = {}
+        self._lanes_lock = threading.Lock()
+        self._closed = False
+        self.reaper = Reaper(self.state_lock, self.probe, probe_interval, clock)
+
+    def lane(self, address: str) -> Lane:
+        """The lane of ``address``, made (and its threads started) on first use."""
+        lane = self._lanes.get(address)
+        if lane is None:
+            with self._lanes_lock:
+                lane = self._lanes.get(address)
+                if lane is None:
+                    lane = Lane(address, lambda: self._make_transport(address),
+                                threads=self._conns, queue_depth=self._queue_depth,
+                                probe_interval=self._probe_interval,
+                                state_lock=self.state_lock, clock=self.clock)
+                    self._lanes[address] = lane
+        return lane
+
+    def addresses(self) -> list[str]:
+        return list(self._lanes)
+
+    def submit(self, lane: Lane, work: Work) -> None:
+        """Queue ``work`` on ``lane`` (TIMEOUT at its deadline if still queued), or
+        complete it at once (QUEUE_FULL, UNAVAILABLE, CLOSED)."""
+        if lane.submit(work):
+            self.reaper.watch(work)
+
+    def probe(self) -> None:
+        """Handshake with each suspect server; a success clears its suspicion."""
+        for lane in list(self._lanes.values()):
+            if lane.suspect_until and not self._closed:
+                t = self._dial(lane.address)
+                try:
+                    t.connect(self.clock.monotonic() + self._connect_timeout)
+                    lane.clear_suspect()
+                except Exception:
+                    lane.suspect_until = max(lane.suspect_until,
+                                             self.clock.monotonic() + lane.probe_interval)
+                finally:
+                    t.close()
+
+    def close(self, join_timeout: float) -> None:
+        self._closed = True
+        lanes = list(self._lanes.values())
+        for lane in lanes:
+            lane.close()
+        for lane in lanes:
+            lane.join(join_timeout)
+        self.reaper.stop()
