@@ -21,7 +21,6 @@ a reader never sees a mix of an old and a new object.
 from __future__ import annotations
 
 import logging
-import os
 import ssl
 import threading
 import time
@@ -30,16 +29,18 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from gcache.config import TRANSPORTS, load_config
 from gcache.credentials import ClientCredential, bearer_of, parse_client_credential
-from gcache.discovery import MasterClient, MasterError, MasterUnavailable, view_from_wire
+from gcache.discovery import MasterClient
 from gcache.errors import ConfigError
-from gcache.hashing import placement_hash
 from gcache.protocol import Limits, Op
 from gcache.status import Status
 from gcache.tls import dialer_context
 from gcache.view import View
-from gcache.sdk.buffers import as_view, digest
-from gcache.sdk.dispatcher import Dispatcher, Lane
-from gcache.sdk.transports.base import Framing, GetItem, ItemResult, KeyItem, PutItem, Work
+from gcache.sdk.batch import (Batch, BatchCallback, BytesBatch, Checksums, IntoBatch,
+                              KeyBatch, KeyCallback, PutBatch)
+from gcache.sdk.buffers import as_view
+from gcache.sdk.dispatcher import Dispatcher
+from gcache.sdk.routing import Router
+from gcache.sdk.transports.base import Framing
 from gcache.sdk.transports.factory import make_transport, nixl_usable
 from gcache.sdk.transports.tcp import TcpTransport
 
@@ -52,86 +53,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("gcache.sdk")
 
 Key = str | bytes
-KeyCallback = Callable[[int, bytes, Any], None]
-BatchCallback = Callable[[list], None]
-
-
-class _Batch:
-    """Folds slice results into per-key results, then the batch result."""
-
-    __slots__ = ("keys", "results", "left", "parts", "versions", "totals", "lock",
-                 "future", "callback", "on_key", "finalize", "remaining", "bufs", "hashes",
-                 "sums")
-
-    def __init__(self, keys: list[bytes], default: Any, finalize: Callable[[int, Status], Any],
-                 callback: BatchCallback | None, on_key: KeyCallback | None) -> None:
-        n = len(keys)
-        self.keys = keys
-        self.results: list[Any] = [default] * n
-        self.parts = [0] * n  # outstanding slices per key
-        self.left: list[Status] = [Status.OK] * n  # first non-OK status per key
-        self.versions = [0] * n
-        self.totals = [-1] * n
-        self.sums: list[int | None] = [None] * n  # the server's checksum of each object
-        self.bufs: list[Any] = [None] * n
-        self.hashes: list[int] = []  # placement hash per key (for NOT_OWNER re-routing)
-        self.remaining = n
-        self.lock = threading.Lock()
-        self.future: Future = Future()
-        self.callback, self.on_key, self.finalize = callback, on_key, finalize
-        if n == 0:
-            self.future.set_result([])
-
-    def slice_done(self, i: int, st: Status, version: int = 0, total: int = -1,
-                   csum: int | None = None) -> None:
-        self.slices_done(((i, st, version, total, csum),))
-
-    def slices_done(self, done: Sequence[tuple[int, Status, int, int, int | None]]) -> None:
-        """Fold ``(key index, status, version, total_len, checksum)`` of finished slices.
-        Every key is finalized (result written, per-key callback run) before the batch
-        counts it, so the batch callback and the future always see every result."""
-        finished = []
-        with self.lock:
-            for i, st, version, total, csum in done:
-                if self.parts[i] <= 0:
-                    continue
-                if st != Status.OK and self.left[i] == Status.OK:
-                    self.left[i] = st
-                if st == Status.OK and csum is not None:
-                    if self.sums[i] is not None and self.sums[i] != csum \
-                            and self.left[i] == Status.OK:
-                        self.left[i] = Status.CORRUPT  # slices disagree on the object
-                    self.sums[i] = csum
-                if version:
-                    if self.versions[i] and self.versions[i] != version \
-                            and self.left[i] == Status.OK:
-                        self.left[i] = Status.CONFLICT
-                    self.versions[i] = version
-                if total >= 0:
-                    self.totals[i] = total
-                self.parts[i] -= 1
-                if not self.parts[i]:
-                    finished.append(i)
-        if not finished:
-            return
-        for i in finished:
-            res = self.finalize(i, self.left[i])
-            self.results[i] = res
-            if self.on_key is not None:
-                try:
-                    self.on_key(i, self.keys[i], res)
-                except Exception:
-                    log.exception("per-key callback raised")
-        with self.lock:
-            self.remaining -= len(finished)
-            last = self.remaining == 0
-        if last:
-            if self.callback is not None:
-                try:
-                    self.callback(self.results)
-                except Exception:
-                    log.exception("batch callback raised")
-            self.future.set_result(self.results)
 
 
 class Client:
@@ -217,8 +138,8 @@ class Client:
         self.slice = int(cfg.slice_bytes)
         self.frame_target = int(cfg.frame_target_bytes)
         self.conns = int(cfg.conns_per_server)
-        self.verify = bool(cfg.verify_checksums)
-        self.counters = {"checksum_mismatch": 0}  # reads refused by verify_checksums
+        self._checks = Checksums(bool(cfg.verify_checksums))
+        self.counters = self._checks.counters  # reads refused by verify_checksums
         # what AUTH proves: the credential when set, else the legacy token ('' = none)
         self._token: str | ClientCredential = (parse_client_credential(cfg.credential)
                                                if cfg.credential else cfg.token)
@@ -258,22 +179,14 @@ class Client:
                 int(cfg.nixl_bounce_bytes), int(cfg.one_sided_min_bytes), self._tls),
             self._dial, conns=self.conns, queue_depth=cfg.queue_depth,
             probe_interval=cfg.probe_interval_ms / 1000.0, connect_timeout=connect_s)
-        self._master: MasterClient | None = None
-        self._view_lock = threading.Lock()
-        self._view = View.static(list(servers or []))
-        self._ring = self._view.ring
+        master = None
         if masters:
-            self._master = MasterClient(masters, bearer_of(self._token),
-                                        timeout_s=max(0.5, cfg.connect_timeout_ms / 1000.0),
-                                        tls=self._tls)
-            self._view = View(-1, ())
-            if not self._refresh_view(wait_ms=0) and servers:
-                self._view = View.static(list(servers))  # bootstrap until a master answers
-                self._ring = self._view.ring
-            threading.Thread(target=self._watch_view, name="gcache-view-watch",
-                             daemon=True).start()
-        for m in self._view.members:
-            self._dispatcher.lane(m.address)
+            master = MasterClient(masters, bearer_of(self._token),
+                                  timeout_s=max(0.5, cfg.connect_timeout_ms / 1000.0),
+                                  tls=self._tls)
+        self._router = Router(self.namespace, list(servers or []), master, self._dispatcher,
+                              self._framing)
+        self._router.start()
 
     # ------------------------------------------------------------------ registration
     def register_buffer(self, buf: Any) -> bool:
@@ -311,34 +224,11 @@ class Client:
 
     def update_view(self, view: View) -> None:
         """Route by a new membership view (normally fed by the masters)."""
-        with self._view_lock:
-            if self._master is not None and view.epoch <= self._view.epoch:
-                return
-            for m in view.members:
-                self._dispatcher.lane(m.address)
-            self._view, self._ring = view, view.ring
-        log.info("routing by view epoch %d (%d servers)", view.epoch, len(view.members))
-
-    def _refresh_view(self, wait_ms: int, deadline: float | None = None) -> bool:
-        """Fetch the masters' view (long-poll past our epoch when wait_ms > 0), giving up
-        at ``deadline`` (an op's, when the refresh is on that op's path)."""
-        try:
-            doc = self._master.view(since=self._view.epoch, wait_ms=wait_ms, deadline=deadline)
-        except (MasterUnavailable, MasterError, OSError, ValueError) as exc:
-            log.debug("view refresh failed: %s", exc)
-            return False
-        self.update_view(view_from_wire(doc))
-        return True
-
-    def _watch_view(self) -> None:
-        """Follow the epoch; with every master down, keep routing on the last view."""
-        while not self._closed:
-            if not self._refresh_view(wait_ms=5000):
-                time.sleep(0.5)
+        self._router.update(view)
 
     @property
     def view(self) -> View:
-        return self._view
+        return self._router.view
 
     def _key(self, key: Key) -> bytes:
         k = key if type(key) is bytes else key.encode() if isinstance(key, str) else bytes(key)
@@ -351,132 +241,21 @@ class Client:
 
     def owners(self, keys: Sequence[Key], group: Any = None) -> list[str]:
         """The server address each key routes to in the current view ('' = none)."""
-        ks = [self._key(k) for k in keys]
-        return self._owners(ks, group, _Batch(ks, None, lambda i, st: st, None, None))
+        router = self._router
+        return router.owners(router.hashes([self._key(k) for k in keys], group))
 
-    def _owners(self, keys: list[bytes], group: Any, batch: _Batch) -> list[str]:
-        """Owner address per key ('' when the view is empty); records the hashes."""
-        ns = self.namespace
-        if group is None:
-            hs = [placement_hash(ns, k) for k in keys]
-        elif isinstance(group, (str, bytes)):
-            g = group.encode() if isinstance(group, str) else group
-            hs = [placement_hash(ns, b"", g)] * len(keys)
-        else:
-            gs = list(group)
-            if len(gs) != len(keys):
-                raise ValueError("group= sequence must have one entry per key")
-            hs = [placement_hash(ns, k, None if g is None else
-                                 (g.encode() if isinstance(g, str) else bytes(g)))
-                  for k, g in zip(keys, gs)]
-        batch.hashes = hs
-        ring = self._ring
-        if len(ring) == 0:
-            return [""] * len(keys)
-        return [m.address for m in ring.owners(hs)]
-
-    def _dispatch(self, op: int, batch: _Batch, routed: dict[str, list], deadline: float,
-                  retried: bool = False) -> None:
-        """routed: address -> [item]. Packs frames and enqueues them."""
-        for addr, entries in routed.items():
-            if not addr:  # empty view: no server to ask
-                for it in entries:
-                    batch.slice_done(it.index, Status.UNAVAILABLE)
-                continue
-            lane = self._dispatcher.lane(addr)
-            for frame in self._framing.frames(lane.kind, op, entries):
-                self._send(op, batch, lane, frame, deadline, retried)
-
-    def _send(self, op: int, batch: _Batch, lane: Lane, items: list, deadline: float,
-              retried: bool = False) -> None:
-        def on_done(results: list[ItemResult]) -> None:
-            done_items = items
-            moved = [it for it, r in zip(items, results) if r.status == Status.NOT_OWNER]
-            if moved:
-                if retried or self._master is None:
-                    for it in moved:
-                        batch.slice_done(it.index, Status.NOT_OWNER)
-                else:  # our view is stale: refresh it, then re-route these items once
-                    threading.Thread(target=self._reroute, args=(op, batch, moved, deadline),
-                                     daemon=True).start()
-                keep = [k for k, r in enumerate(results) if r.status != Status.NOT_OWNER]
-                done_items = [items[k] for k in keep]
-                results = [results[k] for k in keep]
-            if op == Op.GET:
-                bulk = []
-                for it, r in zip(done_items, results):
-                    i = it.index
-                    if it.dest is None and r.status == Status.OK and batch.bufs[i] is None:
-                        self._get_part(batch, it, r, lane, deadline)  # may fan out
-                    else:
-                        bulk.append((i, _slice_status(it, r), r.version, r.total_len,
-                                     r.checksum))
-                batch.slices_done(bulk)
-            else:
-                batch.slices_done([(it.index, r.status, 0, -1, None)
-                                   for it, r in zip(done_items, results)])
-
-        extra = None
-        if self._master is not None:
-            hashes = batch.hashes
-            extra = {"ep": self._view.epoch, "ph": [hashes[it.index] for it in items]}
-        work = Work(op, self.namespace, items, deadline, on_done, extra=extra,
-                    retried=retried)
-        self._dispatcher.submit(lane, work)
-
-    def _reroute(self, op: int, batch: _Batch, moved: list, deadline: float) -> None:
-        """NOT_OWNER: refresh the view from the masters, then send the items once more.
-        Both within the op's deadline: a slow master makes these items TIMEOUT misses."""
-        self._refresh_view(wait_ms=0, deadline=deadline)
-        ring = self._ring
-        routed: dict[str, list] = {}
-        for it in moved:
-            addr = ring.owners([batch.hashes[it.index]])[0].address if len(ring) else ""
-            routed.setdefault(addr, []).append(it)
-        self._dispatch(op, batch, routed, deadline, retried=True)
-
-    def _get_part(self, batch: _Batch, it: GetItem, r: ItemResult, lane: Lane,
-                  deadline: float) -> None:
-        st, i = r.status, it.index
-        if st == Status.OK and batch.bufs[i] is None and it.dest is None:
-            # byte-returning get, first slice: learn the size, fetch the rest in parallel
-            if r.total_len <= r.nbytes:
-                batch.bufs[i] = r.data if r.data is not None else bytearray()
-            else:
-                full = bytearray(r.total_len)
-                full[:r.nbytes] = r.data
-                batch.bufs[i] = full
-                view = memoryview(full)
-                rest = [GetItem(batch.keys[i], off, min(self.slice, r.total_len - off), r.version,
-                                view[off:off + min(self.slice, r.total_len - off)], i)
-                        for off in range(r.nbytes, r.total_len, self.slice)]
-                with batch.lock:
-                    batch.parts[i] += len(rest)
-                self._dispatch(Op.GET, batch, {lane.address: rest}, deadline)
-        else:
-            st = _slice_status(it, r)
-        batch.slice_done(i, st, r.version, r.total_len, r.checksum)
-
-    def _verified(self, batch: _Batch, i: int, buf: Any) -> Status:
-        """OK if the bytes that landed in ``buf`` (the whole object) hash to the checksum
-        the server sent; else CORRUPT (counted, logged): the read is a miss."""
-        want = batch.sums[i]
-        if want is not None and digest(buf) == want:
-            return Status.OK
-        with self._state_lock:
-            self.counters["checksum_mismatch"] += 1
-        log.warning("read of %r failed its checksum (%s); reported as CORRUPT, a miss",
-                    batch.keys[i][:64], "none sent" if want is None else "bytes differ")
-        return Status.CORRUPT
+    def _start(self, batch: Batch, group: Any) -> Future:
+        """Route ``batch``'s keys and send its items (CLOSED when closed): its future."""
+        if self._closed:
+            return batch.fail_all(Status.CLOSED).future
+        if batch.keys:
+            router = self._router
+            batch.hashes = hashes = router.hashes(batch.keys, group)
+            router.send(batch, batch.route(router.owners(hashes), self.slice))
+        return batch.future
 
     def _deadline(self, timeout_ms: int | None) -> float:
         return time.monotonic() + (self.timeout if timeout_ms is None else timeout_ms / 1000.0)
-
-    def _closed_batch(self, batch: _Batch) -> _Batch:
-        for i in range(len(batch.keys)):
-            batch.parts[i] = 1
-            batch.slice_done(i, Status.CLOSED)
-        return batch
 
     # ------------------------------------------------------------------ puts
     def put_batch_from_async(self, keys: Sequence[Key], buffers: Sequence[Any], *,
@@ -499,37 +278,9 @@ class Client:
                                           on_key=on_key)
         ks = [self._key(k) for k in keys]
         views = [as_view(b, writable=False, device=self._device_ok) for b in buffers]
-        batch = _Batch(ks, Status.ERROR, lambda i, st: st, callback, on_key)
-        if self._closed:
-            return self._closed_batch(batch).future
-        if not ks:
-            return batch.future
-        routed: dict[str, list] = {}
-        deadline = self._deadline(timeout_ms)
-        too_large = []
-        parts, step, most = batch.parts, self.slice, self.limits.max_value_bytes
-        for i, (k, v, addr) in enumerate(zip(ks, views, self._owners(ks, group, batch))):
-            n = len(v)
-            if n > most:
-                too_large.append(i)
-                continue
-            c = digest(v)  # the server refuses to publish bytes that hash differently
-            if n <= step:
-                parts[i] = 1
-                routed.setdefault(addr, []).append(PutItem(k, n, 0, n, 0, v, c, i))
-                continue
-            pid = int.from_bytes(os.urandom(8), "little") >> 1 or 1
-            offs = range(0, n, step)
-            parts[i] = len(offs)
-            dest = routed.setdefault(addr, [])
-            for off in offs:
-                ln = min(step, n - off)
-                dest.append(PutItem(k, n, off, ln, pid, v[off:off + ln], c, i))
-        for i in too_large:
-            batch.parts[i] = 1
-            batch.slice_done(i, Status.TOO_LARGE)
-        self._dispatch(Op.PUT, batch, routed, deadline)
-        return batch.future
+        batch = PutBatch(ks, views, self.limits, self._deadline(timeout_ms), self._router,
+                         callback, on_key)
+        return self._start(batch, group)
 
     def _put_after_stream(self, keys: Sequence[Key], buffers: Sequence[Any], stream: Any, *,
                           timeout_ms: int | None, callback: BatchCallback | None,
@@ -622,34 +373,10 @@ class Client:
             callback, outer = self._after_stream(stream, callback, timeout_ms)
         ks = [self._key(k) for k in keys]
         views = [as_view(b, writable=True, device=self._device_ok) for b in buffers]
-
-        def finalize(i: int, st: Status) -> Status:
-            if st == Status.OK and batch.totals[i] != len(views[i]):
-                return Status.SIZE_MISMATCH
-            if st == Status.OK and self.verify:
-                return self._verified(batch, i, views[i])
-            return st
-
-        batch = _Batch(ks, Status.ERROR, finalize, callback, on_key)
-        if self._closed:
-            self._closed_batch(batch)
-            return batch.future if outer is None else outer
-        routed: dict[str, list] = {}
-        parts, step = batch.parts, self.slice
-        for i, (k, v, addr) in enumerate(zip(ks, views, self._owners(ks, group, batch))):
-            n = len(v)
-            dest = routed.setdefault(addr, [])
-            if n <= step:  # one slice: the whole buffer
-                parts[i] = 1
-                dest.append(GetItem(k, 0, n, 0, v, i))
-                continue
-            offs = range(0, n, step)
-            parts[i] = len(offs)
-            for off in offs:
-                ln = min(step, n - off)
-                dest.append(GetItem(k, off, ln, 0, v[off:off + ln], i))
-        self._dispatch(Op.GET, batch, routed, self._deadline(timeout_ms))
-        return batch.future if outer is None else outer
+        batch = IntoBatch(ks, views, self._checks, self._deadline(timeout_ms), self._router,
+                          callback, on_key)
+        fut = self._start(batch, group)
+        return fut if outer is None else outer
 
     def get_batch_into(self, keys: Sequence[Key], buffers: Sequence[Any], **kw: Any
                        ) -> list[Status]:
@@ -660,25 +387,9 @@ class Client:
                         timeout_ms: int | None = None, callback: BatchCallback | None = None,
                         on_key: KeyCallback | None = None) -> Future:
         """Future of ``list[bytes | None]``; ``None`` is a miss (absent, timeout, dead server)."""
-        ks = [self._key(k) for k in keys]
-
-        def finalize(i: int, st: Status) -> bytes | None:
-            buf = batch.bufs[i]
-            if st != Status.OK or buf is None or len(buf) != batch.totals[i]:
-                return None
-            if self.verify and self._verified(batch, i, buf) != Status.OK:
-                return None
-            return bytes(buf)
-
-        batch = _Batch(ks, None, finalize, callback, on_key)
-        if self._closed:
-            return self._closed_batch(batch).future
-        routed: dict[str, list] = {}
-        for i, (k, addr) in enumerate(zip(ks, self._owners(ks, group, batch))):
-            batch.parts[i] = 1
-            routed.setdefault(addr, []).append(GetItem(k, 0, self.slice, 0, None, i))
-        self._dispatch(Op.GET, batch, routed, self._deadline(timeout_ms))
-        return batch.future
+        batch = BytesBatch([self._key(k) for k in keys], self._checks,
+                           self._deadline(timeout_ms), self._router, callback, on_key)
+        return self._start(batch, group)
 
     def get_batch(self, keys: Sequence[Key], **kw: Any) -> list[bytes | None]:
         """Read values as bytes; ``None`` for every kind of miss."""
@@ -693,24 +404,15 @@ class Client:
 
     # ------------------------------------------------------------------ keyed ops
     def _keyed_async(self, op: int, keys: Sequence[Key], group: Any, timeout_ms: int | None,
-                     finalize: Callable[[int, Status], Any], default: Any,
                      callback: BatchCallback | None, on_key: KeyCallback | None) -> Future:
-        ks = [self._key(k) for k in keys]
-        batch = _Batch(ks, default, finalize, callback, on_key)
-        if self._closed:
-            return self._closed_batch(batch).future
-        routed: dict[str, list] = {}
-        for i, (k, addr) in enumerate(zip(ks, self._owners(ks, group, batch))):
-            batch.parts[i] = 1
-            routed.setdefault(addr, []).append(KeyItem(k, i))
-        self._dispatch(op, batch, routed, self._deadline(timeout_ms))
-        return batch.future
+        batch = KeyBatch(op, [self._key(k) for k in keys], self._deadline(timeout_ms),
+                         self._router, callback, on_key)
+        return self._start(batch, group)
 
     def exists_batch_async(self, keys: Sequence[Key], *, group: Any = None,
                            timeout_ms: int | None = None, callback: BatchCallback | None = None,
                            on_key: KeyCallback | None = None) -> Future:
-        return self._keyed_async(Op.EXISTS, keys, group, timeout_ms,
-                                 lambda i, st: st == Status.OK, False, callback, on_key)
+        return self._keyed_async(Op.EXISTS, keys, group, timeout_ms, callback, on_key)
 
     def exists_batch(self, keys: Sequence[Key], **kw: Any) -> list[bool]:
         """True per key that is stored now; False for absent, timeout or dead server."""
@@ -722,8 +424,7 @@ class Client:
     def delete_batch_async(self, keys: Sequence[Key], *, group: Any = None,
                            timeout_ms: int | None = None, callback: BatchCallback | None = None,
                            on_key: KeyCallback | None = None) -> Future:
-        return self._keyed_async(Op.DELETE, keys, group, timeout_ms, lambda i, st: st,
-                                 Status.ERROR, callback, on_key)
+        return self._keyed_async(Op.DELETE, keys, group, timeout_ms, callback, on_key)
 
     def delete_batch(self, keys: Sequence[Key], **kw: Any) -> list[Status]:
         """OK if the key was deleted, MISS if it was absent."""
@@ -735,8 +436,7 @@ class Client:
     def touch_batch_async(self, keys: Sequence[Key], *, group: Any = None,
                           timeout_ms: int | None = None, callback: BatchCallback | None = None,
                           on_key: KeyCallback | None = None) -> Future:
-        return self._keyed_async(Op.TOUCH, keys, group, timeout_ms, lambda i, st: st,
-                                 Status.ERROR, callback, on_key)
+        return self._keyed_async(Op.TOUCH, keys, group, timeout_ms, callback, on_key)
 
     def touch_batch(self, keys: Sequence[Key], **kw: Any) -> list[Status]:
         """Refresh recency (protect from eviction) without moving data."""
@@ -784,6 +484,7 @@ class Client:
         if self._closed:
             return
         self._closed = True
+        self._router.close()
         self._dispatcher.close(self.timeout + 2)
         if self._watcher is not None:
             self._watcher.close()
@@ -793,15 +494,6 @@ class Client:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _slice_status(it: GetItem, r: ItemResult) -> Status:
-    """A get slice's status: SIZE_MISMATCH when the bytes that came are not what the
-    destination slice at ``it.offset`` of a ``r.total_len`` object should hold."""
-    if r.status == Status.OK and it.dest is not None \
-            and r.nbytes != min(it.max_len, max(0, r.total_len - it.offset)):
-        return Status.SIZE_MISMATCH
-    return r.status
 
 
 def _safe(fn: Callable | None, *args: Any) -> None:

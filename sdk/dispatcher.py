@@ -51,7 +51,7 @@ _STOP = object()
 
 
 def fail_work(work: Work, status: Status) -> None:
-    work.on_done([ItemResult(status) for _ in work.items])
+    work.on_done(work, [ItemResult(status) for _ in work.items])
 
 
 class Lane:
@@ -180,7 +180,7 @@ class Lane:
             if results is None:
                 fail_work(work, status)
             else:
-                work.on_done(results)
+                work.on_done(work, results)
         except Exception:
             log.exception("completion callback raised")
 

@@ -115,10 +115,11 @@ class Work:
     ns: bytes
     items: list  # PutItem | GetItem | KeyItem, by op
     deadline: float
-    on_done: Any  # callable(list[ItemResult]) -> None, called exactly once
+    on_done: Any  # callable(work, list[ItemResult]) -> None, called exactly once
     extra: dict | None = None  # merged into the request header (view epoch, placement hashes)
-    retried: bool = False
-    state: int = 0  # 0 queued, 1 running, 2 done
+    retried: bool = False  # a NOT_OWNER re-send: never re-routed again
+    address: str = ""  # the server it is for (the sender's bookkeeping; transports ignore it)
+    state: int = 0  # 0 queued, 1 running, 2 done (moved under the dispatcher's state lock)
 
 
 class Transport(abc.ABC):

@@ -68,7 +68,7 @@ class Completions:
         items = [GetItem(b"k%d" % i, 0, 64, 0, None, i) for i in range(n)]
         work = Work(Op.GET, b"ns", items, deadline, None)
 
-        def on_done(results: list[ItemResult]) -> None:
+        def on_done(_work: Work, results: list[ItemResult]) -> None:
             with self.lock:
                 self.calls.append((work, [r.status for r in results]))
 
