@@ -276,7 +276,7 @@ class Dispatcher:
     """The lanes of one client, one per server, and the reaper that expires their work
     and probes the suspect ones.
 
-    ``lane`` and ``submit`` run on any thread and never block
+    ``lane``, ``submit``, ``watch`` and ``take`` run on any thread and never block
     (``lane`` takes a short lock to create a lane once). ``probe`` runs on the reaper
     thread and blocks up to ``connect_timeout`` per suspect server. ``close`` fails
     queued work with CLOSED and waits up to ``join_timeout`` for the dispatch threads.
@@ -321,6 +321,19 @@ class Dispatcher:
         complete it at once (QUEUE_FULL, UNAVAILABLE, CLOSED)."""
         if lane.submit(work):
             self.reaper.watch(work)
+
+    def watch(self, work: Work) -> None:
+        """Expire ``work`` held outside the lanes (a NOT_OWNER re-route) at its deadline."""
+        self.reaper.watch(work)
+
+    def take(self, work: Work) -> bool:
+        """Claim watched, held ``work`` for its holder: False when the reaper expired it
+        first (then its completion is the reaper's)."""
+        with self.state_lock:
+            if work.state != QUEUED:
+                return False
+            work.state = DONE
+            return True
 
     def probe(self) -> None:
         """Handshake with each suspect server; a success clears its suspicion."""

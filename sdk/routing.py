@@ -10,8 +10,16 @@ Placement: a key's hash is ``placement_hash(namespace, key)``, or with ``group=`
 group's hash (every key of a group lands on one owner); the ring maps hashes to
 members. Requests routed by a master view carry the epoch (``ep``) and the hashes
 (``ph``); a server whose view is newer and that does not own an item answers
-``NOT_OWNER``, and ``reroute`` refreshes the view from the masters and sends those
-items once more (a second NOT_OWNER is final).
+``NOT_OWNER``, and the items are re-routed once (a second NOT_OWNER is final):
+
+* ``reroute`` (on the dispatch thread that got the reply; never blocks) hands the
+  items, as one held ``Work``, to the reaper, which completes them as TIMEOUT at
+  their deadline unless taken first, and queues them for the re-route thread;
+* the re-route thread (one per client) takes everything queued, refreshes the view
+  from the masters once for all of it, bounded by the latest of their deadlines, and
+  sends each item it can still take to its owner in the refreshed view. So a master
+  that hangs costs the held items their deadline, never more, and no reply starts a
+  thread.
 
 ``send`` cuts each owner's items into frames (``Framing``, by the lane's data path)
 and hands them to the dispatcher.
@@ -19,13 +27,14 @@ and hands them to the dispatcher.
 Threads. ``hashes``, ``owners``, ``send`` and ``view`` run on user threads (and on
 dispatch threads, for a byte get's remaining slices) and never block: they read one
 snapshot of (view, ring). ``update`` runs on any thread and takes a short lock.
-``reroute`` is called on dispatch threads. The watcher thread blocks in the masters'
-long-poll.
+``reroute`` is called on dispatch threads and never blocks. The watcher thread blocks
+in the masters' long-poll; the re-route thread in a view refresh, up to a deadline.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -58,6 +67,9 @@ class Router:
         self._framing = framing
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        # NOT_OWNER items awaiting the re-route thread: (batch, held work), None = stop
+        self._held: queue.SimpleQueue = queue.SimpleQueue()
+        self._held_lock = threading.Lock()  # orders reroute against close
         static = View.static(list(servers))
         self._snapshot: tuple[View, Any] = (static, static.ring)  # swapped whole, never torn
         if master is not None:
@@ -69,13 +81,26 @@ class Router:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        """Follow the masters' epoch in the background (nothing to do without masters)."""
+        """Follow the masters' epoch and re-route NOT_OWNER items in the background
+        (nothing to do without masters)."""
         if self._master is not None:
             threading.Thread(target=self._watch, name="gcache-view-watch",
                              daemon=True).start()
+            threading.Thread(target=self._reroute_loop, name="gcache-reroute",
+                             daemon=True).start()
 
     def close(self) -> None:
-        self._stop.set()
+        """Stop the threads; held NOT_OWNER items complete as CLOSED."""
+        with self._held_lock:
+            self._stop.set()  # nothing is held after this
+        while True:
+            try:
+                got = self._held.get_nowait()
+            except queue.Empty:
+                break
+            if got is not None:
+                self._closed(*got)
+        self._held.put(None)
 
     # ------------------------------------------------------------------ the view
     @property
@@ -158,20 +183,50 @@ class Router:
 
     def reroute(self, batch: Batch, work: Work, moved: list) -> None:
         """The items ``moved`` of ``work`` got NOT_OWNER: this client's view is stale.
-        Refresh it, then send them once more; a re-sent item's NOT_OWNER is final, as
-        is any NOT_OWNER without masters."""
+        Hold them for the re-route thread (see the module docstring); a re-sent item's
+        NOT_OWNER is final, as is any NOT_OWNER without masters."""
         if work.retried or self._master is None:
             batch.fail(moved, Status.NOT_OWNER)
             return
-        threading.Thread(target=self._reroute, args=(batch, moved), daemon=True).start()
+        held = Work(work.op, work.ns, moved, work.deadline, batch.frame_done, work.extra,
+                    True, work.address)
+        with self._held_lock:
+            closed = self._stop.is_set()
+            if not closed:
+                self._dispatcher.watch(held)  # TIMEOUT at the deadline unless taken first
+                self._held.put((batch, held))
+        if closed:
+            batch.fail(moved, Status.CLOSED)
 
-    def _reroute(self, batch: Batch, moved: list) -> None:
-        """Refresh the view from the masters, then send the items once more. Both within
-        the op's deadline: a slow master makes these items TIMEOUT misses."""
-        self.refresh(wait_ms=0, deadline=batch.deadline)
-        hashes = batch.hashes
-        owners = self.owners([hashes[it.index] for it in moved])
-        routed: dict[str, list] = {}
-        for it, addr in zip(moved, owners):
-            routed.setdefault(addr, []).append(it)
-        self.send(batch, routed, retried=True)
+    def _reroute_loop(self) -> None:
+        """The re-route thread: one view refresh for everything held, then re-send."""
+        while True:
+            got = self._held.get()
+            if got is None:
+                return
+            todo = [got]
+            while True:
+                try:
+                    more = self._held.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._held.put(None)  # stop after this round
+                    break
+                todo.append(more)
+            # bounded by the latest deadline held: items due earlier are the reaper's
+            self.refresh(wait_ms=0, deadline=max(held.deadline for _, held in todo))
+            for batch, held in todo:
+                if self._stop.is_set():
+                    self._closed(batch, held)
+                elif self._dispatcher.take(held):
+                    hashes = batch.hashes
+                    owners = self.owners([hashes[it.index] for it in held.items])
+                    routed: dict[str, list] = {}
+                    for it, addr in zip(held.items, owners):
+                        routed.setdefault(addr, []).append(it)
+                    self.send(batch, routed, retried=True)
+
+    def _closed(self, batch: Batch, held: Work) -> None:
+        if self._dispatcher.take(held):
+            batch.fail(held.items, Status.CLOSED)
