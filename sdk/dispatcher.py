@@ -43,6 +43,7 @@ from gcache.clock import SYSTEM, Clock
 from gcache.status import Status
 from gcache.config import TransportKind
 from gcache.sdk.transports.base import AuthError, ItemResult, Transport, TransportTimeout, Work
+from gcache.sdk.transports.tcp import TcpTransport
 
 log = logging.getLogger("gcache.sdk")
 
@@ -278,12 +279,13 @@ class Dispatcher:
 
     ``lane``, ``submit``, ``watch`` and ``take`` run on any thread and never block
     (``lane`` takes a short lock to create a lane once). ``probe`` runs on the reaper
-    thread and blocks up to ``connect_timeout`` per suspect server. ``close`` fails
+    thread and blocks up to ``connect_timeout`` per suspect server. ``stats`` blocks
+    its caller up to its deadline. ``close`` fails
     queued work with CLOSED and waits up to ``join_timeout`` for the dispatch threads.
     """
 
     def __init__(self, make_transport: Callable[[str], Transport],
-                 dial: Callable[[str], Transport], *, conns: int, queue_depth: int,
+                 dial: Callable[[str], TcpTransport], *, conns: int, queue_depth: int,
                  probe_interval: float, connect_timeout: float, clock: Clock = SYSTEM) -> None:
         """``make_transport(address)``: a dispatch thread's transport; ``dial(address)``:
         a plain transport for probes."""
@@ -348,6 +350,31 @@ class Dispatcher:
                                              self.clock.monotonic() + lane.probe_interval)
                 finally:
                     t.close()
+
+    def stats(self, deadline: float) -> dict[str, dict]:
+        """STATS of every server with a lane, each on a fresh connection of its own
+        thread (not through the queues), all by ``deadline`` (this clock's); a server
+        that did not answer maps to ``{"error": ...}``. Blocks until then at most."""
+        addrs = self.addresses()
+        out: dict[str, dict] = {}
+
+        def one(addr: str) -> None:
+            t = self._dial(addr)
+            try:
+                t.connect(deadline)
+                out[addr] = t.call_stats(deadline)
+            except Exception as exc:
+                out[addr] = {"error": str(exc) or type(exc).__name__}
+            finally:
+                t.close()
+
+        threads = [threading.Thread(target=one, args=(a,), name=f"gcache-stats-{a}",
+                                    daemon=True) for a in addrs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(max(0.0, deadline - self.clock.monotonic()) + 0.5)
+        return {a: out.get(a, {"error": "timed out"}) for a in addrs}
 
     def close(self, join_timeout: float) -> None:
         self._closed = True
