@@ -51,6 +51,16 @@ QUEUED, RUNNING, DONE = 0, 1, 2
 _STOP = object()
 
 
+def claim(state_lock: threading.Lock, work: Work, to: int) -> bool:
+    """The one move out of QUEUED (to RUNNING by a worker, to DONE by the reaper or a
+    holder): False when another party moved ``work`` first, which then completes it."""
+    with state_lock:
+        if work.state != QUEUED:
+            return False
+        work.state = to
+        return True
+
+
 def fail_work(work: Work, status: Status) -> None:
     work.on_done(work, [ItemResult(status) for _ in work.items])
 
@@ -107,11 +117,7 @@ class Lane:
         return False
 
     def _claim(self, work: Work) -> bool:
-        with self._state_lock:
-            if work.state != QUEUED:
-                return False
-            work.state = RUNNING
-            return True
+        return claim(self._state_lock, work, RUNNING)
 
     def _run(self) -> None:
         transport = self.make_transport()
@@ -250,11 +256,7 @@ class Reaper:
                 clock.wait(self._wake, wait)
                 continue
             for w in due:
-                with self._lock:
-                    expire = w.state == QUEUED
-                    if expire:
-                        w.state = DONE
-                if expire:
+                if claim(self._lock, w, DONE):
                     try:
                         fail_work(w, Status.TIMEOUT)
                     except Exception:
@@ -331,11 +333,7 @@ class Dispatcher:
     def take(self, work: Work) -> bool:
         """Claim watched, held ``work`` for its holder: False when the reaper expired it
         first (then its completion is the reaper's)."""
-        with self.state_lock:
-            if work.state != QUEUED:
-                return False
-            work.state = DONE
-            return True
+        return claim(self.state_lock, work, DONE)
 
     def probe(self) -> None:
         """Handshake with each suspect server; a success clears its suspicion."""

@@ -57,52 +57,65 @@ class GatedTransport(Transport):
         pass
 
 
-class Completions:
-    """Records every ``on_done`` call: (work, statuses)."""
+class Rig:
+    """A virtual clock, a reaper, one gated transport, the lanes made on it, and every
+    completion delivered: ``of(work)`` lists the statuses of each ``on_done`` call."""
 
     def __init__(self) -> None:
+        self.clock = VirtualClock()
         self.lock = threading.Lock()
+        self.probes: list[float] = []
+        self.reaper = Reaper(self.lock, lambda: self.probes.append(self.clock.monotonic()),
+                             probe_interval=60.0, clock=self.clock)
+        self.transport = GatedTransport()
+        self.lanes: list[Lane] = []
+        self._calls_lock = threading.Lock()
         self.calls: list[tuple[Work, list[Status]]] = []
 
-    def for_work(self, deadline: float, n: int = 1) -> Work:
+    def lane(self, queue_depth: int = 8) -> Lane:
+        ln = Lane("gated:1", lambda: self.transport, threads=1, queue_depth=queue_depth,
+                  probe_interval=5.0, state_lock=self.lock, clock=self.clock)
+        self.lanes.append(ln)
+        return ln
+
+    def work(self, due_in: float, n: int = 1) -> Work:
         items = [GetItem(b"k%d" % i, 0, 64, 0, None, i) for i in range(n)]
-        work = Work(Op.GET, b"ns", items, deadline, None)
+        return Work(Op.GET, b"ns", items, self.clock.monotonic() + due_in, self.record)
 
-        def on_done(_work: Work, results: list[ItemResult]) -> None:
-            with self.lock:
-                self.calls.append((work, [r.status for r in results]))
-
-        work.on_done = on_done
-        return work
+    def record(self, work: Work, results: list[ItemResult]) -> None:
+        with self._calls_lock:
+            self.calls.append((work, [r.status for r in results]))
 
     def of(self, work: Work) -> list[list[Status]]:
-        with self.lock:
+        with self._calls_lock:
             return [st for w, st in self.calls if w is work]
+
+    def submit(self, lane: Lane, *works: Work, watch: bool = True) -> None:
+        for w in works:
+            assert lane.submit(w)
+            if watch:
+                self.reaper.watch(w)
+
+    def busy(self, due_in: float = 10, queue_depth: int = 8) -> tuple[Lane, Work]:
+        """A lane whose one worker is inside ``execute`` with a frame due in ``due_in``."""
+        ln, w = self.lane(queue_depth), self.work(due_in)
+        self.submit(ln, w)
+        wait_for(lambda: self.transport.started == [w], 5)
+        return ln, w
+
+    def close(self) -> None:
+        for ln in self.lanes:
+            ln.close()
+            self.transport.open_gate()  # let a worker still inside execute reach its stop
+            ln.join(5)
+        self.reaper.stop()
 
 
 @pytest.fixture
 def rig():
-    clock = VirtualClock()
-    lock = threading.Lock()
-    probes: list[float] = []
-    reaper = Reaper(lock, lambda: probes.append(clock.monotonic()), probe_interval=60.0,
-                    clock=clock)
-    transport = GatedTransport()
-    lanes: list[Lane] = []
-
-    def lane(threads: int = 1, queue_depth: int = 8) -> Lane:
-        ln = Lane("gated:1", lambda: transport, threads=threads, queue_depth=queue_depth,
-                  probe_interval=5.0, state_lock=lock, clock=clock)
-        lanes.append(ln)
-        return ln
-
-    yield clock, reaper, transport, lane, probes
-    for ln in lanes:
-        ln.close()
-        for _ in ln.threads:
-            transport.open_gate()  # let a worker still inside execute reach its stop
-        ln.join(5)
-    reaper.stop()
+    r = Rig()
+    yield r
+    r.close()
 
 
 def _settle() -> None:
@@ -111,134 +124,106 @@ def _settle() -> None:
 
 @pytest.mark.timeout(30)
 def test_queued_frame_past_its_deadline_times_out_once_and_is_never_run(rig):
-    clock, reaper, transport, lane, _ = rig
-    done = Completions()
-    ln = lane()
-    busy = done.for_work(clock.monotonic() + 10)
-    queued = done.for_work(clock.monotonic() + 1)
-    for w in (busy, queued):
-        assert ln.submit(w)
-        reaper.watch(w)
-    wait_for(lambda: transport.started == [busy], 5)  # the one worker is inside execute
+    ln, busy = rig.busy()
+    queued = rig.work(1)
+    rig.submit(ln, queued)
     _settle()
-    assert done.of(queued) == []  # nothing expires before its deadline on this clock
-    clock.advance(1.5)
-    wait_for(lambda: done.of(queued), 5)
-    assert done.of(queued) == [[Status.TIMEOUT]]
-    transport.open_gate()  # the worker finishes, then dequeues the expired frame
-    wait_for(lambda: done.of(busy), 5)
-    clock.advance(20)  # past the running frame's deadline too: nothing more to expire
+    assert rig.of(queued) == []  # nothing expires before its deadline on this clock
+    rig.clock.advance(1.5)
+    wait_for(lambda: rig.of(queued), 5)
+    assert rig.of(queued) == [[Status.TIMEOUT]]
+    rig.transport.open_gate()  # the worker finishes, then dequeues the expired frame
+    wait_for(lambda: rig.of(busy), 5)
+    rig.clock.advance(20)  # past the running frame's deadline too: nothing more to expire
     _settle()
-    assert done.of(busy) == [[Status.OK]]
-    assert done.of(queued) == [[Status.TIMEOUT]]
-    assert transport.started == [busy]  # the expired frame never reached the transport
+    assert rig.of(busy) == [[Status.OK]]
+    assert rig.of(queued) == [[Status.TIMEOUT]]
+    assert rig.transport.started == [busy]  # the expired frame never reached the transport
 
 
 @pytest.mark.timeout(30)
 def test_late_reply_is_delivered_once_and_never_also_expired(rig):
-    clock, reaper, transport, lane, _ = rig
-    done = Completions()
-    ln = lane()
-    w = done.for_work(clock.monotonic() + 1, n=3)
-    assert ln.submit(w)
-    reaper.watch(w)
-    wait_for(lambda: transport.started == [w], 5)
-    clock.advance(5)  # the deadline passes while the frame is running
+    ln = rig.lane()
+    w = rig.work(1, n=3)
+    rig.submit(ln, w)
+    wait_for(lambda: rig.transport.started == [w], 5)
+    rig.clock.advance(5)  # the deadline passes while the frame is running
     _settle()
-    assert done.of(w) == []  # the reaper leaves a running frame to its worker
-    transport.open_gate()  # the reply comes late
-    wait_for(lambda: done.of(w), 5)
-    clock.advance(5)
+    assert rig.of(w) == []  # the reaper leaves a running frame to its worker
+    rig.transport.open_gate()  # the reply comes late
+    wait_for(lambda: rig.of(w), 5)
+    rig.clock.advance(5)
     _settle()
-    assert done.of(w) == [[Status.OK] * 3]
+    assert rig.of(w) == [[Status.OK] * 3]
 
 
 @pytest.mark.timeout(30)
 def test_worker_times_out_a_frame_dequeued_past_its_deadline(rig):
-    clock, _reaper, transport, lane, _ = rig
-    done = Completions()
-    ln = lane()
-    busy = done.for_work(clock.monotonic() + 10)
-    late = done.for_work(clock.monotonic() + 1)  # not watched: only the lane can expire it
-    assert ln.submit(busy) and ln.submit(late)
-    wait_for(lambda: transport.started == [busy], 5)
-    clock.advance(2)
-    transport.open_gate()
-    wait_for(lambda: done.of(late), 5)
+    ln, busy = rig.busy()
+    late = rig.work(1)
+    rig.submit(ln, late, watch=False)  # not watched: only the lane can expire it
+    rig.clock.advance(2)
+    rig.transport.open_gate()
+    wait_for(lambda: rig.of(late), 5)
     _settle()
-    assert done.of(late) == [[Status.TIMEOUT]] and done.of(busy) == [[Status.OK]]
-    assert transport.started == [busy]
+    assert rig.of(late) == [[Status.TIMEOUT]] and rig.of(busy) == [[Status.OK]]
+    assert rig.transport.started == [busy]
 
 
 @pytest.mark.timeout(30)
 def test_close_fails_queued_frames_once_and_the_reaper_adds_nothing(rig):
-    clock, reaper, transport, lane, _ = rig
-    done = Completions()
-    ln = lane()
-    busy = done.for_work(clock.monotonic() + 10)
-    queued = [done.for_work(clock.monotonic() + 1) for _ in range(3)]
-    for w in (busy, *queued):
-        assert ln.submit(w)
-        reaper.watch(w)
-    wait_for(lambda: transport.started == [busy], 5)
+    ln, busy = rig.busy()
+    queued = [rig.work(1) for _ in range(3)]
+    rig.submit(ln, *queued)
     ln.close()
-    assert all(done.of(w) == [[Status.CLOSED]] for w in queued)
-    late = done.for_work(clock.monotonic() + 1)
+    assert all(rig.of(w) == [[Status.CLOSED]] for w in queued)
+    late = rig.work(1)
     assert not ln.submit(late)  # a closed lane completes new work at once
-    assert done.of(late) == [[Status.CLOSED]]
-    clock.advance(30)  # every deadline passes
-    transport.open_gate()
-    wait_for(lambda: done.of(busy), 5)
+    assert rig.of(late) == [[Status.CLOSED]]
+    rig.clock.advance(30)  # every deadline passes
+    rig.transport.open_gate()
+    wait_for(lambda: rig.of(busy), 5)
     _settle()
-    assert done.of(busy) == [[Status.OK]]
-    assert all(done.of(w) == [[Status.CLOSED]] for w in queued)
+    assert rig.of(busy) == [[Status.OK]]
+    assert all(rig.of(w) == [[Status.CLOSED]] for w in queued)
 
 
 @pytest.mark.timeout(30)
 def test_connection_failure_is_unavailable_once_and_suspicion_ends_on_the_clock(rig):
-    clock, reaper, transport, lane, _ = rig
-    done = Completions()
-    ln = lane()
-    transport.fail = ConnectionRefusedError("refused")
-    w = done.for_work(clock.monotonic() + 10)
-    assert ln.submit(w)
-    reaper.watch(w)
-    transport.open_gate()
-    wait_for(lambda: done.of(w), 5)
-    assert done.of(w) == [[Status.UNAVAILABLE]] and ln.suspect
-    fast = done.for_work(clock.monotonic() + 10)
+    ln = rig.lane()
+    rig.transport.fail = ConnectionRefusedError("refused")
+    w = rig.work(10)
+    rig.submit(ln, w)
+    rig.transport.open_gate()
+    wait_for(lambda: rig.of(w), 5)
+    assert rig.of(w) == [[Status.UNAVAILABLE]] and ln.suspect
+    fast = rig.work(10)
     assert not ln.submit(fast)  # suspect: a fast miss, completed by the caller's thread
-    assert done.of(fast) == [[Status.UNAVAILABLE]]
-    clock.advance(5.0)  # the lane's probe_interval
+    assert rig.of(fast) == [[Status.UNAVAILABLE]]
+    rig.clock.advance(5.0)  # the lane's probe_interval
     assert not ln.suspect
-    clock.advance(10)
+    rig.clock.advance(10)
     _settle()
-    assert done.of(w) == [[Status.UNAVAILABLE]] and done.of(fast) == [[Status.UNAVAILABLE]]
+    assert rig.of(w) == [[Status.UNAVAILABLE]] and rig.of(fast) == [[Status.UNAVAILABLE]]
 
 
 @pytest.mark.timeout(30)
 def test_full_queue_is_queue_full_at_once(rig):
-    clock, _reaper, transport, lane, _ = rig
-    done = Completions()
-    ln = lane(queue_depth=1)
-    busy = done.for_work(clock.monotonic() + 10)
-    assert ln.submit(busy)
-    wait_for(lambda: transport.started == [busy], 5)
-    assert ln.submit(done.for_work(clock.monotonic() + 10))  # fills the queue
-    over = done.for_work(clock.monotonic() + 10)
+    ln, _busy = rig.busy(queue_depth=1)
+    rig.submit(ln, rig.work(10))  # fills the queue
+    over = rig.work(10)
     assert not ln.submit(over)
-    assert done.of(over) == [[Status.QUEUE_FULL]]
+    assert rig.of(over) == [[Status.QUEUE_FULL]]
 
 
 @pytest.mark.timeout(30)
 def test_reaper_probes_on_its_clock(rig):
-    clock, _reaper, _transport, _lane, probes = rig
     _settle()
-    assert probes == []
-    clock.advance(59)
+    assert rig.probes == []
+    rig.clock.advance(59)
     _settle()
-    assert probes == []
-    clock.advance(2)
-    wait_for(lambda: len(probes) == 1, 5)
-    clock.advance(60)
-    wait_for(lambda: len(probes) == 2, 5)
+    assert rig.probes == []
+    rig.clock.advance(2)
+    wait_for(lambda: len(rig.probes) == 1, 5)
+    rig.clock.advance(60)
+    wait_for(lambda: len(rig.probes) == 2, 5)
