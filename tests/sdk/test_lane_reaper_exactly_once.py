@@ -20,8 +20,9 @@ import pytest
 from gcache.clock import VirtualClock
 from gcache.config import TransportKind
 from gcache.protocol import Op
+from gcache.sdk.batch import KeyBatch
 from gcache.sdk.dispatcher import Lane, Reaper
-from gcache.sdk.transports.base import GetItem, ItemResult, Transport, Work
+from gcache.sdk.transports.base import GetItem, ItemResult, KeyItem, Transport, Work
 from gcache.status import Status
 from gcache.testing.waiting import wait_for
 
@@ -227,3 +228,29 @@ def test_reaper_probes_on_its_clock(rig):
     wait_for(lambda: len(rig.probes) == 1, 5)
     rig.clock.advance(60)
     wait_for(lambda: len(rig.probes) == 2, 5)
+
+
+@pytest.mark.timeout(30)
+def test_batch_callbacks_fire_once_when_one_frame_expires_and_one_replies_late(rig):
+    """A batch whose first frame's reply comes after its deadline and whose second
+    frame expires in the queue: each key's callback and the batch's fire once."""
+    keys, per_key, batches = [b"a", b"b"], [], []
+    deadline = rig.clock.monotonic() + 1
+    batch = KeyBatch(Op.DELETE, keys, deadline, None, batches.append,
+                     lambda i, k, st: per_key.append((i, st)))
+    batch.parts = [1, 1]
+    first, second = (Work(Op.DELETE, b"ns", [KeyItem(k, i)], deadline, batch.frame_done)
+                     for i, k in enumerate(keys))
+    ln = rig.lane()
+    rig.submit(ln, first, second)
+    wait_for(lambda: rig.transport.started == [first], 5)
+    rig.clock.advance(2)
+    wait_for(lambda: per_key, 5)
+    assert per_key == [(1, Status.TIMEOUT)]  # the queued frame, by the reaper
+    rig.transport.open_gate()  # the running frame's late reply
+    assert batch.future.result(5) == [Status.OK, Status.TIMEOUT]
+    rig.clock.advance(10)
+    _settle()
+    assert sorted(per_key) == [(0, Status.OK), (1, Status.TIMEOUT)]
+    assert batches == [[Status.OK, Status.TIMEOUT]]
+    assert rig.transport.started == [first]
