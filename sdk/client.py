@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import ssl
-import time
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -534,7 +533,7 @@ class Client:
         Failure:
             A server that did not answer in time maps to ``{"error": ...}``; never raises.
         """
-        return self._dispatcher.stats(time.monotonic() + timeout_ms / 1000)
+        return self._dispatcher.stats(self._dispatcher.clock.monotonic() + timeout_ms / 1000)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -570,7 +569,8 @@ class Client:
         return k
 
     def _deadline(self, timeout_ms: int | None) -> float:
-        return time.monotonic() + (self.timeout if timeout_ms is None else timeout_ms / 1000.0)
+        now = self._dispatcher.clock.monotonic()  # deadlines are the dispatcher's clock's
+        return now + (self.timeout if timeout_ms is None else timeout_ms / 1000.0)
 
     def _start(self, batch: Batch, group: Any) -> Future:
         """Route ``batch``'s keys and send its items (CLOSED when closed): its future."""

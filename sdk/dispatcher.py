@@ -2,11 +2,13 @@
 
 Design. Each server gets a ``Lane``: a bounded queue and ``conns_per_server``
 dispatch threads, each owning one ``Transport``. User threads only enqueue
-``Work`` (never IO); a full queue is an immediate ``QUEUE_FULL``.
+``Work`` (never IO); a full queue is an immediate ``QUEUE_FULL``. A client's
+``Dispatcher`` owns its lanes (made on first use), the ``Reaper`` and the probe.
 
 Exactly-once completion: ``Work.state`` moves queued -> running (a worker
-claims it) or queued -> done (the reaper expires it), under one lock, so a
-frame is completed by exactly one party. A running frame is bounded by its
+claims it) or queued -> done (the reaper expires it, or the holder of a NOT_OWNER
+re-route takes it), by one ``claim`` under one lock, so a frame is completed by
+exactly one party. A running frame is bounded by its
 deadline inside the transport (every syscall's socket timeout is the time left
 before the deadline), so no caller waits past its deadline plus scheduling noise.
 
