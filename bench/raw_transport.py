@@ -23,7 +23,8 @@ import numpy as np
 from gcache.credentials import ClientCredential, parse_client_credential
 from gcache.protocol import Limits, Op
 from gcache.sdk import Client, Status
-from gcache.sdk.transport import TcpTransport, Work
+from gcache.sdk.transports.base import GetItem, Work
+from gcache.sdk.transports.tcp import TcpTransport
 
 RELEASE_EVERY_S = 1.0
 
@@ -32,10 +33,10 @@ def _transport(kind: str, address: str, token: str | ClientCredential) -> Any:
     if kind == "tcp":
         return TcpTransport(address, token, Limits(), 5.0)
     if kind == "shm":
-        from gcache.sdk.shm_transport import ShmTransport
+        from gcache.sdk.transports.shm import ShmTransport
 
         return ShmTransport(address, token, Limits(), 5.0, "shm")
-    from gcache.sdk.nixl_transport import NixlTransport
+    from gcache.sdk.transports.nixl import NixlTransport
 
     return NixlTransport(address, token, Limits(), 5.0, "nixl")
 
@@ -67,13 +68,13 @@ def measure_raw_transport(address: str, kind: str, *, size: int = 1 << 20, count
         try:
             t.connect(time.monotonic() + 10)
             if kind == "nixl":
-                from gcache.sdk.nixl_transport import REGISTRY
+                from gcache.sdk.transports.nixl import REGISTRY
 
                 REGISTRY.add(dst)
                 reg = dst
             views = [memoryview(row) for row in dst]
             if kind == "tcp":
-                items = [(k, 0, size, 0, v) for k, v in zip(keys, views)]
+                items = [GetItem(k, 0, size, 0, v) for k, v in zip(keys, views)]
 
                 def lease() -> Any:
                     return None
@@ -84,7 +85,7 @@ def measure_raw_transport(address: str, kind: str, *, size: int = 1 << 20, count
                         raise RuntimeError("raw GET missed")
             else:
                 def lease() -> Any:
-                    rep = t._call(Op.LEASE, {"ns": ns, "items": [[k, 0] for k in keys]},
+                    rep = t.call(Op.LEASE, {"ns": ns, "items": [[k, 0] for k in keys]},
                                   time.monotonic() + 10)
                     ls = rep["items"]
                     if any(x[0] != Status.OK for x in ls):
@@ -100,10 +101,10 @@ def measure_raw_transport(address: str, kind: str, *, size: int = 1 << 20, count
                 once(h)
                 moved[w] += count * size
                 if h is not None and time.monotonic() - h[2] > RELEASE_EVERY_S:
-                    t._call(Op.RELEASE, {"leases": h[0]}, time.monotonic() + 10)
+                    t.call(Op.RELEASE, {"leases": h[0]}, time.monotonic() + 10)
                     h = lease()
             if h is not None:
-                t._call(Op.RELEASE, {"leases": h[0]}, time.monotonic() + 10)
+                t.call(Op.RELEASE, {"leases": h[0]}, time.monotonic() + 10)
             if int(dst[count - 1, size - 1]) != (count - 1) % 251:
                 raise RuntimeError("raw transport read wrong bytes")
         except BaseException as exc:
@@ -111,7 +112,7 @@ def measure_raw_transport(address: str, kind: str, *, size: int = 1 << 20, count
             barrier.abort()
         finally:
             if reg is not None:
-                from gcache.sdk.nixl_transport import REGISTRY
+                from gcache.sdk.transports.nixl import REGISTRY
 
                 REGISTRY.remove(reg)
             t.close()

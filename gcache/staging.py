@@ -3,7 +3,7 @@
 A client on the server's host never writes the arena (it maps it read-only). It
 writes put values into a staging file of its own and asks the server (``PUT_STAGED``)
 to copy them into freshly reserved arena chunks, verify the writer's checksum and
-publish. The SDK (``gcache.sdk.shm_transport``) creates the file; the server
+publish. The SDK (``gcache.sdk.transports.shm``) creates the file; the server
 (``gcache.server.shm_ops``) opens it read-only and validates it. Both follow this
 module, so the rule lives in one place:
 

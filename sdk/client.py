@@ -1,13 +1,17 @@
 """gcache SDK client: put/get/exists/delete/touch, batch, zero-copy and async forms.
 
-Design. The user thread validates arguments, routes each key to its owner on
-the consistent-hash ring, slices values larger than ``slice_bytes`` into
-pieces, packs pieces into frames (about ``frame_target_bytes`` each, spread
-over the owner's connections) and enqueues them on the owner's ``Lane``. It
-never does IO. Dispatch threads run the frames; their completions are folded
-per key (all slices) and per batch, and each key callback and each batch
-callback/future fires exactly once — on success, miss, timeout, peer death or
-close alike.
+This module is the public API only. How a call runs (docs/architecture.md, "SDK"):
+
+* the user thread validates arguments and makes a ``Batch`` (batch.py), which cuts
+  each key into work items (values larger than ``slice_bytes`` into slices); the
+  ``Router`` (routing.py) maps each key to its owner on the consistent-hash ring of
+  the current view and cuts each owner's items into frames (``Framing``, by data
+  path); the ``Dispatcher`` (dispatcher.py) queues them on the owner's ``Lane``. The
+  user thread never does IO;
+* dispatch threads run the frames through their transports (transports/); every
+  completion folds into the batch, per key (all slices) and per batch, and each key
+  callback and each batch callback/future fires exactly once — on success, miss,
+  timeout, peer death or close alike.
 
 Failure semantics: every op has a deadline (``timeout_ms``). Past it the key's
 result is ``Status.TIMEOUT`` (``None`` for byte-returning gets): a miss, never
@@ -21,26 +25,26 @@ a reader never sees a mix of an old and a new object.
 from __future__ import annotations
 
 import logging
-import operator
-import os
 import ssl
-import threading
-import time
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from gcache.config import load_config
-from gcache.credentials import ClientCredential, bearer_of, parse_client_credential
-from gcache.discovery import MasterClient, MasterError, MasterUnavailable, view_from_wire
+from gcache.credentials import bearer_of
+from gcache.discovery import MasterClient
 from gcache.errors import ConfigError
-from gcache.hashing import checksum, placement_hash
 from gcache.protocol import Limits, Op
 from gcache.status import Status
-from gcache.tls import dialer_context
 from gcache.view import View
-from gcache.sdk.dispatcher import Lane, Reaper
-from gcache.sdk.transport import ItemResult, TcpTransport, Work
-from gcache.sdk.shm_transport import MODES as TRANSPORTS, make_transport, nixl_usable
+from gcache.sdk.batch import (Batch, BatchCallback, BytesBatch, Checksums, IntoBatch,
+                              KeyBatch, KeyCallback, PutBatch)
+from gcache.sdk.buffers import as_view
+from gcache.sdk.cuda_events import StreamCallbacks
+from gcache.sdk.dispatcher import Dispatcher
+from gcache.sdk.routing import Router
+from gcache.sdk.settings import client_settings
+from gcache.sdk.transports.base import Framing
+from gcache.sdk.transports.factory import make_transport
+from gcache.sdk.transports.tcp import TcpTransport
 
 if TYPE_CHECKING:
     import numpy as np
@@ -51,117 +55,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("gcache.sdk")
 
 Key = str | bytes
-ONE_SIDED_FRAME_BYTES = 4 << 20  # smallest frame target on shm/nixl lanes
-_GET_BYTES = operator.itemgetter(2)  # a GET item's max_len
-_PUT_BYTES = operator.itemgetter(3)  # a PUT item's slice length
-KeyCallback = Callable[[int, bytes, Any], None]
-BatchCallback = Callable[[list], None]
-
-
-def as_view(buf: Any, writable: bool, device: bool = False) -> Any:
-    """A flat byte view of memoryview / bytes / numpy / torch tensor, no copy.
-
-    CUDA tensors become a ``DeviceView`` when ``device`` (the nixl transport) allows it.
-    """
-    mod = type(buf).__module__
-    if mod.startswith("torch"):
-        if not buf.is_contiguous():
-            raise ValueError("tensor must be contiguous")
-        import torch
-
-        flat = buf.reshape(-1).view(torch.uint8) if buf.numel() else buf.reshape(-1)
-        if buf.device.type != "cpu":
-            if not device:
-                raise ValueError("CUDA tensors need transport='nixl'; pass a CPU tensor")
-            from gcache.sdk.nixl_transport import DeviceView
-
-            return DeviceView(flat)
-        mv = memoryview(flat.numpy())
-    else:
-        mv = memoryview(buf)
-    if not mv.contiguous:
-        raise ValueError("buffer must be C-contiguous")
-    if writable and mv.readonly:
-        raise ValueError("destination buffer is read-only")
-    return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
-
-
-class _Batch:
-    """Folds slice results into per-key results, then the batch result."""
-
-    __slots__ = ("keys", "results", "left", "parts", "versions", "totals", "lock",
-                 "future", "callback", "on_key", "finalize", "remaining", "bufs", "hashes",
-                 "sums")
-
-    def __init__(self, keys: list[bytes], default: Any, finalize: Callable[[int, Status], Any],
-                 callback: BatchCallback | None, on_key: KeyCallback | None) -> None:
-        n = len(keys)
-        self.keys = keys
-        self.results: list[Any] = [default] * n
-        self.parts = [0] * n  # outstanding slices per key
-        self.left: list[Status] = [Status.OK] * n  # first non-OK status per key
-        self.versions = [0] * n
-        self.totals = [-1] * n
-        self.sums: list[int | None] = [None] * n  # the server's checksum of each object
-        self.bufs: list[Any] = [None] * n
-        self.hashes: list[int] = []  # placement hash per key (for NOT_OWNER re-routing)
-        self.remaining = n
-        self.lock = threading.Lock()
-        self.future: Future = Future()
-        self.callback, self.on_key, self.finalize = callback, on_key, finalize
-        if n == 0:
-            self.future.set_result([])
-
-    def slice_done(self, i: int, st: Status, version: int = 0, total: int = -1,
-                   csum: int | None = None) -> None:
-        self.slices_done(((i, st, version, total, csum),))
-
-    def slices_done(self, done: Sequence[tuple[int, Status, int, int, int | None]]) -> None:
-        """Fold ``(key index, status, version, total_len, checksum)`` of finished slices.
-        Every key is finalized (result written, per-key callback run) before the batch
-        counts it, so the batch callback and the future always see every result."""
-        finished = []
-        with self.lock:
-            for i, st, version, total, csum in done:
-                if self.parts[i] <= 0:
-                    continue
-                if st != Status.OK and self.left[i] == Status.OK:
-                    self.left[i] = st
-                if st == Status.OK and csum is not None:
-                    if self.sums[i] is not None and self.sums[i] != csum \
-                            and self.left[i] == Status.OK:
-                        self.left[i] = Status.CORRUPT  # slices disagree on the object
-                    self.sums[i] = csum
-                if version:
-                    if self.versions[i] and self.versions[i] != version \
-                            and self.left[i] == Status.OK:
-                        self.left[i] = Status.CONFLICT
-                    self.versions[i] = version
-                if total >= 0:
-                    self.totals[i] = total
-                self.parts[i] -= 1
-                if not self.parts[i]:
-                    finished.append(i)
-        if not finished:
-            return
-        for i in finished:
-            res = self.finalize(i, self.left[i])
-            self.results[i] = res
-            if self.on_key is not None:
-                try:
-                    self.on_key(i, self.keys[i], res)
-                except Exception:
-                    log.exception("per-key callback raised")
-        with self.lock:
-            self.remaining -= len(finished)
-            last = self.remaining == 0
-        if last:
-            if self.callback is not None:
-                try:
-                    self.callback(self.results)
-                except Exception:
-                    log.exception("batch callback raised")
-            self.future.set_result(self.results)
 
 
 class Client:
@@ -226,78 +119,41 @@ class Client:
             masters = masters.split(",")
         if not servers and not masters:
             raise ConfigError("Client needs masters=[host:port, ...] or servers=[host:port, ...]")
-        cfg = load_config("client", config_file, cli={
+        s = self._settings = client_settings(namespace, limits, tls, config_file, {
             "timeout_ms": timeout_ms, "token": token, "credential": credential,
             "slice_bytes": slice_bytes,
             "conns_per_server": conns_per_server, "queue_depth": queue_depth,
             "frame_target_bytes": frame_target_bytes, "probe_interval_ms": probe_interval_ms,
             "connect_timeout_ms": connect_timeout_ms, "transport": transport,
             "nixl_bounce_bytes": nixl_bounce_bytes, "verify_checksums": verify_checksums,
-            "tls": tls if tls is None or isinstance(tls, bool) else True,
             "tls_ca_file": tls_ca_file, "tls_cert_file": tls_cert_file,
             "tls_key_file": tls_key_file})
-        self.config = cfg
-        # the dialer context of every data connection and master call (None = plain)
-        self._tls = tls if isinstance(tls, ssl.SSLContext) else dialer_context(cfg)
-        self.namespace = namespace.encode() if isinstance(namespace, str) else bytes(namespace)
-        self.limits = limits or Limits()
-        if len(self.namespace) > self.limits.max_namespace_bytes:
-            raise ConfigError(f"namespace longer than {self.limits.max_namespace_bytes} bytes")
-        self.timeout = cfg.timeout_ms / 1000.0
-        self.slice = int(cfg.slice_bytes)
+        cfg = self.config = s.config
+        self.namespace, self.limits, self.transport = s.namespace, s.limits, s.transport
+        self.timeout = s.timeout_s
+        self.slice = int(cfg.slice_bytes)  # dispatch tuning, as configured (bench reports it)
         self.frame_target = int(cfg.frame_target_bytes)
         self.conns = int(cfg.conns_per_server)
         self.verify = bool(cfg.verify_checksums)
-        self.counters = {"checksum_mismatch": 0}  # reads refused by verify_checksums
-        # what AUTH proves: the credential when set, else the legacy token ('' = none)
-        self._token: str | ClientCredential = (parse_client_credential(cfg.credential)
-                                               if cfg.credential else cfg.token)
-        self.transport = str(getattr(cfg, "transport", "auto") or "auto")
-        if self.transport not in TRANSPORTS:
-            raise ConfigError(f"transport must be one of {', '.join(TRANSPORTS)}, "
-                              f"not {self.transport!r}")
-        if self._tls is not None and self.transport == "nixl":
-            raise ConfigError("transport='nixl' cannot run under TLS: its bytes move by "
-                              "RDMA outside the TLS channel; use transport tcp, shm or auto "
-                              "with TLS, or turn TLS off on a trusted fabric")
-        self._device_ok = self.transport == "nixl"  # CUDA buffers need one-sided transfers
-        # nixl is in play: asked for, or auto on a host with an RDMA device and the library
-        # (never under TLS)
-        self._nixl = self.transport == "nixl" or (self.transport == "auto" and nixl_usable()
-                                                  and self._tls is None)
-        if self._nixl:
-            # the agent takes ~0.4 s to start: here, not inside the first op's deadline
-            from gcache.nixl_lib import NixlUnavailable
-            from gcache.sdk.nixl_transport import process_agent
-
-            try:
-                process_agent()
-            except NixlUnavailable as exc:
-                if self.transport == "nixl":
-                    raise ConfigError(f"transport='nixl': {exc}") from None
-        self._watcher: Any = None  # StreamWatcher, made on the first stream= call
-        self._event_factory: Any = None  # None = torch.cuda.Event (tests may replace it)
-        self._state_lock = threading.Lock()
-        self._lanes: dict[str, Lane] = {}
-        self._lanes_lock = threading.Lock()
+        self._checks = Checksums(self.verify)
+        self.counters = self._checks.counters  # reads refused by verify_checksums
+        self._streams = StreamCallbacks()  # the stream= forms (CUDA), made on first use
         self._closed = False
-        self._reaper = Reaper(self._state_lock, self._probe, cfg.probe_interval_ms / 1000.0)
-        self._master: MasterClient | None = None
-        self._view_lock = threading.Lock()
-        self._view = View.static(list(servers or []))
-        self._ring = self._view.ring
+        self._dispatcher = Dispatcher(
+            lambda address: make_transport(
+                s.transport, address, s.token, s.limits, s.connect_timeout_s,
+                int(cfg.nixl_bounce_bytes), int(cfg.one_sided_min_bytes), s.tls),
+            self._dial, conns=self.conns, queue_depth=cfg.queue_depth,
+            probe_interval=cfg.probe_interval_ms / 1000.0,
+            connect_timeout=s.connect_timeout_s)
+        master = None
         if masters:
-            self._master = MasterClient(masters, bearer_of(self._token),
-                                        timeout_s=max(0.5, cfg.connect_timeout_ms / 1000.0),
-                                        tls=self._tls)
-            self._view = View(-1, ())
-            if not self._refresh_view(wait_ms=0) and servers:
-                self._view = View.static(list(servers))  # bootstrap until a master answers
-                self._ring = self._view.ring
-            threading.Thread(target=self._watch_view, name="gcache-view-watch",
-                             daemon=True).start()
-        for m in self._view.members:
-            self._lane(m.address)
+            master = MasterClient(masters, bearer_of(s.token),
+                                  timeout_s=max(0.5, s.connect_timeout_s), tls=s.tls)
+        self._router = Router(s.namespace, list(servers or []), master, self._dispatcher,
+                              Framing(self.slice, self.frame_target, self.conns,
+                                      s.limits.max_batch_items))
+        self._router.start()
 
     # ------------------------------------------------------------------ registration
     def register_buffer(self, buf: Any) -> bool:
@@ -305,14 +161,23 @@ class Client:
 
         Gets into and puts from registered memory move by one-sided READ/WRITE with no
         copy on this host (GPUDirect for CUDA memory where the NIC supports it);
-        anything else goes through a per-connection bounce buffer. Returns False (and
-        does nothing) when this client does not use nixl. Register long-lived pools
-        (KV host/device buffers), not per-request buffers: registration pins memory.
+        anything else goes through a per-connection bounce buffer. Register long-lived
+        pools (KV host/device buffers), not per-request buffers: registration pins memory.
+
+        Args:
+            buf: a memoryview, numpy array or torch tensor (CPU or CUDA), contiguous.
+
+        Returns:
+            True once registered; False (and nothing done) when this client does not
+            use nixl.
+
+        Failure:
+            ConfigError when NIXL cannot register it; ValueError for a bad buffer.
         """
-        if not self._nixl:
+        if not self._settings.nixl:
             return False
         from gcache.nixl_lib import NixlUnavailable
-        from gcache.sdk.nixl_transport import REGISTRY
+        from gcache.sdk.transports.nixl import REGISTRY
 
         try:
             return REGISTRY.add(buf)
@@ -320,238 +185,60 @@ class Client:
             raise ConfigError(str(exc)) from None
 
     def unregister_buffer(self, buf: Any) -> bool:
-        """Undo ``register_buffer``; no transfer may be using ``buf``."""
-        if not self._nixl:
+        """Undo ``register_buffer``; no transfer may be using ``buf``.
+
+        Args:
+            buf: a buffer passed to ``register_buffer``.
+
+        Returns:
+            True if it was registered; False otherwise, or when this client does not
+            use nixl.
+
+        Failure:
+            ValueError for a bad buffer.
+        """
+        if not self._settings.nixl:
             return False
-        from gcache.sdk.nixl_transport import REGISTRY
+        from gcache.sdk.transports.nixl import REGISTRY
 
         return REGISTRY.remove(buf)
 
-    # ------------------------------------------------------------------ plumbing
-    def _lane(self, address: str) -> Lane:
-        lane = self._lanes.get(address)
-        if lane is None:
-            with self._lanes_lock:
-                lane = self._lanes.get(address)
-                if lane is None:
-                    cfg = self.config
-                    lane = Lane(address, lambda: make_transport(
-                        self.transport, address, self._token, self.limits,
-                        cfg.connect_timeout_ms / 1000.0, int(cfg.nixl_bounce_bytes),
-                        int(cfg.one_sided_min_bytes), self._tls),
-                        threads=self.conns, queue_depth=cfg.queue_depth,
-                        probe_interval=cfg.probe_interval_ms / 1000.0,
-                        state_lock=self._state_lock)
-                    self._lanes[address] = lane
-        return lane
-
+    # ------------------------------------------------------------------ routing
     def update_view(self, view: View) -> None:
-        """Route by a new membership view (normally fed by the masters)."""
-        with self._view_lock:
-            if self._master is not None and view.epoch <= self._view.epoch:
-                return
-            for m in view.members:
-                self._lane(m.address)
-            self._view, self._ring = view, view.ring
-        log.info("routing by view epoch %d (%d servers)", view.epoch, len(view.members))
+        """Route by a new membership view (normally fed by the masters).
 
-    def _refresh_view(self, wait_ms: int, deadline: float | None = None) -> bool:
-        """Fetch the masters' view (long-poll past our epoch when wait_ms > 0), giving up
-        at ``deadline`` (an op's, when the refresh is on that op's path)."""
-        try:
-            doc = self._master.view(since=self._view.epoch, wait_ms=wait_ms, deadline=deadline)
-        except (MasterUnavailable, MasterError, OSError, ValueError) as exc:
-            log.debug("view refresh failed: %s", exc)
-            return False
-        self.update_view(view_from_wire(doc))
-        return True
+        Args:
+            view: the members and epoch to route by; with masters, only a newer epoch
+                than the current one is taken.
 
-    def _watch_view(self) -> None:
-        """Follow the epoch; with every master down, keep routing on the last view."""
-        while not self._closed:
-            if not self._refresh_view(wait_ms=5000):
-                time.sleep(0.5)
+        Returns:
+            None. Lanes to new members are made at once (their threads start).
+
+        Failure:
+            Never raises for a valid ``View``.
+        """
+        self._router.update(view)
 
     @property
     def view(self) -> View:
-        return self._view
-
-    def _probe(self) -> None:
-        for lane in list(self._lanes.values()):
-            if lane.suspect_until and not self._closed:
-                t = TcpTransport(lane.address, self._token, self.limits,
-                                 self.config.connect_timeout_ms / 1000.0, self._tls)
-                try:
-                    t.connect(time.monotonic() + self.config.connect_timeout_ms / 1000.0)
-                    lane.clear_suspect()
-                except Exception:
-                    lane.suspect_until = max(lane.suspect_until,
-                                             time.monotonic() + lane.probe_interval)
-                finally:
-                    t.close()
-
-    def _key(self, key: Key) -> bytes:
-        k = key if type(key) is bytes else key.encode() if isinstance(key, str) else bytes(key)
-        if not k:
-            raise ValueError("keys must be non-empty")
-        if len(k) > self.limits.max_key_bytes:
-            raise ValueError(f"key of {len(k)} bytes exceeds max_key_bytes "
-                             f"{self.limits.max_key_bytes}")
-        return k
+        """The membership view this client routes by now."""
+        return self._router.view
 
     def owners(self, keys: Sequence[Key], group: Any = None) -> list[str]:
-        """The server address each key routes to in the current view ('' = none)."""
-        ks = [self._key(k) for k in keys]
-        return self._owners(ks, group, _Batch(ks, None, lambda i, st: st, None, None))
+        """The server each key routes to in the current view.
 
-    def _owners(self, keys: list[bytes], group: Any, batch: _Batch) -> list[str]:
-        """Owner address per key ('' when the view is empty); records the hashes."""
-        ns = self.namespace
-        if group is None:
-            hs = [placement_hash(ns, k) for k in keys]
-        elif isinstance(group, (str, bytes)):
-            g = group.encode() if isinstance(group, str) else group
-            hs = [placement_hash(ns, b"", g)] * len(keys)
-        else:
-            gs = list(group)
-            if len(gs) != len(keys):
-                raise ValueError("group= sequence must have one entry per key")
-            hs = [placement_hash(ns, k, None if g is None else
-                                 (g.encode() if isinstance(g, str) else bytes(g)))
-                  for k, g in zip(keys, gs)]
-        batch.hashes = hs
-        ring = self._ring
-        if len(ring) == 0:
-            return [""] * len(keys)
-        return [m.address for m in ring.owners(hs)]
+        Args:
+            keys: the keys (str or bytes).
+            group: as in the ops: one group for every key, or one per key (None = none).
 
-    def _dispatch(self, op: int, batch: _Batch, routed: dict[str, list], deadline: float,
-                  nbytes: Callable[[tuple], int], retried: bool = False) -> None:
-        """routed: address -> [(key_index, item_tuple)]. Packs frames and enqueues them."""
-        for addr, entries in routed.items():
-            if not addr:  # empty view: no server to ask
-                for i, _ in entries:
-                    batch.slice_done(i, Status.UNAVAILABLE)
-                continue
-            lane = self._lane(addr)
-            sizes = [nbytes(it) for _, it in entries]
-            total = sum(sizes)
-            target = max(self.slice, min(self.frame_target, -(-total // self.conns)))
-            if lane.kind == "shm":
-                # one-sided: no bytes travel in the frame and each frame costs two control
-                # RPCs, so split the batch evenly over the lane's threads (no frame cap)
-                target = max(ONE_SIDED_FRAME_BYTES, -(-total // self.conns))
-            elif lane.kind == "nixl":
-                # one NIXL transfer per batch: UCX pipelines its descriptors itself, and
-                # concurrent transfers of one agent contend (measured: 1 frame 4.1 GB/s,
-                # 4 frames 2.6 GB/s at 1 MiB over CMA)
-                target = max(total, self.slice)
-            cur_i: list[int] = []
-            cur: list = []
-            size = 0
-            for (i, it), n in zip(entries, sizes):
-                if cur and (size + n > target or len(cur) >= self.limits.max_batch_items):
-                    self._send(op, batch, lane, cur_i, cur, deadline, retried)
-                    cur_i, cur, size = [], [], 0
-                cur_i.append(i)
-                cur.append(it)
-                size += n
-            if cur:
-                self._send(op, batch, lane, cur_i, cur, deadline, retried)
+        Returns:
+            One ``host:port`` per key ('' when the view has no servers).
 
-    def _send(self, op: int, batch: _Batch, lane: Lane, idx: list[int], items: list,
-              deadline: float, retried: bool = False) -> None:
-        def on_done(results: list[ItemResult]) -> None:
-            moved = [(i, it) for i, it, r in zip(idx, items, results)
-                     if r.status == Status.NOT_OWNER]
-            if moved:
-                if retried or self._master is None:
-                    for i, _ in moved:
-                        batch.slice_done(i, Status.NOT_OWNER)
-                else:  # our view is stale: refresh it, then re-route these items once
-                    threading.Thread(target=self._reroute, args=(op, batch, moved, deadline),
-                                     daemon=True).start()
-                keep = [k for k, r in enumerate(results) if r.status != Status.NOT_OWNER]
-                done_idx = [idx[k] for k in keep]
-                done_items = [items[k] for k in keep]
-                results = [results[k] for k in keep]
-            else:
-                done_idx, done_items = idx, items
-            if op == Op.GET:
-                bulk = []
-                for i, it, r in zip(done_idx, done_items, results):
-                    if it[4] is None and r.status == Status.OK and batch.bufs[i] is None:
-                        self._get_part(batch, i, it, r, lane, deadline)  # may fan out
-                    else:
-                        bulk.append((i, _slice_status(it, r), r.version, r.total_len,
-                                     r.checksum))
-                batch.slices_done(bulk)
-            else:
-                batch.slices_done([(i, r.status, 0, -1, None)
-                                   for i, r in zip(done_idx, results)])
-
-        extra = None
-        if self._master is not None:
-            extra = {"ep": self._view.epoch, "ph": [batch.hashes[i] for i in idx]}
-        work = Work(op, self.namespace, items, deadline, on_done, extra=extra,
-                    retried=retried)
-        if lane.submit(work):
-            self._reaper.watch(work)
-
-    def _reroute(self, op: int, batch: _Batch, moved: list, deadline: float) -> None:
-        """NOT_OWNER: refresh the view from the masters, then send the items once more.
-        Both within the op's deadline: a slow master makes these items TIMEOUT misses."""
-        self._refresh_view(wait_ms=0, deadline=deadline)
-        ring = self._ring
-        routed: dict[str, list] = {}
-        for i, it in moved:
-            addr = ring.owners([batch.hashes[i]])[0].address if len(ring) else ""
-            routed.setdefault(addr, []).append((i, it))
-        nbytes = {Op.PUT: _PUT_BYTES, Op.GET: _GET_BYTES}.get(op, lambda t: 64)
-        self._dispatch(op, batch, routed, deadline, nbytes, retried=True)
-
-    def _get_part(self, batch: _Batch, i: int, it: tuple, r: ItemResult, lane: Lane,
-                  deadline: float) -> None:
-        st = r.status
-        if st == Status.OK and batch.bufs[i] is None and it[4] is None:
-            # byte-returning get, first slice: learn the size, fetch the rest in parallel
-            if r.total_len <= r.nbytes:
-                batch.bufs[i] = r.data if r.data is not None else bytearray()
-            else:
-                full = bytearray(r.total_len)
-                full[:r.nbytes] = r.data
-                batch.bufs[i] = full
-                view = memoryview(full)
-                rest = [(i, (batch.keys[i], off, min(self.slice, r.total_len - off), r.version,
-                             view[off:off + min(self.slice, r.total_len - off)]))
-                        for off in range(r.nbytes, r.total_len, self.slice)]
-                with batch.lock:
-                    batch.parts[i] += len(rest)
-                self._dispatch(Op.GET, batch, {lane.address: rest}, deadline, _GET_BYTES)
-        else:
-            st = _slice_status(it, r)
-        batch.slice_done(i, st, r.version, r.total_len, r.checksum)
-
-    def _verified(self, batch: _Batch, i: int, buf: Any) -> Status:
-        """OK if the bytes that landed in ``buf`` (the whole object) hash to the checksum
-        the server sent; else CORRUPT (counted, logged): the read is a miss."""
-        want = batch.sums[i]
-        if want is not None and _digest(buf) == want:
-            return Status.OK
-        with self._state_lock:
-            self.counters["checksum_mismatch"] += 1
-        log.warning("read of %r failed its checksum (%s); reported as CORRUPT, a miss",
-                    batch.keys[i][:64], "none sent" if want is None else "bytes differ")
-        return Status.CORRUPT
-
-    def _deadline(self, timeout_ms: int | None) -> float:
-        return time.monotonic() + (self.timeout if timeout_ms is None else timeout_ms / 1000.0)
-
-    def _closed_batch(self, batch: _Batch) -> _Batch:
-        for i in range(len(batch.keys)):
-            batch.parts[i] = 1
-            batch.slice_done(i, Status.CLOSED)
-        return batch
+        Failure:
+            ValueError for an empty or oversized key, or a group list of the wrong length.
+        """
+        router = self._router
+        return router.owners(router.hashes([self._key(k) for k in keys], group))
 
     # ------------------------------------------------------------------ puts
     def put_batch_from_async(self, keys: Sequence[Key], buffers: Sequence[Any], *,
@@ -560,120 +247,76 @@ class Client:
                              on_key: KeyCallback | None = None, stream: Any = None) -> Future:
         """Store ``buffers[i]`` under ``keys[i]``, reading the buffers in place.
 
-        Returns a Future of ``list[Status]``. The buffers must stay unchanged until
-        the future completes. Failure: per-key statuses (TOO_LARGE, NO_SPACE,
-        TIMEOUT, UNAVAILABLE, ...); never raises for runtime faults.
-        ``stream`` (a torch.cuda.Stream): start only once the stream has reached this
-        call, so the caller need not synchronize the work that fills the buffers.
+        The buffers must stay unchanged until the future completes.
+
+        Args:
+            keys: str or bytes keys, non-empty, at most ``max_key_bytes``.
+            buffers: one value per key: bytes, bytearray, memoryview, numpy array or
+                torch tensor (CUDA only with ``transport="nixl"``), contiguous.
+            group: placement group: one for every key, or one per key; every key of a
+                group lands on one server.
+            timeout_ms: this call's deadline (default: the client's ``timeout_ms``).
+            callback: called once with the list of statuses.
+            on_key: called once per key with ``(index, key, status)`` as it finishes.
+            stream: a torch.cuda.Stream: start only once the stream has reached this
+                call, so the caller need not synchronize the work that fills the
+                buffers (TIMEOUT for every key if it does not by the deadline).
+
+        Returns:
+            A Future of ``list[Status]``, one per key: OK, or a miss.
+
+        Failure:
+            Per-key statuses: TOO_LARGE, NO_SPACE, TIMEOUT, UNAVAILABLE, AUTH,
+            QUEUE_FULL, CLOSED, ... — never raised. Bad arguments raise ValueError.
         """
         if len(keys) != len(buffers):
             raise ValueError("keys and buffers differ in length")
         if stream is not None:
-            return self._put_after_stream(keys, buffers, stream, group=group,
-                                          timeout_ms=timeout_ms, callback=callback,
-                                          on_key=on_key)
+            return self._put_after_stream(keys, buffers, stream, group, timeout_ms, callback,
+                                          on_key)
+        device = self._settings.device_buffers
         ks = [self._key(k) for k in keys]
-        views = [as_view(b, writable=False, device=self._device_ok) for b in buffers]
-        batch = _Batch(ks, Status.ERROR, lambda i, st: st, callback, on_key)
-        if self._closed:
-            return self._closed_batch(batch).future
-        if not ks:
-            return batch.future
-        routed: dict[str, list] = {}
-        deadline = self._deadline(timeout_ms)
-        too_large = []
-        for i, (k, v, addr) in enumerate(zip(ks, views, self._owners(ks, group, batch))):
-            n = len(v)
-            if n > self.limits.max_value_bytes:
-                too_large.append(i)
-                continue
-            c = _digest(v)  # the server refuses to publish bytes that hash differently
-            if n <= self.slice:
-                batch.parts[i] = 1
-                routed.setdefault(addr, []).append((i, (k, n, 0, n, 0, v, c)))
-                continue
-            pid = int.from_bytes(os.urandom(8), "little") >> 1 or 1
-            offs = range(0, n, self.slice)
-            batch.parts[i] = len(offs)
-            dest = routed.setdefault(addr, [])
-            for off in offs:
-                ln = min(self.slice, n - off)
-                dest.append((i, (k, n, off, ln, pid, v[off:off + ln], c)))
-        for i in too_large:
-            batch.parts[i] = 1
-            batch.slice_done(i, Status.TOO_LARGE)
-        self._dispatch(Op.PUT, batch, routed, deadline, _PUT_BYTES)
-        return batch.future
-
-    def _put_after_stream(self, keys: Sequence[Key], buffers: Sequence[Any], stream: Any, *,
-                          timeout_ms: int | None, callback: BatchCallback | None,
-                          on_key: KeyCallback | None, **kw: Any) -> Future:
-        for b in buffers:  # argument errors raise now, not in the watcher thread
-            as_view(b, writable=False, device=self._device_ok)
-        outer: Future = Future()
-        deadline = self._deadline(timeout_ms)
-
-        def submit(reached: bool) -> None:
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            if not reached or left_ms < 1:  # the stream never got there in time
-                res = [Status.TIMEOUT] * len(keys)
-                for i, k in enumerate(keys):
-                    _safe(on_key, i, self._key(k), Status.TIMEOUT)
-                _safe(callback, res)
-                outer.set_result(res)
-                return
-            inner = self.put_batch_from_async(keys, buffers, timeout_ms=left_ms,
-                                              callback=callback, on_key=on_key, **kw)
-            inner.add_done_callback(lambda f: outer.set_result(f.result()))
-
-        self._streams().after(stream, submit, deadline)
-        return outer
-
-    def _streams(self) -> Any:
-        from gcache.sdk.cuda_events import StreamWatcher, cuda_event_factory
-
-        with self._state_lock:
-            if self._watcher is None:
-                # raises ValueError here, in the caller, when CUDA is not available
-                self._watcher = StreamWatcher(self._event_factory or cuda_event_factory())
-            return self._watcher
-
-    def _after_stream(self, stream: Any, callback: BatchCallback | None, timeout_ms: int | None
-                      ) -> tuple[BatchCallback, Future]:
-        """A batch callback that defers ``callback`` and the returned future until
-        ``stream`` passes the point where the batch completed."""
-        outer: Future = Future()
-        watcher = self._streams()
-        deadline = self._deadline(timeout_ms) + 1.0
-
-        def on_batch(results: list) -> None:
-            res = list(results)
-
-            def fire(_reached: bool) -> None:
-                _safe(callback, res)
-                outer.set_result(res)
-
-            watcher.after(stream, fire, deadline)
-
-        return on_batch, outer
+        views = [as_view(b, writable=False, device=device) for b in buffers]
+        return self._start(PutBatch(ks, views, self.limits, self._deadline(timeout_ms),
+                                    self._router, callback, on_key), group)
 
     def put_batch_from(self, keys: Sequence[Key], buffers: Sequence[Any], **kw: Any
                        ) -> list[Status]:
-        """Synchronous ``put_batch_from_async``: returns ``list[Status]``."""
+        """Synchronous ``put_batch_from_async`` (same Args and Failure).
+
+        Returns:
+            ``list[Status]``, one per key.
+        """
         return self._wait(self.put_batch_from_async(keys, buffers, **kw), len(keys), Status.TIMEOUT)
 
     def put_batch(self, keys: Sequence[Key], values: Sequence[bytes], **kw: Any) -> list[Status]:
-        """Store byte values. Returns one Status per key."""
+        """Store byte values: ``put_batch_from`` (same Args and Failure).
+
+        Returns:
+            ``list[Status]``, one per key.
+        """
         return self.put_batch_from(keys, values, **kw)
 
     def put_batch_async(self, keys: Sequence[Key], values: Sequence[bytes], **kw: Any) -> Future:
+        """``put_batch_from_async`` for byte values (same Args, Returns and Failure)."""
         return self.put_batch_from_async(keys, values, **kw)
 
     def put(self, key: Key, value: Any, **kw: Any) -> Status:
-        """Store one value (bytes or any buffer). Returns its Status."""
+        """Store one value (bytes or any buffer).
+
+        Args:
+            key, value: one key and its value; ``kw`` as ``put_batch_from_async``.
+
+        Returns:
+            Its Status.
+
+        Failure:
+            A miss status (TIMEOUT, UNAVAILABLE, ...); bad arguments raise ValueError.
+        """
         return self.put_batch_from([key], [value], **kw)[0]
 
     def put_async(self, key: Key, value: Any, **kw: Any) -> Future:
+        """``put`` as a Future of its Status (same Args and Failure)."""
         return _first(self.put_batch_from_async([key], [value], **kw))
 
     # ------------------------------------------------------------------ gets
@@ -683,185 +326,231 @@ class Client:
                              on_key: KeyCallback | None = None, stream: Any = None) -> Future:
         """Read each object straight into ``buffers[i]`` (exact size expected).
 
-        Returns a Future of ``list[Status]``: OK, MISS, SIZE_MISMATCH (the object
-        is not ``len(buffer)`` bytes), TIMEOUT, UNAVAILABLE, CONFLICT... A buffer
-        whose key is not OK may hold partial bytes. ``stream`` (a torch.cuda.Stream):
-        the batch callback and the future complete once the stream has passed the
-        point where every key landed (per-key callbacks still fire per key).
+        Args:
+            keys: str or bytes keys.
+            buffers: one writable destination per key, exactly the object's size:
+                bytearray, memoryview, numpy array or torch tensor (CUDA only with
+                ``transport="nixl"``), contiguous.
+            group, timeout_ms, callback, on_key: as ``put_batch_from_async``.
+            stream: a torch.cuda.Stream: the batch callback and the future complete
+                once the stream has passed the point where every key landed (per-key
+                callbacks still fire per key).
+
+        Returns:
+            A Future of ``list[Status]``: OK, or MISS, SIZE_MISMATCH (the object is
+            not ``len(buffer)`` bytes), CONFLICT, CORRUPT, TIMEOUT, UNAVAILABLE, ...
+            A buffer whose key is not OK may hold partial bytes.
+
+        Failure:
+            Per-key statuses, never raised. Bad arguments raise ValueError.
         """
         if len(keys) != len(buffers):
             raise ValueError("keys and buffers differ in length")
         outer = None
         if stream is not None:
-            callback, outer = self._after_stream(stream, callback, timeout_ms)
+            callback, outer = self._streams.complete_after(
+                stream, callback, self._deadline(timeout_ms) + 1.0)
+        device = self._settings.device_buffers
         ks = [self._key(k) for k in keys]
-        views = [as_view(b, writable=True, device=self._device_ok) for b in buffers]
-
-        def finalize(i: int, st: Status) -> Status:
-            if st == Status.OK and batch.totals[i] != len(views[i]):
-                return Status.SIZE_MISMATCH
-            if st == Status.OK and self.verify:
-                return self._verified(batch, i, views[i])
-            return st
-
-        batch = _Batch(ks, Status.ERROR, finalize, callback, on_key)
-        if self._closed:
-            self._closed_batch(batch)
-            return batch.future if outer is None else outer
-        routed: dict[str, list] = {}
-        for i, (k, v, addr) in enumerate(zip(ks, views, self._owners(ks, group, batch))):
-            n = len(v)
-            offs = range(0, max(n, 1), self.slice)
-            batch.parts[i] = len(offs)
-            dest = routed.setdefault(addr, [])
-            for off in offs:
-                ln = min(self.slice, n - off)
-                dest.append((i, (k, off, ln, 0, v[off:off + ln])))
-        self._dispatch(Op.GET, batch, routed, self._deadline(timeout_ms), _GET_BYTES)
-        return batch.future if outer is None else outer
+        views = [as_view(b, writable=True, device=device) for b in buffers]
+        fut = self._start(IntoBatch(ks, views, self._checks, self._deadline(timeout_ms),
+                                    self._router, callback, on_key), group)
+        return fut if outer is None else outer
 
     def get_batch_into(self, keys: Sequence[Key], buffers: Sequence[Any], **kw: Any
                        ) -> list[Status]:
-        """Synchronous ``get_batch_into_async``."""
+        """Synchronous ``get_batch_into_async`` (same Args and Failure).
+
+        Returns:
+            ``list[Status]``, one per key.
+        """
         return self._wait(self.get_batch_into_async(keys, buffers, **kw), len(keys), Status.TIMEOUT)
 
     def get_batch_async(self, keys: Sequence[Key], *, group: Any = None,
                         timeout_ms: int | None = None, callback: BatchCallback | None = None,
                         on_key: KeyCallback | None = None) -> Future:
-        """Future of ``list[bytes | None]``; ``None`` is a miss (absent, timeout, dead server)."""
-        ks = [self._key(k) for k in keys]
+        """Read values as new bytes.
 
-        def finalize(i: int, st: Status) -> bytes | None:
-            buf = batch.bufs[i]
-            if st != Status.OK or buf is None or len(buf) != batch.totals[i]:
-                return None
-            if self.verify and self._verified(batch, i, buf) != Status.OK:
-                return None
-            return bytes(buf)
+        Args:
+            keys, group, timeout_ms, callback, on_key: as ``put_batch_from_async``.
 
-        batch = _Batch(ks, None, finalize, callback, on_key)
-        if self._closed:
-            return self._closed_batch(batch).future
-        routed: dict[str, list] = {}
-        for i, (k, addr) in enumerate(zip(ks, self._owners(ks, group, batch))):
-            batch.parts[i] = 1
-            routed.setdefault(addr, []).append((i, (k, 0, self.slice, 0, None)))
-        self._dispatch(Op.GET, batch, routed, self._deadline(timeout_ms), _GET_BYTES)
-        return batch.future
+        Returns:
+            A Future of ``list[bytes | None]``; ``None`` is a miss (absent, timeout,
+            dead server, failed checksum).
+
+        Failure:
+            Misses are ``None``, never raised. Bad arguments raise ValueError.
+        """
+        return self._start(BytesBatch([self._key(k) for k in keys], self._checks,
+                                      self._deadline(timeout_ms), self._router, callback,
+                                      on_key), group)
 
     def get_batch(self, keys: Sequence[Key], **kw: Any) -> list[bytes | None]:
-        """Read values as bytes; ``None`` for every kind of miss."""
+        """Synchronous ``get_batch_async`` (same Args and Failure).
+
+        Returns:
+            ``list[bytes | None]``; ``None`` for every kind of miss.
+        """
         return self._wait(self.get_batch_async(keys, **kw), len(keys), None)
 
     def get(self, key: Key, **kw: Any) -> bytes | None:
-        """Read one value; ``None`` on a miss, a timeout or a dead server."""
+        """Read one value.
+
+        Args:
+            key: the key; ``kw`` as ``get_batch_async``.
+
+        Returns:
+            Its bytes, or ``None`` on a miss, a timeout or a dead server.
+
+        Failure:
+            Misses are ``None``; bad arguments raise ValueError.
+        """
         return self.get_batch([key], **kw)[0]
 
     def get_async(self, key: Key, **kw: Any) -> Future:
+        """``get`` as a Future of ``bytes | None`` (same Args and Failure)."""
         return _first(self.get_batch_async([key], **kw))
 
     # ------------------------------------------------------------------ keyed ops
-    def _keyed_async(self, op: int, keys: Sequence[Key], group: Any, timeout_ms: int | None,
-                     finalize: Callable[[int, Status], Any], default: Any,
-                     callback: BatchCallback | None, on_key: KeyCallback | None) -> Future:
-        ks = [self._key(k) for k in keys]
-        batch = _Batch(ks, default, finalize, callback, on_key)
-        if self._closed:
-            return self._closed_batch(batch).future
-        routed: dict[str, list] = {}
-        for i, (k, addr) in enumerate(zip(ks, self._owners(ks, group, batch))):
-            batch.parts[i] = 1
-            routed.setdefault(addr, []).append((i, k))
-        self._dispatch(op, batch, routed, self._deadline(timeout_ms), lambda t: 64)
-        return batch.future
-
     def exists_batch_async(self, keys: Sequence[Key], *, group: Any = None,
                            timeout_ms: int | None = None, callback: BatchCallback | None = None,
                            on_key: KeyCallback | None = None) -> Future:
-        return self._keyed_async(Op.EXISTS, keys, group, timeout_ms,
-                                 lambda i, st: st == Status.OK, False, callback, on_key)
+        """Whether each key is stored now.
+
+        Args:
+            keys, group, timeout_ms, callback, on_key: as ``put_batch_from_async``.
+
+        Returns:
+            A Future of ``list[bool]``: False for absent, timeout or dead server.
+
+        Failure:
+            Misses are False, never raised. Bad arguments raise ValueError.
+        """
+        return self._keyed_async(Op.EXISTS, keys, group, timeout_ms, callback, on_key)
 
     def exists_batch(self, keys: Sequence[Key], **kw: Any) -> list[bool]:
-        """True per key that is stored now; False for absent, timeout or dead server."""
+        """Synchronous ``exists_batch_async`` (same Args and Failure).
+
+        Returns:
+            True per key that is stored now; False for absent, timeout or dead server.
+        """
         return self._wait(self.exists_batch_async(keys, **kw), len(keys), False)
 
     def exists(self, key: Key, **kw: Any) -> bool:
+        """Whether one key is stored now (``kw`` as ``exists_batch_async``).
+
+        Returns:
+            True if stored; False for absent, timeout or dead server.
+
+        Failure:
+            Bad arguments raise ValueError.
+        """
         return self.exists_batch([key], **kw)[0]
 
     def delete_batch_async(self, keys: Sequence[Key], *, group: Any = None,
                            timeout_ms: int | None = None, callback: BatchCallback | None = None,
                            on_key: KeyCallback | None = None) -> Future:
-        return self._keyed_async(Op.DELETE, keys, group, timeout_ms, lambda i, st: st,
-                                 Status.ERROR, callback, on_key)
+        """Delete keys.
+
+        Args:
+            keys, group, timeout_ms, callback, on_key: as ``put_batch_from_async``.
+
+        Returns:
+            A Future of ``list[Status]``: OK if the key was deleted, MISS if absent.
+
+        Failure:
+            Per-key statuses (TIMEOUT, UNAVAILABLE, AUTH, ...), never raised. Bad
+            arguments raise ValueError.
+        """
+        return self._keyed_async(Op.DELETE, keys, group, timeout_ms, callback, on_key)
 
     def delete_batch(self, keys: Sequence[Key], **kw: Any) -> list[Status]:
-        """OK if the key was deleted, MISS if it was absent."""
+        """Synchronous ``delete_batch_async`` (same Args and Failure).
+
+        Returns:
+            OK per key that was deleted, MISS per key that was absent.
+        """
         return self._wait(self.delete_batch_async(keys, **kw), len(keys), Status.TIMEOUT)
 
     def delete(self, key: Key, **kw: Any) -> Status:
+        """Delete one key (``kw`` as ``delete_batch_async``).
+
+        Returns:
+            OK if deleted, MISS if absent, else a miss status.
+
+        Failure:
+            Bad arguments raise ValueError.
+        """
         return self.delete_batch([key], **kw)[0]
 
     def touch_batch_async(self, keys: Sequence[Key], *, group: Any = None,
                           timeout_ms: int | None = None, callback: BatchCallback | None = None,
                           on_key: KeyCallback | None = None) -> Future:
-        return self._keyed_async(Op.TOUCH, keys, group, timeout_ms, lambda i, st: st,
-                                 Status.ERROR, callback, on_key)
+        """Refresh recency (protect from eviction) without moving data.
+
+        Args:
+            keys, group, timeout_ms, callback, on_key: as ``put_batch_from_async``.
+
+        Returns:
+            A Future of ``list[Status]``: OK if the key is stored, MISS if absent.
+
+        Failure:
+            Per-key statuses, never raised. Bad arguments raise ValueError.
+        """
+        return self._keyed_async(Op.TOUCH, keys, group, timeout_ms, callback, on_key)
 
     def touch_batch(self, keys: Sequence[Key], **kw: Any) -> list[Status]:
-        """Refresh recency (protect from eviction) without moving data."""
+        """Synchronous ``touch_batch_async`` (same Args and Failure).
+
+        Returns:
+            ``list[Status]``, one per key.
+        """
         return self._wait(self.touch_batch_async(keys, **kw), len(keys), Status.TIMEOUT)
 
     def touch(self, key: Key, **kw: Any) -> Status:
+        """Refresh one key's recency (``kw`` as ``touch_batch_async``).
+
+        Returns:
+            OK if stored, MISS if absent, else a miss status.
+
+        Failure:
+            Bad arguments raise ValueError.
+        """
         return self.touch_batch([key], **kw)[0]
 
+    # ------------------------------------------------------------------ admin
     def stats(self, timeout_ms: int = 2000) -> dict[str, dict]:
         """Per-server STATS, fetched directly (not through the dispatch queues), from
-        every server at once. Returns within ``timeout_ms`` (plus scheduling noise); a
-        server that did not answer in time maps to ``{"error": ...}``."""
-        deadline = time.monotonic() + timeout_ms / 1000
-        addrs = list(self._lanes)
-        out: dict[str, dict] = {}
+        every server at once.
 
-        def one(addr: str) -> None:
-            t = TcpTransport(addr, self._token, self.limits, self.config.connect_timeout_ms / 1000,
-                             self._tls)
-            try:
-                t.connect(deadline)
-                out[addr] = t.call_stats(deadline)
-            except Exception as exc:
-                out[addr] = {"error": str(exc) or type(exc).__name__}
-            finally:
-                t.close()
+        Args:
+            timeout_ms: how long to wait for the answers.
 
-        threads = [threading.Thread(target=one, args=(a,), name=f"gcache-stats-{a}",
-                                    daemon=True) for a in addrs]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()) + 0.5)
-        return {a: out.get(a, {"error": "timed out"}) for a in addrs}
+        Returns:
+            ``{address: stats}`` for every server this client has a lane to, within
+            ``timeout_ms`` (plus scheduling noise).
+
+        Failure:
+            A server that did not answer in time maps to ``{"error": ...}``; never raises.
+        """
+        return self._dispatcher.stats(self._dispatcher.clock.monotonic() + timeout_ms / 1000)
 
     # ------------------------------------------------------------------ lifecycle
-    def _wait(self, fut: Future, n: int, fallback: Any) -> list:
-        try:
-            return fut.result(timeout=self.timeout * 4 + 5.0)
-        except TimeoutError:  # defensive: the reaper should have completed it
-            log.error("batch outlived its deadline by seconds; reporting TIMEOUT")
-            return [fallback] * n
-
     def close(self) -> None:
-        """Fail queued work with CLOSED, stop dispatch threads. Idempotent."""
+        """Fail queued work with CLOSED and stop the background threads. Idempotent.
+
+        Returns:
+            None, once the dispatch threads stopped (or ``timeout_ms`` + 2 s passed).
+
+        Failure:
+            Never raises; every pending callback and future completes (CLOSED).
+        """
         if self._closed:
             return
         self._closed = True
-        lanes = list(self._lanes.values())
-        for lane in lanes:
-            lane.close()
-        for lane in lanes:
-            lane.join(self.timeout + 2)
-        self._reaper.stop()
-        if self._watcher is not None:
-            self._watcher.close()
+        self._router.close()
+        self._dispatcher.close(self.timeout + 2)
+        self._streams.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -869,22 +558,67 @@ class Client:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    # ------------------------------------------------------------------ internals
+    def _key(self, key: Key) -> bytes:
+        k = key if type(key) is bytes else key.encode() if isinstance(key, str) else bytes(key)
+        if not k:
+            raise ValueError("keys must be non-empty")
+        if len(k) > self.limits.max_key_bytes:
+            raise ValueError(f"key of {len(k)} bytes exceeds max_key_bytes "
+                             f"{self.limits.max_key_bytes}")
+        return k
 
-def _slice_status(it: tuple, r: ItemResult) -> Status:
-    """A get slice's status: SIZE_MISMATCH when the bytes that came are not what the
-    destination slice at ``it[1]`` of a ``r.total_len`` object should hold."""
-    if r.status == Status.OK and it[4] is not None \
-            and r.nbytes != min(it[2], max(0, r.total_len - it[1])):
-        return Status.SIZE_MISMATCH
-    return r.status
+    def _deadline(self, timeout_ms: int | None) -> float:
+        now = self._dispatcher.clock.monotonic()  # deadlines are the dispatcher's clock's
+        return now + (self.timeout if timeout_ms is None else timeout_ms / 1000.0)
 
+    def _start(self, batch: Batch, group: Any) -> Future:
+        """Route ``batch``'s keys and send its items (CLOSED when closed): its future."""
+        if self._closed:
+            return batch.fail_all(Status.CLOSED).future
+        if batch.keys:
+            router = self._router
+            batch.hashes = hashes = router.hashes(batch.keys, group)
+            router.send(batch, batch.route(router.owners(hashes), self.slice))
+        return batch.future
 
-def _digest(buf: Any) -> int:
-    """xxh3_64 of a flat byte view (host memory in place; a CUDA ``DeviceView`` is
-    copied to the host first)."""
-    if isinstance(buf, (memoryview, bytes, bytearray)):
-        return checksum(buf)
-    return checksum(buf.t.cpu().numpy())
+    def _keyed_async(self, op: int, keys: Sequence[Key], group: Any, timeout_ms: int | None,
+                     callback: BatchCallback | None, on_key: KeyCallback | None) -> Future:
+        return self._start(KeyBatch(op, [self._key(k) for k in keys],
+                                    self._deadline(timeout_ms), self._router, callback,
+                                    on_key), group)
+
+    def _put_after_stream(self, keys: Sequence[Key], buffers: Sequence[Any], stream: Any,
+                          group: Any, timeout_ms: int | None, callback: BatchCallback | None,
+                          on_key: KeyCallback | None) -> Future:
+        device = self._settings.device_buffers
+        for b in buffers:  # argument errors raise now, not in the watcher thread
+            as_view(b, writable=False, device=device)
+
+        def start(left_ms: int) -> Future:
+            return self.put_batch_from_async(keys, buffers, group=group, timeout_ms=left_ms,
+                                             callback=callback, on_key=on_key)
+
+        def missed() -> list:
+            res = [Status.TIMEOUT] * len(keys)
+            for i, k in enumerate(keys):
+                _safe(on_key, i, self._key(k), Status.TIMEOUT)
+            _safe(callback, res)
+            return res
+
+        return self._streams.start_after(stream, self._deadline(timeout_ms), start, missed)
+
+    def _dial(self, address: str) -> TcpTransport:
+        """A plain connection to ``address`` (probes, STATS)."""
+        s = self._settings
+        return TcpTransport(address, s.token, s.limits, s.connect_timeout_s, s.tls)
+
+    def _wait(self, fut: Future, n: int, fallback: Any) -> list:
+        try:
+            return fut.result(timeout=self.timeout * 4 + 5.0)
+        except TimeoutError:  # defensive: the reaper should have completed it
+            log.error("batch outlived its deadline by seconds; reporting TIMEOUT")
+            return [fallback] * n
 
 
 def _safe(fn: Callable | None, *args: Any) -> None:

@@ -20,6 +20,10 @@ exception in ``fn`` is logged, never raised into the watcher. CUDA is optional:
 ``stream=`` raises ``ValueError`` when torch.cuda is not available, and the event
 factory can be replaced (tests on machines without a GPU drive the watcher with
 their own events).
+
+``StreamCallbacks`` is what a Client holds: the watcher, made on the first
+``stream=`` call (in the caller's thread, so a missing CUDA raises there), and the two
+ways the client defers work and completions behind a stream.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future
 from typing import Any, Callable
 
 log = logging.getLogger("gcache.sdk.cuda")
@@ -122,3 +127,64 @@ def _call(fn: Callable[[bool], None], reached: bool) -> None:
         fn(reached)
     except Exception:
         log.exception("stream callback raised")
+
+
+class StreamCallbacks:
+    """A client's ``stream=`` forms. Any thread; never blocks (the watcher thread runs
+    the deferred work)."""
+
+    def __init__(self) -> None:
+        self.event_factory: Callable[[], Any] | None = None  # None: torch.cuda.Event
+        self._watcher: StreamWatcher | None = None
+        self._lock = threading.Lock()
+
+    def watcher(self) -> StreamWatcher:
+        """The watcher; ValueError when CUDA is not available (and no factory is set)."""
+        with self._lock:
+            if self._watcher is None:
+                self._watcher = StreamWatcher(self.event_factory or cuda_event_factory())
+            return self._watcher
+
+    def start_after(self, stream: Any, deadline: float, start: Callable[[int], Future],
+                    missed: Callable[[], list]) -> Future:
+        """A future of ``start(left_ms)``'s result, called once ``stream`` reaches this
+        point with the milliseconds left before ``deadline``; if the stream is not there
+        by ``deadline``, of ``missed()`` (which fires the caller's callbacks)."""
+        outer: Future = Future()
+
+        def submit(reached: bool) -> None:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if not reached or left_ms < 1:  # the stream never got there in time
+                outer.set_result(missed())
+                return
+            start(left_ms).add_done_callback(lambda f: outer.set_result(f.result()))
+
+        self.watcher().after(stream, submit, deadline)
+        return outer
+
+    def complete_after(self, stream: Any, callback: Callable[[list], None] | None,
+                       deadline: float) -> tuple[Callable[[list], None], Future]:
+        """A batch callback, and the future it completes, that defer ``callback`` and the
+        future until ``stream`` passes the point where the batch completed (or until
+        ``deadline``: the results stand, only the ordering is lost)."""
+        outer: Future = Future()
+        watcher = self.watcher()
+
+        def on_batch(results: list) -> None:
+            res = list(results)
+
+            def fire(_reached: bool) -> None:
+                if callback is not None:
+                    try:
+                        callback(res)
+                    except Exception:
+                        log.exception("callback raised")
+                outer.set_result(res)
+
+            watcher.after(stream, fire, deadline)
+
+        return on_batch, outer
+
+    def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.close()

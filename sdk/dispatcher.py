@@ -2,11 +2,13 @@
 
 Design. Each server gets a ``Lane``: a bounded queue and ``conns_per_server``
 dispatch threads, each owning one ``Transport``. User threads only enqueue
-``Work`` (never IO); a full queue is an immediate ``QUEUE_FULL``.
+``Work`` (never IO); a full queue is an immediate ``QUEUE_FULL``. A client's
+``Dispatcher`` owns its lanes (made on first use), the ``Reaper`` and the probe.
 
 Exactly-once completion: ``Work.state`` moves queued -> running (a worker
-claims it) or queued -> done (the reaper expires it), under one lock, so a
-frame is completed by exactly one party. A running frame is bounded by its
+claims it) or queued -> done (the reaper expires it, or the holder of a NOT_OWNER
+re-route takes it), by one ``claim`` under one lock, so a frame is completed by
+exactly one party. A running frame is bounded by its
 deadline inside the transport (every syscall's socket timeout is the time left
 before the deadline), so no caller waits past its deadline plus scheduling noise.
 
@@ -16,6 +18,17 @@ Suspicion: a connection failure marks the lane suspect for
 background and clears suspicion when a handshake succeeds. Two timeouts in a
 row also make a lane suspect, so a hung (e.g. SIGSTOPped) server costs one
 deadline, not one per request.
+
+Time: every deadline, suspicion window and probe period is read from an injected
+``gcache.clock.Clock`` (``SYSTEM`` by default), so tests run the lanes and the reaper
+on a ``VirtualClock``. Deadlines are values of that clock.
+
+Threads. ``Lane.submit`` runs on user threads (and on whichever thread re-sends
+work) and never blocks: a full queue is ``QUEUE_FULL``. Each lane's dispatch threads
+own one transport each and block in it up to a frame's deadline. ``Reaper.watch``
+never blocks; the reaper thread sleeps until the earliest deadline or the next probe.
+``Work.on_done`` runs on a dispatch thread, the reaper thread, or the submitting
+thread (for work completed at once), and must not block.
 """
 
 from __future__ import annotations
@@ -28,8 +41,11 @@ import threading
 import time
 from typing import Callable
 
+from gcache.clock import SYSTEM, Clock
 from gcache.status import Status
-from gcache.sdk.transport import AuthError, ItemResult, Transport, TransportTimeout, Work
+from gcache.config import TransportKind
+from gcache.sdk.transports.base import AuthError, ItemResult, Transport, TransportTimeout, Work
+from gcache.sdk.transports.tcp import TcpTransport
 
 log = logging.getLogger("gcache.sdk")
 
@@ -37,14 +53,26 @@ QUEUED, RUNNING, DONE = 0, 1, 2
 _STOP = object()
 
 
+def claim(state_lock: threading.Lock, work: Work, to: int) -> bool:
+    """The one move out of QUEUED (to RUNNING by a worker, to DONE by the reaper or a
+    holder): False when another party moved ``work`` first, which then completes it."""
+    with state_lock:
+        if work.state != QUEUED:
+            return False
+        work.state = to
+        return True
+
+
 def fail_work(work: Work, status: Status) -> None:
-    work.on_done([ItemResult(status) for _ in work.items])
+    work.on_done(work, [ItemResult(status) for _ in work.items])
 
 
 class Lane:
     def __init__(self, address: str, make_transport: Callable[[], Transport], *, threads: int,
-                 queue_depth: int, probe_interval: float, state_lock: threading.Lock) -> None:
+                 queue_depth: int, probe_interval: float, state_lock: threading.Lock,
+                 clock: Clock = SYSTEM) -> None:
         self.address = address
+        self.clock = clock
         self.make_transport = make_transport
         self.q: queue.Queue = queue.Queue(maxsize=queue_depth)
         self.probe_interval = probe_interval
@@ -54,7 +82,7 @@ class Lane:
         self.generation = 0
         self._state_lock = state_lock
         self._closed = False
-        self.kind = ""  # data path of the last connection ("tcp", "shm", "nixl"), once known
+        self.kind: TransportKind | None = None  # data path of the last connection, once known
         self.threads = [threading.Thread(target=self._run, name=f"gcache-dispatch-{address}-{i}",
                                          daemon=True) for i in range(threads)]
         for t in self.threads:
@@ -62,13 +90,13 @@ class Lane:
 
     @property
     def suspect(self) -> bool:
-        return time.monotonic() < self.suspect_until
+        return self.clock.monotonic() < self.suspect_until
 
     def mark_suspect(self, reason: str) -> None:
         if not self.suspect:
             log.warning("server %s marked suspect: %s", self.address, reason)
         self.suspect_reason = reason
-        self.suspect_until = time.monotonic() + self.probe_interval
+        self.suspect_until = self.clock.monotonic() + self.probe_interval
         self.generation += 1  # every pooled connection to this server is now stale
 
     def clear_suspect(self) -> None:
@@ -91,11 +119,7 @@ class Lane:
         return False
 
     def _claim(self, work: Work) -> bool:
-        with self._state_lock:
-            if work.state != QUEUED:
-                return False
-            work.state = RUNNING
-            return True
+        return claim(self._state_lock, work, RUNNING)
 
     def _run(self) -> None:
         transport = self.make_transport()
@@ -113,7 +137,7 @@ class Lane:
                 if self.suspect:
                     self._finish(work, None, Status.UNAVAILABLE)
                     continue
-                if time.monotonic() >= work.deadline:
+                if self.clock.monotonic() >= work.deadline:
                     self._finish(work, None, Status.TIMEOUT)
                     continue
                 if gen != self.generation:
@@ -125,7 +149,7 @@ class Lane:
                         results = transport.execute(work)
                     except (OSError, ConnectionError) as exc:
                         if not reused or isinstance(exc, TimeoutError) \
-                                or time.monotonic() >= work.deadline:
+                                or self.clock.monotonic() >= work.deadline:
                             raise
                         # A pooled connection that died while idle (the server restarted,
                         # a NAT dropped it): one fresh connection before calling the
@@ -133,7 +157,7 @@ class Lane:
                         # same bytes), and a dead server refuses the connect at once.
                         transport.close()
                         results = transport.execute(work)
-                    self.kind = getattr(transport, "kind", "") or "tcp"
+                    self.kind = transport.kind
                 except TransportTimeout:
                     self.consecutive_timeouts += 1
                     if self.consecutive_timeouts >= 2:
@@ -165,7 +189,7 @@ class Lane:
             if results is None:
                 fail_work(work, status)
             else:
-                work.on_done(results)
+                work.on_done(work, results)
         except Exception:
             log.exception("completion callback raised")
 
@@ -182,19 +206,23 @@ class Lane:
             self.q.put(_STOP)
 
     def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the dispatch threads (real time, as
+        ``Thread.join`` waits, whatever the lane's clock)."""
         end = time.monotonic() + timeout
         for t in self.threads:
             t.join(max(0.0, end - time.monotonic()))
 
 
 class Reaper:
-    """Expires queued work at its deadline and probes suspect lanes."""
+    """Expires queued work at its deadline and probes suspect lanes (one thread)."""
 
     def __init__(self, state_lock: threading.Lock, probe: Callable[[], None],
-                 probe_interval: float) -> None:
+                 probe_interval: float, clock: Clock = SYSTEM) -> None:
         self._lock = state_lock
+        self._clock = clock
         self._heap: list[tuple[float, int, Work]] = []
-        self._cv = threading.Condition(threading.Lock())
+        self._heap_lock = threading.Lock()
+        self._wake = threading.Event()  # a new earliest deadline, or stop
         self._seq = itertools.count()
         self._probe = probe
         self._probe_interval = probe_interval
@@ -203,47 +231,156 @@ class Reaper:
         self.thread.start()
 
     def watch(self, work: Work) -> None:
-        with self._cv:
+        """Complete ``work`` as TIMEOUT at its deadline unless a worker claimed it first."""
+        with self._heap_lock:
             heapq.heappush(self._heap, (work.deadline, next(self._seq), work))
-            if self._heap[0][2] is work:
-                self._cv.notify()
+            first = self._heap[0][2] is work
+        if first:
+            self._wake.set()
 
     def _run(self) -> None:
-        next_probe = time.monotonic() + self._probe_interval
+        clock = self._clock
+        next_probe = clock.monotonic() + self._probe_interval
         while True:
-            with self._cv:
+            self._wake.clear()
+            with self._heap_lock:
                 if self._stop:
                     return
-                now = time.monotonic()
+                now = clock.monotonic()
                 wait = next_probe - now
                 if self._heap:
                     wait = min(wait, self._heap[0][0] - now)
-                if wait > 0:
-                    self._cv.wait(wait)
-                    continue
-                now = time.monotonic()
-                due = []
-                while self._heap and self._heap[0][0] <= now:
-                    due.append(heapq.heappop(self._heap)[2])
+                if wait <= 0:
+                    due = []
+                    while self._heap and self._heap[0][0] <= now:
+                        due.append(heapq.heappop(self._heap)[2])
+            if wait > 0:
+                clock.wait(self._wake, wait)
+                continue
             for w in due:
-                with self._lock:
-                    expire = w.state == QUEUED
-                    if expire:
-                        w.state = DONE
-                if expire:
+                if claim(self._lock, w, DONE):
                     try:
                         fail_work(w, Status.TIMEOUT)
                     except Exception:
                         log.exception("completion callback raised")
-            if time.monotonic() >= next_probe:
-                next_probe = time.monotonic() + self._probe_interval
+            if clock.monotonic() >= next_probe:
+                next_probe = clock.monotonic() + self._probe_interval
                 try:
                     self._probe()
                 except Exception:
                     log.exception("probe failed")
 
     def stop(self) -> None:
-        with self._cv:
+        with self._heap_lock:
             self._stop = True
-            self._cv.notify()
+        self._wake.set()
         self.thread.join(2)
+
+
+class Dispatcher:
+    """The lanes of one client, one per server, and the reaper that expires their work
+    and probes the suspect ones.
+
+    ``lane``, ``submit``, ``watch`` and ``take`` run on any thread and never block
+    (``lane`` takes a short lock to create a lane once). ``probe`` runs on the reaper
+    thread and blocks up to ``connect_timeout`` per suspect server. ``stats`` blocks
+    its caller up to its deadline. ``close`` fails
+    queued work with CLOSED and waits up to ``join_timeout`` for the dispatch threads.
+    """
+
+    def __init__(self, make_transport: Callable[[str], Transport],
+                 dial: Callable[[str], TcpTransport], *, conns: int, queue_depth: int,
+                 probe_interval: float, connect_timeout: float, clock: Clock = SYSTEM) -> None:
+        """``make_transport(address)``: a dispatch thread's transport; ``dial(address)``:
+        a plain transport for probes."""
+        self._make_transport = make_transport
+        self._dial = dial
+        self._conns, self._queue_depth = conns, queue_depth
+        self._probe_interval = probe_interval
+        self._connect_timeout = connect_timeout
+        self.clock = clock
+        self.state_lock = threading.Lock()  # Work.state moves under it
+        self._lanes: dict[str, Lane] = {}
+        self._lanes_lock = threading.Lock()
+        self._closed = False
+        self.reaper = Reaper(self.state_lock, self.probe, probe_interval, clock)
+
+    def lane(self, address: str) -> Lane:
+        """The lane of ``address``, made (and its threads started) on first use."""
+        lane = self._lanes.get(address)
+        if lane is None:
+            with self._lanes_lock:
+                lane = self._lanes.get(address)
+                if lane is None:
+                    lane = Lane(address, lambda: self._make_transport(address),
+                                threads=self._conns, queue_depth=self._queue_depth,
+                                probe_interval=self._probe_interval,
+                                state_lock=self.state_lock, clock=self.clock)
+                    self._lanes[address] = lane
+        return lane
+
+    def addresses(self) -> list[str]:
+        return list(self._lanes)
+
+    def submit(self, lane: Lane, work: Work) -> None:
+        """Queue ``work`` on ``lane`` (TIMEOUT at its deadline if still queued), or
+        complete it at once (QUEUE_FULL, UNAVAILABLE, CLOSED)."""
+        if lane.submit(work):
+            self.reaper.watch(work)
+
+    def watch(self, work: Work) -> None:
+        """Expire ``work`` held outside the lanes (a NOT_OWNER re-route) at its deadline."""
+        self.reaper.watch(work)
+
+    def take(self, work: Work) -> bool:
+        """Claim watched, held ``work`` for its holder: False when the reaper expired it
+        first (then its completion is the reaper's)."""
+        return claim(self.state_lock, work, DONE)
+
+    def probe(self) -> None:
+        """Handshake with each suspect server; a success clears its suspicion."""
+        for lane in list(self._lanes.values()):
+            if lane.suspect_until and not self._closed:
+                t = self._dial(lane.address)
+                try:
+                    t.connect(self.clock.monotonic() + self._connect_timeout)
+                    lane.clear_suspect()
+                except Exception:
+                    lane.suspect_until = max(lane.suspect_until,
+                                             self.clock.monotonic() + lane.probe_interval)
+                finally:
+                    t.close()
+
+    def stats(self, deadline: float) -> dict[str, dict]:
+        """STATS of every server with a lane, each on a fresh connection of its own
+        thread (not through the queues), all by ``deadline`` (this clock's); a server
+        that did not answer maps to ``{"error": ...}``. Blocks until then at most."""
+        addrs = self.addresses()
+        out: dict[str, dict] = {}
+
+        def one(addr: str) -> None:
+            t = self._dial(addr)
+            try:
+                t.connect(deadline)
+                out[addr] = t.call_stats(deadline)
+            except Exception as exc:
+                out[addr] = {"error": str(exc) or type(exc).__name__}
+            finally:
+                t.close()
+
+        threads = [threading.Thread(target=one, args=(a,), name=f"gcache-stats-{a}",
+                                    daemon=True) for a in addrs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(max(0.0, deadline - self.clock.monotonic()) + 0.5)
+        return {a: out.get(a, {"error": "timed out"}) for a in addrs}
+
+    def close(self, join_timeout: float) -> None:
+        self._closed = True
+        lanes = list(self._lanes.values())
+        for lane in lanes:
+            lane.close()
+        for lane in lanes:
+            lane.join(join_timeout)
+        self.reaper.stop()

@@ -92,7 +92,7 @@ def test_stale_view_gets_not_owner_then_refreshes_and_retries(tcluster):
         assert on_b
         # pretend this client missed an epoch: an older view that routes everything to a
         stale = View(current.epoch - 1, tuple(m for m in current.members if m.id == a.name))
-        c._view, c._ring = stale, stale.ring
+        c._router.install(stale)
         assert set(c.owners(on_b)) == {a.address}
         st = c.put_batch(on_b, [b"v"] * len(on_b))
         assert st == [Status.OK] * len(on_b)  # a answered NOT_OWNER, the SDK re-routed to b

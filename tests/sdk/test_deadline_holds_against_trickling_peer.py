@@ -25,7 +25,8 @@ from gcache.discovery import MasterClient, MasterUnavailable
 from gcache.protocol import (FLAG_RESPONSE, PREFIX_SIZE, Limits, Op, decode_prefix,
                              encode_frame, read_frame, recv_exact)
 from gcache.sdk import Client, Status
-from gcache.sdk.transport import TcpTransport, TransportTimeout
+from gcache.sdk.transports.base import TransportTimeout
+from gcache.sdk.transports.tcp import TcpTransport
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 

@@ -19,7 +19,7 @@ import pytest
 
 from gcache.protocol import FLAG_RESPONSE, Limits, Op, encode_frame, read_frame
 from gcache.sdk import Client, Status
-from gcache.sdk.transport import TcpTransport
+from gcache.sdk.transports.tcp import TcpTransport
 
 pytestmark = pytest.mark.integration
 

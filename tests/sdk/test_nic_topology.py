@@ -97,7 +97,7 @@ def test_this_machine_has_no_rdma_and_discovery_does_not_fail():
 
 
 def test_nixl_agent_is_pinned_to_the_gpus_rail(tmp_path, layout, monkeypatch):
-    from gcache.sdk.nixl_transport import pin_rail
+    from gcache.sdk.transports.nixl import pin_rail
 
     root = str(build_sysfs(tmp_path, layout))
     assert nt.ucx_net_devices(2, sysfs=root) == "mlx5_2:1"

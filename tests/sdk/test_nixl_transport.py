@@ -16,8 +16,8 @@ os.environ.setdefault("UCX_NET_DEVICES", "lo")  # before any agent exists (serve
 from gcache.nixl_lib import available  # noqa: E402
 from gcache.protocol import Limits  # noqa: E402
 from gcache.sdk import Client, Status  # noqa: E402
-from gcache.sdk import onesided  # noqa: E402
-from gcache.sdk.transport import TcpTransport  # noqa: E402
+from gcache.sdk.transports import onesided  # noqa: E402
+from gcache.sdk.transports.tcp import TcpTransport  # noqa: E402
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(bool(available()), reason=available() or "nixl present")]
@@ -186,7 +186,8 @@ def test_idle_agent_does_not_spin_and_tcp_rma_is_progressed(srv, tmp_path):
     script = tmp_path / "tcp_only.py"
     script.write_text(textwrap.dedent(f"""
         import numpy as np
-        from gcache.sdk import Client, onesided
+        from gcache.sdk import Client
+        from gcache.sdk.transports import onesided
         v = np.arange(3 << 20, dtype=np.uint32).view(np.uint8)[: 3 << 20]
         with Client([{srv.addresses[0]!r}], transport="nixl", timeout_ms=20000) as c:
             assert c.put_batch_from(["t"], [v])[0].name == "OK"
@@ -223,8 +224,9 @@ def test_device_view_staged_path_with_a_cpu_tensor(srv):
     buffer, split into rounds) runs here on CPU tensors: the same torch copies."""
     import torch
 
-    from gcache.sdk.nixl_transport import DeviceView, NixlTransport
-    from gcache.sdk.transport import Work
+    from gcache.sdk.buffers import DeviceView
+    from gcache.sdk.transports.base import GetItem, PutItem, Work
+    from gcache.sdk.transports.nixl import NixlTransport
     from gcache.protocol import Op
     from gcache.hashing import checksum
 
@@ -236,11 +238,11 @@ def test_device_view_staged_path_with_a_cpu_tensor(srv):
         dv = DeviceView(src)
         assert len(dv) == n and len(dv[4096:8192]) == 4096
         csum = checksum(src.numpy())
-        res = t.execute(Work(Op.PUT, b"dv", [(b"dev", n, 0, n, 0, dv, csum)],
+        res = t.execute(Work(Op.PUT, b"dv", [PutItem(b"dev", n, 0, n, 0, dv, csum)],
                              time.monotonic() + 10, None))
         assert [r.status for r in res] == [Status.OK]
         dst = torch.zeros(n, dtype=torch.uint8)
-        res = t.execute(Work(Op.GET, b"dv", [(b"dev", 0, n, 0, DeviceView(dst))],
+        res = t.execute(Work(Op.GET, b"dv", [GetItem(b"dev", 0, n, 0, DeviceView(dst))],
                              time.monotonic() + 10, None))
         assert [r.status for r in res] == [Status.OK] and res[0].nbytes == n
         assert torch.equal(dst, src)

@@ -11,7 +11,7 @@ import pytest
 
 from gcache.nixl_lib import available
 from gcache.sdk import Client, Status
-from gcache.sdk import onesided
+from gcache.sdk.transports import onesided
 
 pytestmark = pytest.mark.integration
 TRANSPORTS = ["tcp", "shm"] + ([] if available() else ["nixl"])

@@ -23,8 +23,8 @@ from gcache.credentials import parse_client_credential
 from gcache.hashing import checksum
 from gcache.protocol import Limits, Op
 from gcache.sdk import Client, Status
-from gcache.sdk import shm_transport
-from gcache.sdk.shm_transport import ShmTransport, _Staging
+from gcache.sdk.transports import onesided, shm
+from gcache.sdk.transports.shm import ShmTransport, _Staging
 from gcache.testing.oracle import value_for
 
 pytestmark = [pytest.mark.integration]
@@ -68,7 +68,7 @@ def _staged(t: ShmTransport, ns: bytes, items: list, stage: _Staging | None = No
     """Write ``items`` ([key, value, csum]) into a staging file, send one PUT_STAGED."""
     if stage is None:
         stage = _Staging(t.auth_reply["shm"]["path"], t.auth_reply["shm"]["uid"],
-                         t.map.gid, 1 << 20)
+                         t.shm.map.gid, 1 << 20)
     pos = staging.HEADER_BYTES
     for _k, v, _c in items:
         if pos + len(v) <= len(stage.mm):  # (a too-small file on purpose: not written)
@@ -78,7 +78,7 @@ def _staged(t: ShmTransport, ns: bytes, items: list, stage: _Staging | None = No
             "skey": stage.key if key is None else key,
             "items": [[k, len(v), 0, len(v), 0, c] for k, v, c in items]}
     try:
-        return t._call(Op.PUT_STAGED, meta, time.monotonic() + 5)
+        return t.call(Op.PUT_STAGED, meta, time.monotonic() + 5)
     finally:
         stage.close()
 
@@ -92,7 +92,7 @@ def test_sdk_maps_the_arena_read_only(srv):
         perms = _arena_perms(path)
         assert perms and all(p.startswith("r-") for p in perms), perms  # PROT_READ only
         with pytest.raises(TypeError):
-            t.map.mm[t.span[0]:t.span[0] + 4] = b"evil"
+            t.shm.map.mm[t.shm.span[0]:t.shm.span[0] + 4] = b"evil"
         t.close()
     # no staging file outlives its connection's first put
     prefix = staging.name_prefix(path)
@@ -100,7 +100,7 @@ def test_sdk_maps_the_arena_read_only(srv):
 
 
 def test_shm_puts_round_trip_byte_exact_staged(srv):
-    before = dict(shm_transport.STATS)
+    before = dict(onesided.STATS)
     sizes = [1, 4095, 65536, (1 << 20) + 3, (3 << 20) + 7]  # 3 MiB: sliced at 1 MiB
     keys = [f"v{n}" for n in sizes]
     with Client(srv.addresses, namespace="shm-put", transport="shm", timeout_ms=10_000,
@@ -116,14 +116,14 @@ def test_shm_puts_round_trip_byte_exact_staged(srv):
         outs = [np.zeros(1 << 20, np.uint8) for _ in big]
         assert c.get_batch_into(big, outs) == [Status.OK] * 70
         assert all(np.array_equal(a, b) for a, b in zip(arrs, outs))
-    d = {k: shm_transport.STATS[k] - before[k] for k in before}
+    d = {k: onesided.STATS[k] - before[k] for k in before}
     assert d["shm_put_items"] >= 70 and d["tcp_fallback_items"] == 0, d
     assert d["shm_staged_frames"] >= 2, d  # 70 MiB: more than one 64 MiB staging frame
 
 
 def test_alloc_is_refused_to_shm_clients(srv):
     t = _raw(srv.addresses[0])
-    rep = t._call(Op.ALLOC, {"ns": b"default", "items": [
+    rep = t.call(Op.ALLOC, {"ns": b"default", "items": [
         [b"a", 4, 0, 4, 0, checksum(b"abcd")]]}, time.monotonic() + 5)
     assert rep["one_sided"] is False and rep["items"][0][0] == Status.AUTH
     assert "shm-trusted-writers" in rep["error"]
@@ -174,7 +174,7 @@ def test_bad_staging_files_are_refused_and_the_server_keeps_serving(srv, tmp_pat
         assert why in rep["error"], rep["error"]
 
     def mk(capacity: int = 1 << 20) -> _Staging:
-        return _Staging(path, t.auth_reply["shm"]["uid"], t.map.gid, capacity)
+        return _Staging(path, t.auth_reply["shm"]["uid"], t.shm.map.gid, capacity)
 
     # every refusal is a normal reply: the same connection goes on to the next case
     s = mk()  # a symlink (to a real staging file) in the arena's directory
@@ -233,10 +233,10 @@ def test_client_of_another_uid_reads_through_the_arena_group(make_cluster, monke
     t.close()
     st = os.stat(path)
     assert stat.S_IMODE(st.st_mode) == 0o640 and st.st_gid == gid
-    monkeypatch.setattr(shm_transport.os, "getuid", lambda: st.st_uid + 12345)
+    monkeypatch.setattr(shm.os, "getuid", lambda: st.st_uid + 12345)
     v = os.urandom(600_000)
-    before = shm_transport.STATS["shm_staged_frames"]
+    before = onesided.STATS["shm_staged_frames"]
     with Client([addr], transport="shm", timeout_ms=10_000) as c:
         assert c.put("other-uid", v) == Status.OK  # staged: file 0640 with the group
         assert c.get("other-uid") == v
-    assert shm_transport.STATS["shm_staged_frames"] == before + 1
+    assert onesided.STATS["shm_staged_frames"] == before + 1

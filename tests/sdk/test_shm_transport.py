@@ -17,9 +17,11 @@ import pytest
 from gcache.hashing import checksum
 from gcache.protocol import Limits, Op
 from gcache.sdk import Client, Status
-from gcache.sdk import shm_transport
-from gcache.sdk.shm_transport import ShmTransport, make_transport
-from gcache.sdk.transport import TcpTransport, TransportTimeout, Work
+from gcache.sdk.transports import onesided, shm
+from gcache.sdk.transports.base import GetItem, KeyItem, TransportTimeout, Work
+from gcache.sdk.transports.factory import make_transport
+from gcache.sdk.transports.shm import ShmTransport
+from gcache.sdk.transports.tcp import TcpTransport
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +58,7 @@ def _value(n: int, seed: int) -> np.ndarray:
 
 
 def test_shm_round_trip_every_form(srv):
-    before = dict(shm_transport.STATS)
+    before = dict(onesided.STATS)
     with Client(srv.addresses, namespace="shm", transport="shm", timeout_ms=10_000) as c:
         vals = [_value(n, i) for i, n in enumerate(SIZES)]
         keys = [f"k{n}" for n in SIZES]
@@ -78,7 +80,7 @@ def test_shm_round_trip_every_form(srv):
         assert c.exists("k1") is True
         assert c.delete("k1") == Status.OK
         assert c.get("k1") is None
-    after = shm_transport.STATS
+    after = onesided.STATS
     assert after["shm_get_items"] > before["shm_get_items"]
     assert after["shm_put_items"] > before["shm_put_items"]
     assert after["tcp_fallback_items"] == before["tcp_fallback_items"]
@@ -91,19 +93,19 @@ def test_auto_picks_shm_and_tcp_when_forced(srv, monkeypatch):
     t.connect(time.monotonic() + 5)
     assert t.kind == "shm"
     t.close()
-    before = shm_transport.STATS["shm_get_items"]
+    before = onesided.STATS["shm_get_items"]
     with Client(srv.addresses, transport="tcp") as c:
         assert c.put("x", b"abc") == Status.OK and c.get("x") == b"abc"
-    assert shm_transport.STATS["shm_get_items"] == before
+    assert onesided.STATS["shm_get_items"] == before
     with Client(srv.addresses) as c:  # auto is the default
         assert c.get("x") == b"abc"
-    assert shm_transport.STATS["shm_get_items"] == before + 1
+    assert onesided.STATS["shm_get_items"] == before + 1
     # not co-located (the arena cannot be mapped): auto falls back, shm refuses
-    monkeypatch.setattr(shm_transport, "_acquire", lambda info: None)
+    monkeypatch.setattr(shm, "_acquire", lambda info: None)
     t = make_transport("auto", addr, "", Limits(), 1.0)
     t.connect(time.monotonic() + 5)
     assert t.kind == "tcp"
-    w = Work(Op.GET, b"default", [(b"x", 0, 100, 0, None)], time.monotonic() + 5, None)
+    w = Work(Op.GET, b"default", [GetItem(b"x", 0, 100, 0, None)], time.monotonic() + 5, None)
     assert bytes(t.execute(w)[0].data) == b"abc"
     t.close()
     with pytest.raises(ConnectionError):
@@ -124,22 +126,22 @@ def test_lease_blocks_eviction_and_close_releases(srv):
         assert c.put("held", v) == Status.OK
         assert c.put("free", v) == Status.OK
     t = _raw(addr)
-    rep = t._call(Op.LEASE, {"ns": b"default", "items": [[b"held", 0]]}, time.monotonic() + 5)
+    rep = t.call(Op.LEASE, {"ns": b"default", "items": [[b"held", 0]]}, time.monotonic() + 5)
     st, total, _ver, off, lid, _csum = rep["items"][0]
     assert st == Status.OK and total == len(v) and lid
     t2 = _raw(addr)
-    rep2 = t2._call(Op.LEASE, {"ns": b"default", "items": [[b"free", 0]]}, time.monotonic() + 5)
+    rep2 = t2.call(Op.LEASE, {"ns": b"default", "items": [[b"free", 0]]}, time.monotonic() + 5)
     assert rep2["items"][0][0] == Status.OK
     with Client([addr], transport="tcp") as c:  # held leases show in the server's stats
         assert c.stats()[addr]["shm_leases"] == 2
     t2.close()  # the server releases t2's lease when its connection closes
     time.sleep(0.2)
     _fill(addr, 300 << 20)  # ~3x the arena: everything unpinned is evicted
-    assert bytes(t.map.mm[off:off + total]) == v  # the leased bytes were never reused
+    assert bytes(t.shm.map.mm[off:off + total]) == v  # the leased bytes were never reused
     with Client([addr], transport="tcp") as c:
         assert c.exists("free") is False
         assert c.get("held") == v
-    rel = t._call(Op.RELEASE, {"leases": [lid]}, time.monotonic() + 5)
+    rel = t.call(Op.RELEASE, {"leases": [lid]}, time.monotonic() + 5)
     assert rel["st"] == [Status.OK]
     t.close()
 
@@ -150,24 +152,24 @@ def test_forged_ids_are_rejected(trusted):
         assert c.put("a", b"x" * 5000) == Status.OK
     a, b = _raw(addr), _raw(addr)
     dl = time.monotonic() + 5
-    lid = a._call(Op.LEASE, {"ns": b"default", "items": [[b"a", 0]]}, dl)["items"][0][4]
-    _st, soff, sid = a._call(Op.ALLOC, {"ns": b"default", "items": [
+    lid = a.call(Op.LEASE, {"ns": b"default", "items": [[b"a", 0]]}, dl)["items"][0][4]
+    _st, soff, sid = a.call(Op.ALLOC, {"ns": b"default", "items": [
         [b"n", 10, 0, 10, 0, checksum(b"0123456789")]]}, dl)["items"][0]
     _write_arena(a, soff, b"0123456789")
     # another connection cannot release or commit them; unknown ids are refused
-    assert b._call(Op.RELEASE, {"leases": [lid, 999_999, -3]}, dl)["st"] == [
+    assert b.call(Op.RELEASE, {"leases": [lid, 999_999, -3]}, dl)["st"] == [
         Status.BAD_REQUEST] * 3
-    assert b._call(Op.COMMIT, {"slots": [sid, 424242], "abort": [sid]}, dl)["st"] == [
+    assert b.call(Op.COMMIT, {"slots": [sid, 424242], "abort": [sid]}, dl)["st"] == [
         Status.BAD_REQUEST] * 2
     # the owner still can
-    assert a._call(Op.RELEASE, {"leases": [lid]}, dl)["st"] == [Status.OK]
-    assert a._call(Op.RELEASE, {"leases": [lid]}, dl)["st"] == [Status.BAD_REQUEST]
-    assert a._call(Op.COMMIT, {"slots": [sid], "abort": []}, dl)["st"] == [Status.OK]
+    assert a.call(Op.RELEASE, {"leases": [lid]}, dl)["st"] == [Status.OK]
+    assert a.call(Op.RELEASE, {"leases": [lid]}, dl)["st"] == [Status.BAD_REQUEST]
+    assert a.call(Op.COMMIT, {"slots": [sid], "abort": []}, dl)["st"] == [Status.OK]
     # malformed control headers are frame errors: that connection closes, the server lives
-    with pytest.raises(shm_transport._FrameStatus):
-        b._call(Op.RELEASE, {"leases": "nope"}, dl)
-    with pytest.raises(shm_transport._FrameStatus):
-        _raw(addr)._call(Op.LEASE, {"ns": b"default", "items": [[b"a", -1]]}, dl)
+    with pytest.raises(onesided._FrameStatus):
+        b.call(Op.RELEASE, {"leases": "nope"}, dl)
+    with pytest.raises(onesided._FrameStatus):
+        _raw(addr).call(Op.LEASE, {"ns": b"default", "items": [[b"a", -1]]}, dl)
     a.close()
     b.close()
     with Client([addr]) as c:
@@ -179,7 +181,7 @@ def test_uncommitted_alloc_is_never_visible_and_close_aborts(trusted):
     addr = trusted.addresses[0]
     t = _raw(addr)
     dl = time.monotonic() + 5
-    st, off, sid = t._call(Op.ALLOC, {"ns": b"default", "items": [
+    st, off, sid = t.call(Op.ALLOC, {"ns": b"default", "items": [
         [b"p", 4, 0, 4, 0, checksum(b"abcd")]]}, dl)["items"][0]
     assert st == Status.OK
     _write_arena(t, off, b"abcd")
@@ -198,9 +200,9 @@ def test_lease_expires(make_cluster, monkeypatch):
         assert cl.put("a", b"v" * 100) == Status.OK
     t = _raw(addr)
     dl = time.monotonic() + 5
-    lid = t._call(Op.LEASE, {"ns": b"default", "items": [[b"a", 0]]}, dl)["items"][0][4]
+    lid = t.call(Op.LEASE, {"ns": b"default", "items": [[b"a", 0]]}, dl)["items"][0][4]
     time.sleep(1.2)
-    assert t._call(Op.RELEASE, {"leases": [lid]}, time.monotonic() + 5)["st"] == [
+    assert t.call(Op.RELEASE, {"leases": [lid]}, time.monotonic() + 5)["st"] == [
         Status.TIMEOUT]
     t.close()
 
@@ -230,7 +232,7 @@ def test_dead_or_hung_server_is_a_timely_miss(srv):
 
 def test_transport_timeout_before_copy(srv):
     t = _raw(srv.addresses[0])
-    w = Work(Op.GET, b"default", [(b"zz", 0, 10, 0, None)], time.monotonic() - 1, None)
+    w = Work(Op.GET, b"default", [GetItem(b"zz", 0, 10, 0, None)], time.monotonic() - 1, None)
     with pytest.raises(TransportTimeout):
         t.execute(w)
     t.close()
@@ -261,13 +263,13 @@ def test_release_without_waiting_then_other_ops_on_the_same_connection(srv):
         assert c.put("r", v) == Status.OK
     t = _raw(addr)
     dst = bytearray(len(v))
-    res = t.execute(Work(Op.GET, b"default", [(b"r", 0, len(v), 0, memoryview(dst))],
+    res = t.execute(Work(Op.GET, b"default", [GetItem(b"r", 0, len(v), 0, memoryview(dst))],
                          time.monotonic() + 5, None))
     assert res[0].status == Status.OK and bytes(dst) == v
     assert t.unread == 1  # the RELEASE reply is still on the wire
-    ex = t.execute(Work(Op.EXISTS, b"default", [b"r", b"nope"], time.monotonic() + 5, None))
+    ex = t.execute(Work(Op.EXISTS, b"default", [KeyItem(b"r"), KeyItem(b"nope")], time.monotonic() + 5, None))
     assert [r.status for r in ex] == [Status.OK, Status.MISS] and t.unread == 0
-    res = t.execute(Work(Op.GET, b"default", [(b"r", 0, len(v), 0, None)],
+    res = t.execute(Work(Op.GET, b"default", [GetItem(b"r", 0, len(v), 0, None)],
                          time.monotonic() + 5, None))
     assert bytes(res[0].data) == v
     _fill(addr, 300 << 20)  # ~3x the arena: an unreleased lease would keep "r" cached
@@ -282,28 +284,28 @@ def test_small_frames_go_as_plain_round_trips(srv):
     addr = srv.addresses[0]
     v = _value(65536, 21)
     with Client([addr], transport="shm", timeout_ms=10_000) as c:
-        before = dict(shm_transport.STATS)
+        before = dict(onesided.STATS)
         assert c.put_batch_from(["s1"], [v]) == [Status.OK]
         out = np.zeros(65536, np.uint8)
         assert c.get_batch_into(["s1"], [out]) == [Status.OK] and np.array_equal(out, v)
-        d = {k: shm_transport.STATS[k] - before[k] for k in before}
+        d = {k: onesided.STATS[k] - before[k] for k in before}
         assert d["small_frame_tcp_items"] == 2 and d["shm_get_items"] == 0 \
             and d["shm_put_items"] == 0
         keys = [f"b{i}" for i in range(8)]  # 8 x 64 KiB = 512 KiB: one-sided
         assert c.put_batch_from(keys, [v] * 8) == [Status.OK] * 8
         outs = [np.zeros(65536, np.uint8) for _ in keys]
         assert c.get_batch_into(keys, outs) == [Status.OK] * 8
-        d = {k: shm_transport.STATS[k] - before[k] for k in before}
+        d = {k: onesided.STATS[k] - before[k] for k in before}
         assert d["shm_get_items"] == 8 and d["shm_put_items"] == 8
 
 
 def test_one_sided_min_bytes_1_makes_every_frame_one_sided(srv, monkeypatch):
     monkeypatch.setenv("GCACHE_ONE_SIDED_MIN_BYTES", "1")
     with Client(srv.addresses, transport="shm", timeout_ms=10_000) as c:
-        before = dict(shm_transport.STATS)
+        before = dict(onesided.STATS)
         assert c.put("tiny", b"x") == Status.OK and c.get("tiny") == b"x"
         out = bytearray(1)
         assert c.get_batch_into(["tiny"], [out]) == [Status.OK] and out == b"x"
-        d = {k: shm_transport.STATS[k] - before[k] for k in before}
+        d = {k: onesided.STATS[k] - before[k] for k in before}
         assert d["small_frame_tcp_items"] == 0 and d["shm_put_items"] == 1 \
             and d["shm_get_items"] == 2

@@ -43,7 +43,7 @@ class Event:
 @pytest.fixture
 def client(cluster):
     with Client(cluster.addresses, transport="tcp", timeout_ms=3000) as c:
-        c._event_factory = Event
+        c._streams.event_factory = Event
         yield c
 
 

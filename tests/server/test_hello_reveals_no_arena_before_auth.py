@@ -17,8 +17,8 @@ import pytest
 from gcache.network import boot_id
 from gcache.protocol import PREFIX, PREFIX_SIZE, Limits
 from gcache.sdk import Client
-from gcache.sdk.shm_transport import STATS
-from gcache.sdk.transport import TcpTransport
+from gcache.sdk.transports.onesided import STATS
+from gcache.sdk.transports.tcp import TcpTransport
 from gcache.status import Status
 
 from rawwire import RawConn

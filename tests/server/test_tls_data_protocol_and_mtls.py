@@ -18,7 +18,7 @@ import pytest
 from gcache.errors import ConfigError
 from gcache.protocol import Limits, Op, read_frame
 from gcache.sdk import Client, Status
-from gcache.sdk.onesided import STATS
+from gcache.sdk.transports.onesided import STATS
 from gcache.testing.oracle import value_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -121,7 +121,7 @@ def test_backup_then_prefetch_over_nixl_registers_the_host_pools(make_cluster, m
     from sglang.srt.mem_cache.hicache_storage import PoolName
     from sglang_harness import PAGE, build_stack, seq_of
 
-    from gcache.sdk import onesided
+    from gcache.sdk.transports import onesided
 
     c = make_cluster(2, "64MiB", extra=["--nixl", "on"])
     monkeypatch.setenv("GCACHE_TRANSPORT", "nixl")

@@ -1,44 +1,24 @@
-"""The Transport contract and the TCP transport.
+"""The TCP transport: the framed protocol over one socket (docs/protocol.md).
 
-A ``Transport`` is one channel to one server, owned by exactly one dispatch
-thread, which calls ``execute`` for one ``Work`` (one request frame) at a
-time and may block in it until ``deadline`` (a ``time.monotonic`` value) —
-never longer, however slowly the server sends or reads: every blocking call
-(connect, handshake, send, receive) recomputes its socket timeout from the time
-left before each syscall (the ``deadline=`` of the gcache.protocol helpers). A
-socket timeout alone restarts on every byte and is not a deadline.
-``execute`` returns one ``ItemResult`` per item or raises:
-
-* ``TransportTimeout`` when the deadline passes mid-request; the channel is
-  then closed, because the stream position is unknown;
-* ``AuthError`` when the server refuses the credential (or token) at AUTH.
-
-A request outside the credential's namespace grants is not an exception: the
-server answers ``Status.AUTH`` per item and the channel stays open.
-* ``ConnectionError``/``OSError`` when the server is unreachable or died.
-
-The shm and nixl fast paths (later issues) implement the same contract, so the
-dispatcher and the Client do not change.
-
-TCP specifics: put payloads are sent with one scatter-gather ``sendmsg``
-straight from the caller's buffers; get payloads are received with
-``recv_into`` straight into the caller's destination views.
+It implements the ``Transport`` contract of base.py (threads, blocking, errors).
+Put payloads are sent with one scatter-gather ``sendmsg`` straight from the caller's
+buffers; get payloads are received with ``recv_into`` straight into the caller's
+destination views.
 
 TLS (``tls``, a dialer context): the handshake runs inside ``connect`` before
 HELLO, within the connect deadline, and the server's certificate must name the
 host dialed. A refused certificate on either side raises ``AuthError`` (the
 items' status is ``AUTH``); over TLS, payloads move one buffer per syscall
 (``sendall``/``recv_into``), still without staging copies on this side.
+
+``call_stats`` is the admin STATS round trip (``Client.stats``), not dispatched.
 """
 
 from __future__ import annotations
 
-import abc
-import itertools
 import socket
 import ssl
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from gcache import tls as tlslib
@@ -46,53 +26,24 @@ from gcache.credentials import ClientCredential, auth_fields
 from gcache.errors import AuthError, ProtocolError, TransportTimeout
 from gcache.protocol import (PREFIX_SIZE, Limits, Op, encode_frame, read_frame,
                              recv_into_many, sendmsg_all)
+from gcache.config import TransportKind
 from gcache.status import Status, status_of
+from gcache.sdk.transports.base import (ItemResult, PutItem, Transport, Work,
+                                        next_request_id)
 
 
-@dataclass(slots=True)
-class ItemResult:
-    status: Status
-    total_len: int = 0
-    version: int = 0
-    nbytes: int = 0
-    data: bytearray | None = None
-    checksum: int = 0  # a get's: the server's xxh3_64 of the whole object
-
-
-@dataclass(slots=True, eq=False)
-class Work:
-    """One request frame for one server.
-
-    items, by op:
-      PUT:    (key, total_len, offset, length, put_id, src_view, checksum)
-              (checksum: xxh3_64 of the whole value, the same on every slice)
-      GET:    (key, offset, max_len, expect_version, dest_view | None)
-      others: key
-    """
-
-    op: int
-    ns: bytes
-    items: list
-    deadline: float
-    on_done: Any  # callable(list[ItemResult]) -> None, called exactly once
-    extra: dict | None = None  # merged into the request header (view epoch, placement hashes)
-    retried: bool = False
-    state: int = 0  # 0 queued, 1 running, 2 done
-
-
-_rids = itertools.count(1)
 _INT5 = (int, int, int, int, int)
 
 
-class Transport(abc.ABC):
-    @abc.abstractmethod
-    def execute(self, work: Work) -> list[ItemResult]: ...
-
-    @abc.abstractmethod
-    def close(self) -> None: ...
+def put_fields(items: list[PutItem]) -> list[list]:
+    """A PUT's (or ALLOC's, PUT_STAGED's) wire items: everything but the bytes."""
+    return [[it.key, it.total_len, it.offset, it.length, it.put_id, it.checksum]
+            for it in items]
 
 
 class TcpTransport(Transport):
+    kind: TransportKind | None = TransportKind.TCP
+
     def __init__(self, address: str, token: str | ClientCredential, limits: Limits,
                  connect_timeout: float, tls: ssl.SSLContext | None = None) -> None:
         """``token``: the client's ``ClientCredential``, or the legacy token ('' = none);
@@ -135,7 +86,7 @@ class TcpTransport(Transport):
                 raise ConnectionError(f"{self.address} did not greet with HELLO")
             self.server_name = str(hello.get("name", ""))
             self.hello = hello
-            sendmsg_all(sock, [encode_frame(Op.AUTH, next(_rids),
+            sendmsg_all(sock, [encode_frame(Op.AUTH, next_request_id(),
                                             auth_fields(self.token, hello["nonce"]))],
                         hs_deadline)
             fh, meta = read_frame(sock, self.limits, self.prefix, deadline=hs_deadline)
@@ -164,6 +115,15 @@ class TcpTransport(Transport):
                 pass
             self.sock = None
 
+    def call_stats(self, deadline: float) -> dict:
+        """STATS round trip on a connected transport (admin path, not dispatched), ended by
+        ``deadline`` (``socket.timeout`` past it)."""
+        sendmsg_all(self.sock, [encode_frame(Op.STATS, next_request_id(), {})], deadline)
+        fh, meta = read_frame(self.sock, self.limits, self.prefix, deadline=deadline)
+        if fh.status or not isinstance(meta, dict):
+            raise ConnectionError(f"STATS failed on {self.address}: {meta}")
+        return meta.get("stats", {})
+
     # ------------------------------------------------------------------ requests
     def execute(self, work: Work) -> list[ItemResult]:
         if self.sock is None:
@@ -181,19 +141,19 @@ class TcpTransport(Transport):
             raise
 
     def _execute(self, work: Work) -> list[ItemResult]:
-        op, rid, sock, deadline = work.op, next(_rids), self.sock, work.deadline
+        op, rid, sock, deadline = work.op, next_request_id(), self.sock, work.deadline
         if op == Op.PUT:
-            meta = {"ns": work.ns, "items": [[it[0], it[1], it[2], it[3], it[4], it[6]]
-                                             for it in work.items], **(work.extra or {})}
-            plen = sum(it[3] for it in work.items)
+            meta = {"ns": work.ns, "items": put_fields(work.items), **(work.extra or {})}
+            plen = sum(it.length for it in work.items)
             sendmsg_all(sock, [encode_frame(op, rid, meta, plen),
-                               *(it[5] for it in work.items)], deadline)
+                               *(it.src for it in work.items)], deadline)
         elif op == Op.GET:
-            meta = {"ns": work.ns, "items": [[it[0], it[1], it[2], it[3]] for it in work.items],
-                    **(work.extra or {})}
+            meta = {"ns": work.ns, "items": [[it.key, it.offset, it.max_len, it.version]
+                                             for it in work.items], **(work.extra or {})}
             sendmsg_all(sock, [encode_frame(op, rid, meta)], deadline)
         else:
-            sendmsg_all(sock, [encode_frame(op, rid, {"ns": work.ns, "items": work.items,
+            sendmsg_all(sock, [encode_frame(op, rid, {"ns": work.ns,
+                                                      "items": [it.key for it in work.items],
                                                       **(work.extra or {})})], deadline)
         fh, rmeta = read_frame(sock, self.limits, self.prefix, deadline=deadline)
         if fh.request_id != rid or fh.opcode != op:
@@ -229,28 +189,15 @@ class TcpTransport(Transport):
                 raise ProtocolError("GET reply item has a negative length")
             res = ItemResult(status_of(st), total, ver, n, None, csum)
             if n:
-                if n > it[2]:
-                    raise ProtocolError(f"server sent {n} bytes for a {it[2]}-byte request")
-                if it[4] is None:
+                if n > it.max_len:
+                    raise ProtocolError(f"server sent {n} bytes for a {it.max_len}-byte "
+                                        "request")
+                if it.dest is None:
                     res.data = bytearray(n)
                     views.append(memoryview(res.data))
                 else:
-                    views.append(it[4][:n])
+                    views.append(it.dest[:n])
             out.append(res)
         # one scatter read fills many destinations, all by the deadline
         recv_into_many(self.sock, views, work.deadline)
         return out
-
-
-def _call_stats(self: TcpTransport, deadline: float) -> dict:
-    """STATS round trip on a connected transport (admin path, not dispatched), ended by
-    ``deadline`` (``socket.timeout`` past it)."""
-    rid = next(_rids)
-    sendmsg_all(self.sock, [encode_frame(Op.STATS, rid, {})], deadline)
-    fh, meta = read_frame(self.sock, self.limits, self.prefix, deadline=deadline)
-    if fh.status or not isinstance(meta, dict):
-        raise ConnectionError(f"STATS failed on {self.address}: {meta}")
-    return meta.get("stats", {})
-
-
-TcpTransport.call_stats = _call_stats

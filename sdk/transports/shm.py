@@ -1,8 +1,9 @@
 """The co-located shared-memory transport: reads copy straight out of the arena, puts
 go through a staging file of the client's own.
 
-Design. ``ShmTransport`` is a ``TcpTransport`` (it reuses the handshake and the plain
-ops) that, after AUTH, checks whether it runs on the server's host: the server's AUTH
+Design. ``ShmPath`` is the shm ``DataPath`` of a one-sided transport
+(``ShmTransport``; ``NixlTransport`` under ``auto`` tries it first). After AUTH it
+checks whether it runs on the server's host: the server's AUTH
 reply announces its arena (path, size, st_dev/st_ino, uid, gid, boot id) and the client
 must be able to open that path read-only and see the same file, owned by the
 announced uid (its own uid, or, when the server runs ``--shm-group``, the server's:
@@ -23,7 +24,7 @@ larger than it, or a connection whose staging the server refused, goes as a plai
 PUT.
 
 The control ops (LEASE/RELEASE, ALLOC/COMMIT for NIXL) and the deadline rules live in
-``OneSidedTransport`` (gcache.sdk.onesided); this module maps, stages and copies.
+``OneSidedTransport`` (onesided.py); this module maps, stages and copies.
 
 Modes (``Client(transport=...)``): ``auto`` uses shm when co-located and TCP otherwise;
 ``shm`` requires co-location (a remote server is unreachable for this client); ``tcp``
@@ -33,7 +34,6 @@ never maps.
 from __future__ import annotations
 
 import ctypes
-import functools
 import logging
 import mmap
 import os
@@ -45,16 +45,18 @@ import numpy as np
 
 from gcache import staging
 from gcache.network import boot_id
+from gcache.config import TransportKind
 from gcache.credentials import ClientCredential
 from gcache.protocol import Limits, Op
 from gcache.status import status_of
 from gcache.errors import ProtocolError
-from gcache.sdk.onesided import STATS, Copy, OneSidedTransport, _FrameStatus  # noqa: F401
-from gcache.sdk.transport import ItemResult, TcpTransport, Transport, TransportTimeout, Work
+from gcache.sdk.buffers import address_of, memmove
+from gcache.sdk.transports.base import ItemResult, TransportTimeout, Work
+from gcache.sdk.transports.onesided import STATS, Copy, DataPath, OneSidedTransport
+from gcache.sdk.transports.tcp import put_fields
 
 log = logging.getLogger("gcache.sdk.shm")
 
-MODES = ("auto", "tcp", "shm", "nixl")
 CHECK_BYTES = 2 << 20  # deadline / lease-bound check at least this often while copying
 STAGE_BYTES = 64 << 20  # data capacity of one connection's staging file (tmpfs: sparse)
 
@@ -168,45 +170,22 @@ class _Staging:
             pass
 
 
-def _addr(view: memoryview) -> int:
-    try:  # writable buffers: ~0.2 us, the export ends with the temporary
-        return ctypes.addressof(ctypes.c_char.from_buffer(view))
-    except (TypeError, ValueError):  # read-only (bytes) or empty
-        return np.frombuffer(view, dtype=np.uint8).ctypes.data
+class ShmPath(DataPath):
+    """The shm data path of one transport: the arena mapping (shared by every connection
+    of this process) and this connection's staging file."""
 
+    kind = TransportKind.SHM
 
-def _copy(dst_addr: int, src_addr: int, n: int) -> None:
-    if n:
-        ctypes.memmove(dst_addr, src_addr, n)  # a foreign call: the GIL is released
-
-
-class ShmTransport(OneSidedTransport):
-    def __init__(self, address: str, token: str | ClientCredential, limits: Limits,
-                 connect_timeout: float, mode: str = "auto",
-                 tls: ssl.SSLContext | None = None) -> None:
-        super().__init__(address, token, limits, connect_timeout, tls)
-        if mode not in ("auto", "shm", "nixl"):
-            raise ValueError(f"ShmTransport mode must be auto, shm or nixl, not {mode!r}")
-        self.mode = mode
+    def __init__(self) -> None:
         self.map: _Mapping | None = None
         self.stage: _Staging | None = None  # this connection's staging file (lazily)
         self.stage_refused = ""  # why puts on this connection go as plain PUTs
 
     # ------------------------------------------------------------------ connection
-    def connect(self, deadline: float) -> None:
-        TcpTransport.connect(self, deadline)
-        if self.try_map():
-            return
-        if self.mode == "shm":
-            super().close()
-            raise ConnectionError(f"{self.address} is not co-located (cannot map its "
-                                  "arena); use transport='tcp' or 'auto'")
-        self.kind = "tcp"
-        STATS["tcp_connections"] += 1
-
-    def try_map(self) -> bool:
-        """After the handshake: map the server's arena if it is on this host (kind shm)."""
-        info = self.auth_reply.get("shm") if isinstance(self.auth_reply, dict) else None
+    def attach(self, conn: OneSidedTransport) -> str:
+        """Map the server's arena if it is on this host."""
+        auth = conn.auth_reply
+        info = auth.get("shm") if isinstance(auth, dict) else None
         m = self.map
         if m is not None and isinstance(info, dict):
             try:
@@ -219,101 +198,94 @@ class ShmTransport(OneSidedTransport):
         if m is None and isinstance(info, dict):
             self.map = m = _acquire(info)
         if m is None:
-            return False
-        self.kind = "shm"
+            return "not co-located (cannot map its arena)"
         STATS["shm_connections"] += 1
         self.lease_s = max(0.05, int(info.get("lease_ms", 10000)) / 1000.0)
         self.span = (int(info.get("data_off", 0)), m.size)
-        return True
+        return ""
 
-    def release_mapping(self) -> None:
-        if self.map is not None:
-            _release(self.map)
-            self.map = None
-
-    def close(self) -> None:
-        super().close()  # the server forgets its staging fd with the connection
+    def close(self) -> None:  # the server forgets its staging fd with the connection
         if self.stage is not None:
             self.stage.close()
             self.stage = None
         self.stage_refused = ""
 
-    def __del__(self) -> None:
-        try:
-            self.release_mapping()
-            if self.stage is not None:
-                self.stage.close()
-        except Exception:
-            pass
+    def release(self) -> None:
+        if self.map is not None:
+            _release(self.map)
+            self.map = None
+        if self.stage is not None:
+            self.stage.close()
 
     # ------------------------------------------------------------------ movers
-    def move_in(self, copies: list[Copy], t0: float, deadline: float) -> None:
+    def move_in(self, conn: OneSidedTransport, copies: list[Copy], t0: float,
+                deadline: float) -> None:
         base, since = self.map.base, CHECK_BYTES
         for local, remote, n in copies:
             if since >= CHECK_BYTES:  # the clock is read every few MiB, not per slice
-                self.copy_window(t0, deadline)
+                conn.copy_window(t0, deadline)
                 since = 0
-            _copy(_addr(local), base + remote, n)
+            memmove(address_of(local), base + remote, n)
             since += n
 
-    def move_out(self, copies: list[Copy], t0: float, deadline: float) -> None:
+    def move_out(self, conn: OneSidedTransport, copies: list[Copy], t0: float,
+                 deadline: float) -> None:
         raise TypeError("the arena is mapped read-only: shm puts go through the staging file")
 
     # ------------------------------------------------------------------ staged puts
-    def _put(self, work: Work) -> list[ItemResult]:
-        if self.kind != "shm":  # nixl: ALLOC -> one-sided WRITE -> COMMIT
-            return super()._put(work)
+    def put(self, conn: OneSidedTransport, work: Work) -> list[ItemResult]:
         items = work.items
         out: list[ItemResult | None] = [None] * len(items)
         tcp: list[int] = []
-        stage = None if self.stage_refused else self._staging()
+        stage = None if self.stage_refused else self._staging(conn)
         cap = stage.capacity if stage is not None else 0
         runs: list[list[int]] = []
         used = cap
         for i, it in enumerate(items):
-            if len(it[5]) != it[3]:
-                raise ValueError(f"put slice has {len(it[5])} bytes, item says {it[3]}")
-            if stage is None or it[3] > cap or it[6] is None:
+            n = it.length
+            if len(it.src) != n:
+                raise ValueError(f"put slice has {len(it.src)} bytes, item says {n}")
+            if stage is None or n > cap or it.checksum is None:
                 tcp.append(i)
-            elif used + it[3] > cap:
+            elif used + n > cap:
                 runs.append([i])
-                used = it[3]
+                used = n
             else:
                 runs[-1].append(i)
-                used += it[3]
+                used += n
         for run in runs:
             if self.stage_refused:
                 tcp.extend(run)
                 continue
-            for i, r in zip(run, self._put_run(work, run)):
+            for i, r in zip(run, self._put_run(conn, work, run)):
                 out[i] = r
         if tcp:
             STATS["tcp_fallback_items"] += len(tcp)
-            for i, r in zip(tcp, TcpTransport._execute(self, self._subset(work, tcp))):
+            for i, r in zip(tcp, conn.plain(conn.subset(work, tcp))):
                 out[i] = r
         return out  # type: ignore[return-value]
 
-    def _staging(self) -> _Staging | None:
+    def _staging(self, conn: OneSidedTransport) -> _Staging | None:
         if self.stage is None:
-            if not self.auth_reply.get("shm", {}).get("staged"):
+            shm = conn.auth_reply.get("shm", {})
+            if not shm.get("staged"):
                 # an older server: it would close the connection on an unknown opcode
                 self.stage_refused = "the server does not take staged puts (PUT_STAGED)"
-                log.info("%s: puts go over TCP on this connection (%s)", self.address,
+                log.info("%s: puts go over TCP on this connection (%s)", conn.address,
                          self.stage_refused)
                 return None
             try:
-                self.stage = _Staging(str(self.auth_reply["shm"]["path"]),
-                                      int(self.auth_reply["shm"]["uid"]),
-                                      self.map.gid, min(STAGE_BYTES,
-                                                        self.limits.max_frame_bytes))
+                self.stage = _Staging(str(shm["path"]), int(shm["uid"]), self.map.gid,
+                                      min(STAGE_BYTES, conn.limits.max_frame_bytes))
             except (OSError, KeyError, TypeError, ValueError) as exc:
                 self.stage_refused = f"cannot create a staging file: {exc}"
-                log.info("%s: puts go over TCP on this connection (%s)", self.address,
+                log.info("%s: puts go over TCP on this connection (%s)", conn.address,
                          self.stage_refused)
                 return None
         return self.stage
 
-    def _put_run(self, work: Work, run: list[int]) -> list[ItemResult]:
+    def _put_run(self, conn: OneSidedTransport, work: Work, run: list[int]
+                 ) -> list[ItemResult]:
         """One PUT_STAGED: copy the run's values into the staging file, ask the server."""
         stage, items = self.stage, work.items
         pos, since = stage.base, CHECK_BYTES
@@ -322,16 +294,16 @@ class ShmTransport(OneSidedTransport):
                 raise TransportTimeout()
             if since >= CHECK_BYTES:
                 since = 0
-            n = items[i][3]
-            _copy(pos, _addr(items[i][5]), n)
+            n = items[i].length
+            memmove(pos, address_of(items[i].src), n)
             pos += n
             since += n
-        sub = self._subset(work, run)
+        sub = conn.subset(work, run)
         meta = {"ns": work.ns, "stage": stage.name, "skey": stage.key,
-                "items": [[it[0], it[1], it[2], it[3], it[4], it[6]] for it in sub.items],
+                "items": put_fields(sub.items),
                 **(sub.extra or {})}
         try:
-            rmeta = self._call(Op.PUT_STAGED, meta, work.deadline)
+            rmeta = conn.call(Op.PUT_STAGED, meta, work.deadline)
         finally:
             stage.unlink()  # the server holds it open (or refused it) by now
         st = rmeta.get("st")
@@ -341,50 +313,28 @@ class ShmTransport(OneSidedTransport):
         if rmeta.get("staged") is False:
             self.stage_refused = str(rmeta.get("error", "refused"))
             log.warning("%s refused this connection's staging file (%s); puts go over TCP "
-                        "on it", self.address, self.stage_refused)
-            return TcpTransport._execute(self, sub)
+                        "on it", conn.address, self.stage_refused)
+            return conn.plain(sub)
         STATS["shm_put_items"] += len(run)
         STATS["shm_staged_frames"] += 1
         return [ItemResult(status_of(x)) for x in st]
 
 
-def make_transport(mode: str, address: str, token: str | ClientCredential, limits: Limits,
-                   connect_timeout: float, nixl_bounce_bytes: int = 8 << 20,
-                   one_sided_min_bytes: int = 256 << 10,
-                   tls: ssl.SSLContext | None = None) -> Transport:
-    """The transport for one dispatch thread.
+class ShmTransport(OneSidedTransport):
+    """One connection that maps the co-located server's arena (``shm``), else runs the
+    plain TCP ops (``auto``) or refuses the server (``shm``)."""
 
-    ``tcp`` -> TcpTransport; ``shm`` -> ShmTransport; ``nixl`` -> NixlTransport;
-    ``auto`` -> shm when co-located, else nixl when this host has an RDMA device and
-    the server offers NIXL, else TCP (decided per connection). With ``tls`` every
-    connection is TLS; nixl is refused (its bytes bypass the TLS channel), shm works
-    unchanged (its control RPCs ride the TLS socket, its bytes stay on this host)."""
-    if mode == "tcp":
-        return TcpTransport(address, token, limits, connect_timeout, tls)
-    if mode not in MODES:
-        raise ValueError(f"transport must be one of {', '.join(MODES)}, not {mode!r}")
-    if tls is not None and mode == "nixl":
-        raise ValueError("transport nixl cannot run under TLS: its bytes move by RDMA "
-                         "outside the TLS channel; use tcp, shm or auto")
-    if tls is not None:
-        t: OneSidedTransport = ShmTransport(address, token, limits, connect_timeout, mode, tls)
-    elif mode == "nixl" or (mode == "auto" and nixl_usable()):
-        from gcache.sdk.nixl_transport import NixlTransport
+    def __init__(self, address: str, token: str | ClientCredential, limits: Limits,
+                 connect_timeout: float, mode: str = "auto",
+                 tls: ssl.SSLContext | None = None) -> None:
+        if mode not in ("auto", "shm", "nixl"):
+            raise ValueError(f"ShmTransport mode must be auto, shm or nixl, not {mode!r}")
+        self.mode = mode
+        self.shm = ShmPath()
+        super().__init__(address, token, limits, connect_timeout, tls, paths=(self.shm,))
 
-        t = NixlTransport(address, token, limits, connect_timeout, mode, nixl_bounce_bytes)
-    else:
-        t = ShmTransport(address, token, limits, connect_timeout, mode)
-    t.min_bytes = one_sided_min_bytes
-    return t
-
-
-@functools.cache
-def nixl_usable() -> bool:
-    """Whether ``auto`` considers nixl here (decided once per process, logged once)."""
-    from gcache.nixl_lib import available, rdma_devices
-
-    why = "no RDMA device on this host" if not rdma_devices() else available()
-    if why:
-        logging.getLogger("gcache.sdk").info(
-            "transport auto: nixl not used (%s); shm when co-located, else TCP", why)
-    return not why
+    def no_path(self, why: str) -> None:
+        if self.mode == "shm":
+            self.close()
+            raise ConnectionError(f"{self.address} is not co-located (cannot map its "
+                                  "arena); use transport='tcp' or 'auto'")

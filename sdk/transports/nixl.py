@@ -3,9 +3,9 @@
 Design. The server registers its whole arena with a NIXL agent (UCX backend) and
 sends that agent's metadata, the arena's base address and bounds in the AUTH reply
 (server/nixl_ops.py). The client keeps one NIXL agent per process, adds each
-server's agent as a remote once (reference counted), and then serves GET and PUT
-exactly as the shm transport does (``OneSidedTransport``: LEASE -> READ ->
-RELEASE, ALLOC -> WRITE -> COMMIT), with the memmove replaced by NIXL transfers:
+server's agent as a remote once (reference counted). ``NixlPath`` is then the
+``DataPath`` of a ``OneSidedTransport`` (onesided.py: LEASE -> READ -> RELEASE,
+ALLOC -> WRITE -> COMMIT) that moves bytes by NIXL transfers:
 
 * a frame's copies are posted as one NIXL transfer per memory type (one descriptor
   per slice), so a batch costs one post and one completion, not one per key;
@@ -28,7 +28,6 @@ the server offers it, then TCP; ``make_transport`` only builds this class for
 from __future__ import annotations
 
 import bisect
-import ctypes
 import logging
 import os
 import threading
@@ -37,12 +36,14 @@ from typing import Any
 
 import numpy as np
 
+from gcache.config import TransportKind
 from gcache.nixl_lib import Agent, NixlUnavailable
 from gcache.credentials import ClientCredential
 from gcache.protocol import Limits
-from gcache.sdk.onesided import STATS, Copy
-from gcache.sdk.shm_transport import ShmTransport, _addr, _copy
-from gcache.sdk.transport import TcpTransport, TransportTimeout
+from gcache.sdk.buffers import DeviceView, address_of, as_view, memmove
+from gcache.sdk.transports.base import TransportTimeout
+from gcache.sdk.transports.onesided import STATS, Copy, DataPath, OneSidedTransport
+from gcache.sdk.transports.shm import ShmPath
 
 log = logging.getLogger("gcache.sdk.nixl")
 
@@ -86,38 +87,11 @@ def close_agent() -> None:
         a.close()
 
 
-class DeviceView:
-    """A flat byte range of a CUDA tensor; slices like a memoryview (for the dispatcher)."""
-
-    __slots__ = ("t", "ptr", "dev")
-
-    def __init__(self, flat: Any) -> None:  # flat: contiguous 1-D uint8 CUDA tensor
-        self.t, self.ptr, self.dev = flat, int(flat.data_ptr()), int(flat.device.index or 0)
-
-    def __len__(self) -> int:
-        return int(self.t.numel())
-
-    def __getitem__(self, sl: slice) -> "DeviceView":
-        return DeviceView(self.t[sl])
-
-    def to_host(self, addr: int, n: int) -> None:
-        import torch
-
-        host = torch.from_numpy(np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(addr)))
-        host.copy_(self.t[:n])
-
-    def from_host(self, addr: int, n: int) -> None:
-        import torch
-
-        host = torch.from_numpy(np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(addr)))
-        self.t[:n].copy_(host)
-
-
 def local_span(local: Any) -> tuple[int, str, int]:
     """(address, NIXL memory type, device) of a destination/source view."""
     if isinstance(local, DeviceView):
         return local.ptr, "VRAM", local.dev
-    return _addr(local), "DRAM", 0
+    return address_of(local), "DRAM", 0
 
 
 class _Registry:
@@ -130,8 +104,6 @@ class _Registry:
     def add(self, buf: Any) -> bool:
         view = buf if isinstance(buf, DeviceView) else None
         if view is None:
-            from gcache.sdk.client import as_view
-
             view = as_view(buf, writable=False, device=True)
         addr, mem, dev = local_span(view)
         n = len(view)
@@ -148,8 +120,6 @@ class _Registry:
     def remove(self, buf: Any) -> bool:
         view = buf if isinstance(buf, DeviceView) else None
         if view is None:
-            from gcache.sdk.client import as_view
-
             view = as_view(buf, writable=False, device=True)
         addr = local_span(view)[0]
         with self.lock:
@@ -191,13 +161,13 @@ class _Round:
         rem.append((raddr, n, 0))
 
 
-class NixlTransport(ShmTransport):
-    def __init__(self, address: str, token: str | ClientCredential, limits: Limits,
-                 connect_timeout: float, mode: str = "nixl", bounce_bytes: int = 8 << 20
-                 ) -> None:
-        if mode not in ("auto", "nixl"):
-            raise ValueError(f"NixlTransport mode must be auto or nixl, not {mode!r}")
-        super().__init__(address, token, limits, connect_timeout, mode)
+class NixlPath(DataPath):
+    """The nixl data path of one transport: the server's agent as a remote of this
+    process's agent, and this connection's registered bounce buffer."""
+
+    kind = TransportKind.NIXL
+
+    def __init__(self, bounce_bytes: int = 8 << 20) -> None:
         self.bounce_bytes = max(1 << 20, bounce_bytes)
         self.agent: Agent | None = None
         self.remote = ""
@@ -206,25 +176,10 @@ class NixlTransport(ShmTransport):
         self.bounce_reg: Any = None
 
     # ------------------------------------------------------------------ connection
-    def connect(self, deadline: float) -> None:
-        TcpTransport.connect(self, deadline)
-        if self.mode == "auto" and self.try_map():
-            return
-        why = self._attach()
-        if not why:
-            return
-        if self.mode == "nixl":
-            TcpTransport.close(self)
-            raise ConnectionError(f"nixl transport to {self.address}: {why}")
-        if self.address not in _told:  # once per server, not per connection
-            _told.add(self.address)
-            log.info("nixl not used for %s: %s; using TCP", self.address, why)
-        self.kind = "tcp"
-        STATS["tcp_connections"] += 1
-
-    def _attach(self) -> str:
+    def attach(self, conn: OneSidedTransport) -> str:
         """Add the server's agent as a remote; '' on success, else why not."""
-        info = self.auth_reply.get("nixl") if isinstance(self.auth_reply, dict) else None
+        auth = conn.auth_reply
+        info = auth.get("nixl") if isinstance(auth, dict) else None
         if not isinstance(info, dict):
             return "the server offers no NIXL agent (start gcache-server with --nixl on)"
         try:
@@ -246,26 +201,20 @@ class NixlTransport(ShmTransport):
         self.remote, self.rbase = remote, base
         self.span = (data_off, size)
         self.lease_s = max(0.05, int(info.get("lease_ms", 10000)) / 1000.0)
-        self.kind = "nixl"
         STATS["nixl_connections"] += 1
         return ""
 
     def close(self) -> None:
-        super().close()
         self._drop_remote()
+
+    def release(self) -> None:
+        self._drop_remote()
+        self._drop_bounce()
 
     def _drop_remote(self) -> None:
         if self.remote and self.agent is not None:
             self.agent.drop_remote(self.remote)
         self.remote = ""
-
-    def __del__(self) -> None:
-        try:
-            self._drop_remote()
-            self._drop_bounce()
-            self.release_mapping()
-        except Exception:
-            pass
 
     def _drop_bounce(self) -> None:
         if self.bounce_reg is not None and self.agent is not None:
@@ -284,18 +233,16 @@ class NixlTransport(ShmTransport):
         return int(self.bounce.ctypes.data)
 
     # ------------------------------------------------------------------ movers
-    def move_in(self, copies: list[Copy], t0: float, deadline: float) -> None:
-        if self.kind == "shm":
-            return super().move_in(copies, t0, deadline)
-        self._run("READ", copies, t0, deadline)
+    def move_in(self, conn: OneSidedTransport, copies: list[Copy], t0: float,
+                deadline: float) -> None:
+        self._run(conn, "READ", copies, t0, deadline)
 
-    def move_out(self, copies: list[Copy], t0: float, deadline: float) -> None:
-        if self.kind == "shm":
-            return super().move_out(copies, t0, deadline)
-        self._run("WRITE", copies, t0, deadline)
+    def move_out(self, conn: OneSidedTransport, copies: list[Copy], t0: float,
+                 deadline: float) -> None:
+        self._run(conn, "WRITE", copies, t0, deadline)
 
-    def _run(self, op: str, moves: list[tuple[Any, int, int]], t0: float,
-             deadline: float) -> None:
+    def _run(self, conn: OneSidedTransport, op: str, moves: list[tuple[Any, int, int]],
+             t0: float, deadline: float) -> None:
         """Post ``moves`` (local view, arena offset, bytes) in rounds bounded by the bounce."""
         rnd = _Round()
         for local, remote, n in moves:
@@ -306,7 +253,7 @@ class NixlTransport(ShmTransport):
             done = 0
             while done < n:  # staged: through the bounce buffer, split if it is larger
                 if rnd.used >= self.bounce_bytes:
-                    self._post(op, rnd, t0, deadline)
+                    self._post(conn, op, rnd, t0, deadline)
                     rnd = _Round()
                 take = min(n - done, self.bounce_bytes - rnd.used)
                 baddr = self._bounce() + rnd.used
@@ -320,10 +267,11 @@ class NixlTransport(ShmTransport):
                 STATS["nixl_staged_bytes"] += take
                 done += take
         if rnd.groups:
-            self._post(op, rnd, t0, deadline)
+            self._post(conn, op, rnd, t0, deadline)
 
-    def _post(self, op: str, rnd: _Round, t0: float, deadline: float) -> None:
-        self.copy_window(t0, deadline)
+    def _post(self, conn: OneSidedTransport, op: str, rnd: _Round, t0: float,
+              deadline: float) -> None:
+        conn.copy_window(t0, deadline)
         nx = self.agent.nx
         if nx is None:
             raise ConnectionError("the NIXL agent was closed")
@@ -342,33 +290,58 @@ class NixlTransport(ShmTransport):
                     time.sleep(0 if spins < 200 else 0.0001)
                     st = nx.check_xfer_state(h)
                 if st != "DONE":
-                    raise ConnectionError(f"NIXL {op} with {self.address} failed ({st})")
+                    raise ConnectionError(f"NIXL {op} with {conn.address} failed ({st})")
                 ok = True
             finally:
                 try:
                     nx.release_xfer_handle(h)
                 except Exception as exc:  # still in flight: never reuse what it may write
                     log.warning("NIXL %s with %s could not be cancelled: %s", op,
-                                self.address, exc)
+                                conn.address, exc)
                     if self.bounce is not None:
                         _quarantine.append((self.bounce, self.bounce_reg))
                         self.bounce, self.bounce_reg = None, None
                     ok = False
                 if not ok:
-                    self.close()  # leases and slots go with the connection
+                    conn.close()  # leases and slots go with the connection
         for piece, baddr, n in rnd.after:
             _from_bounce(piece, baddr, n)
+
+
+
+
+class NixlTransport(OneSidedTransport):
+    """One connection that moves bytes through NIXL (``nixl``); under ``auto`` the shm
+    mapping first when co-located, and the plain TCP ops when neither path attaches."""
+
+    def __init__(self, address: str, token: str | ClientCredential, limits: Limits,
+                 connect_timeout: float, mode: str = "nixl", bounce_bytes: int = 8 << 20
+                 ) -> None:
+        if mode not in ("auto", "nixl"):
+            raise ValueError(f"NixlTransport mode must be auto or nixl, not {mode!r}")
+        self.mode = mode
+        self.nixl = NixlPath(bounce_bytes)
+        paths = (ShmPath(), self.nixl) if mode == "auto" else (self.nixl,)
+        super().__init__(address, token, limits, connect_timeout, paths=paths)
+
+    def no_path(self, why: str) -> None:
+        if self.mode == "nixl":
+            self.close()
+            raise ConnectionError(f"nixl transport to {self.address}: {why}")
+        if self.address not in _told:  # once per server, not per connection
+            _told.add(self.address)
+            log.info("nixl not used for %s: %s; using TCP", self.address, why)
 
 
 def _to_bounce(src: Any, baddr: int, n: int) -> None:
     if isinstance(src, DeviceView):
         src.to_host(baddr, n)
     else:
-        _copy(baddr, _addr(src), n)
+        memmove(baddr, address_of(src), n)
 
 
 def _from_bounce(dst: Any, baddr: int, n: int) -> None:
     if isinstance(dst, DeviceView):
         dst.from_host(baddr, n)
     else:
-        _copy(_addr(dst), baddr, n)
+        memmove(address_of(dst), baddr, n)

@@ -2,7 +2,7 @@
 
 ``OneSidedTransport`` is a ``TcpTransport`` (it reuses the handshake and the plain
 ops) that serves GET and PUT through the control ops of docs/protocol.md
-("Shared-memory ops"), and leaves the byte movement to a subclass:
+("Shared-memory ops"), and leaves the byte movement to a ``DataPath``:
 
 * GET: ``LEASE`` (one per distinct key in the frame; the server pins each object and
   answers its arena offset) -> ``move_in`` copies each slice into its destination ->
@@ -12,7 +12,7 @@ ops) that serves GET and PUT through the control ops of docs/protocol.md
 * PUT: ``ALLOC`` (same items as a PUT: sliced puts work unchanged) -> ``move_out``
   copies into the slots -> ``COMMIT``; the server checksums and publishes exactly as
   for a TCP put.
-* EXISTS / DELETE / TOUCH, everything when ``kind`` is "tcp", and frames smaller than
+* EXISTS / DELETE / TOUCH, everything when ``kind`` is tcp, and frames smaller than
   ``min_bytes`` (``one_sided_min_bytes``): the plain TCP ops. One round trip that
   carries the bytes beats two control round trips plus a copy for small frames.
 
@@ -21,8 +21,14 @@ cannot have read an expired lease, so its RELEASE is sent without waiting; the r
 is read before the connection's next request (``_drain``). Otherwise RELEASE waits,
 and a non-OK answer turns that item into a miss.
 
-The movers are the shared-memory mapping (``ShmTransport``: memmove) and NIXL
-(``NixlTransport``: one-sided RDMA READ/WRITE, or CMA between processes of one host).
+Data paths (the ``DataPath`` contract below): the shared-memory mapping (shm.py
+``ShmPath``: memmove out of the arena, puts through a staging file) and NIXL (nixl.py
+``NixlPath``: one-sided RDMA READ/WRITE, or CMA between processes of one host). A
+transport holds its candidate paths in order and, after AUTH, attaches the first one
+that accepts the connection; with none, the connection runs the plain TCP ops, or
+is refused (``no_path``). ``ShmTransport`` tries shm; ``NixlTransport`` tries nixl
+(shm first under ``auto``).
+
 Deadlines follow the Transport contract: no copy starts past the deadline (or past
 half the server's lease bound), every send and receive of the control RPCs (RELEASE
 replies included) re-arms its socket timeout from the time left before each syscall,
@@ -31,15 +37,24 @@ and a timeout closes the connection, which makes the server drop its leases and 
 
 from __future__ import annotations
 
+import abc
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
-from gcache.errors import ProtocolError
+from gcache.errors import GCacheError, ProtocolError
 from gcache.protocol import Op, encode_frame, read_frame, sendmsg_all
 from gcache.status import Status, status_of
-from gcache.sdk.transport import (AuthError, ItemResult, TcpTransport, TransportTimeout,
-                                  Work, _rids)
+from gcache.config import TransportKind
+from gcache.sdk.transports.base import (AuthError, ItemResult, TransportTimeout, Work,
+                                        next_request_id)
+from gcache.sdk.transports.tcp import TcpTransport, put_fields
+
+if TYPE_CHECKING:
+    import ssl
+
+    from gcache.credentials import ClientCredential
+    from gcache.protocol import Limits
 
 log = logging.getLogger("gcache.sdk.onesided")
 
@@ -51,7 +66,7 @@ STATS = {"shm_get_items": 0, "shm_put_items": 0, "tcp_fallback_items": 0,
          "nixl_staged_bytes": 0, "small_frame_tcp_items": 0, "shm_staged_frames": 0}
 
 
-class _FrameStatus(Exception):
+class _FrameStatus(GCacheError):
     """The server refused a control frame (then closes): a status for every item."""
 
     def __init__(self, status: Status, message: str) -> None:
@@ -67,20 +82,94 @@ _INT6 = (int, int, int, int, int, int)
 RELEASE_GRACE_S = 0.01  # how long a no-wait RELEASE may block past the deadline
 
 
-class OneSidedTransport(TcpTransport):
-    kind = ""  # the data path once connected: a subclass's name, or "tcp"
-    min_bytes = 256 << 10  # smaller frames go as plain GET/PUT (``one_sided_min_bytes``)
-    lease_s = 10.0
+class DataPath(abc.ABC):
+    """How one connection's bytes move once the server said where they are.
+
+    Every method runs on the dispatch thread that owns the transport, which passes
+    itself as ``conn`` (for its control RPCs: ``call``, ``plain``, ``copy_window``).
+
+    * ``attach(conn)``: after AUTH, from ``conn.auth_reply``: '' when this path serves
+      the connection (``kind``, ``lease_s`` and ``span`` then hold for it), else why
+      not. No network IO (it maps a file or adds a NIXL remote).
+    * ``move_in`` / ``move_out``: copy ``(local, remote, n)`` slices out of / into the
+      arena; no copy starts past ``deadline`` or half the lease bound
+      (``conn.copy_window``), and a transfer in flight is abandoned at ``deadline``.
+    * ``put(conn, work)``: one PUT frame; by default ALLOC -> ``move_out`` -> COMMIT
+      (``conn.put_alloc``). Blocks until ``work.deadline`` at the latest.
+    * ``close()``: the connection closed: drop per-connection state. Never blocks.
+    * ``release()``: the transport is gone: drop what outlives connections (mappings,
+      registrations). Never blocks.
+    """
+
+    kind: TransportKind
+    lease_s = 10.0  # the server's lease bound
     span = (0, 0)  # [lo, hi) of arena offsets the server may hand out
+
+    @abc.abstractmethod
+    def attach(self, conn: OneSidedTransport) -> str: ...
+
+    @abc.abstractmethod
+    def move_in(self, conn: OneSidedTransport, copies: list[Copy], t0: float,
+                deadline: float) -> None: ...
+
+    def move_out(self, conn: OneSidedTransport, copies: list[Copy], t0: float,
+                 deadline: float) -> None:
+        raise TypeError(f"the {self.kind.value} path does not write the arena")
+
+    def put(self, conn: OneSidedTransport, work: Work) -> list[ItemResult]:
+        return conn.put_alloc(work)
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    @abc.abstractmethod
+    def release(self) -> None: ...
+
+
+class OneSidedTransport(TcpTransport):
+    kind: TransportKind | None = None  # the attached path's, or tcp, once connected
+    min_bytes = 256 << 10  # smaller frames go as plain GET/PUT (``one_sided_min_bytes``)
+
+    def __init__(self, address: str, token: str | ClientCredential, limits: Limits,
+                 connect_timeout: float, tls: ssl.SSLContext | None = None, *,
+                 paths: Sequence[DataPath] = ()) -> None:
+        super().__init__(address, token, limits, connect_timeout, tls)
+        self.paths = tuple(paths)  # tried in order after each handshake
+        self.path: DataPath | None = None  # the one serving this connection
+
+    # ------------------------------------------------------------------ connection
+    def connect(self, deadline: float) -> None:
+        TcpTransport.connect(self, deadline)
+        why = ""
+        for path in self.paths:
+            why = path.attach(self)
+            if not why:
+                self.path, self.kind = path, path.kind
+                return
+        self.path = None
+        self.no_path(why)
+        self.kind = TransportKind.TCP
+        STATS["tcp_connections"] += 1
+
+    def no_path(self, why: str) -> None:
+        """No data path took this connection (``why``: the last one's reason): raise to
+        refuse it, or return to run the plain TCP ops on it."""
+
+    def __del__(self) -> None:
+        try:
+            for path in self.paths:
+                path.release()
+        except Exception:
+            pass
 
     # ------------------------------------------------------------------ movers
     def move_in(self, copies: list[Copy], t0: float, deadline: float) -> None:
         """Copy every ``(local, remote, n)`` from the arena into ``local``."""
-        raise NotImplementedError
+        self.path.move_in(self, copies, t0, deadline)
 
     def move_out(self, copies: list[Copy], t0: float, deadline: float) -> None:
         """Copy every ``local`` (a read-only view) into the arena."""
-        raise NotImplementedError
+        self.path.move_out(self, copies, t0, deadline)
 
     # ------------------------------------------------------------------ requests
     unread = 0  # RELEASE frames sent without waiting for their replies
@@ -88,16 +177,18 @@ class OneSidedTransport(TcpTransport):
     def close(self) -> None:
         super().close()
         self.unread = 0
+        for path in self.paths:
+            path.close()
 
     def _small(self, work: Work) -> bool:
         """A frame this small costs less as one plain round trip (the bytes ride along)
         than as two control round trips plus a copy: single-key gets and puts."""
-        # a get's max_len and destination, a put's slice length and source
-        idx, buf = (2, 4) if work.op == Op.GET else (3, 5)
+        get = work.op == Op.GET  # a get's max_len and destination, a put's length and source
         total = 0
         for it in work.items:
-            total += it[idx]
-            if total >= self.min_bytes or not isinstance(it[buf], memoryview):
+            total += it.max_len if get else it.length
+            if total >= self.min_bytes or not isinstance(it.dest if get else it.src,
+                                                         memoryview):
                 return False  # large, or a byte get (size unknown) / device memory
         STATS["small_frame_tcp_items"] += len(work.items)
         return True
@@ -114,20 +205,27 @@ class OneSidedTransport(TcpTransport):
         # TcpTransport.execute wraps this: timeouts and protocol errors close the channel
         if self.unread:
             self._drain(work.deadline)
-        if self.kind in ("", "tcp") or work.op not in (Op.GET, Op.PUT) or self._small(work):
+        if self.kind in (None, TransportKind.TCP) or work.op not in (Op.GET, Op.PUT) \
+                or self._small(work):
             return super()._execute(work)
         try:
-            return self._get(work) if work.op == Op.GET else self._put(work)
+            return self._get(work) if work.op == Op.GET else self.path.put(self, work)
         except _FrameStatus as exc:  # as TcpTransport: a frame-level refusal is per-item
             self.close()
             if exc.status == Status.AUTH:
                 raise AuthError(str(exc)) from None
             return [ItemResult(exc.status) for _ in work.items]
 
-    def _call(self, op: int, meta: dict, deadline: float) -> Any:
+    def plain(self, work: Work) -> list[ItemResult]:
+        """``work`` as the plain TCP op on this connection."""
+        return TcpTransport._execute(self, work)
+
+    def call(self, op: int, meta: dict, deadline: float) -> Any:
+        """One control round trip (LEASE, RELEASE, ALLOC, COMMIT, PUT_STAGED): the reply
+        header; ``_FrameStatus`` when the server refused the frame (it then closes)."""
         if self.unread:
             self._drain(deadline)
-        rid = next(_rids)
+        rid = next_request_id()
         sendmsg_all(self.sock, [encode_frame(op, rid, meta)], deadline)
         fh, rmeta = read_frame(self.sock, self.limits, self.prefix, deadline=deadline)
         if fh.request_id != rid or fh.opcode != op:
@@ -148,11 +246,11 @@ class OneSidedTransport(TcpTransport):
         the plain ops on this connection from now on, starting with this frame."""
         log.info("%s refused one-sided ops (%s); using TCP on this connection",
                  self.address, rmeta.get("error", ""))
-        self.kind = "tcp"
-        return TcpTransport._execute(self, work)
+        self.kind = TransportKind.TCP
+        return self.plain(work)
 
     def _check_span(self, off: int, n: int) -> None:
-        lo, hi = self.span
+        lo, hi = self.path.span
         if not (isinstance(off, int) and isinstance(n, int) and n >= 0 and lo <= off
                 and off + n <= hi):
             raise ProtocolError(f"server gave arena span [{off}, {off + n}) outside the "
@@ -161,7 +259,7 @@ class OneSidedTransport(TcpTransport):
     def copy_window(self, t0: float, deadline: float) -> None:
         """No copy may start past the deadline or past half the lease bound."""
         now = time.monotonic()
-        if now >= deadline or now - t0 > self.lease_s / 2:
+        if now >= deadline or now - t0 > self.path.lease_s / 2:
             raise TransportTimeout()
 
     def _get(self, work: Work) -> list[ItemResult]:
@@ -169,7 +267,7 @@ class OneSidedTransport(TcpTransport):
         first: dict[tuple[bytes, int], int] = {}
         which = []
         for it in items:
-            which.append(first.setdefault((it[0], it[3]), len(first)))
+            which.append(first.setdefault((it.key, it.version), len(first)))
         uniq = list(first)
         extra = dict(work.extra or {})
         if "ph" in extra and isinstance(extra["ph"], list) and len(extra["ph"]) == len(items):
@@ -178,7 +276,7 @@ class OneSidedTransport(TcpTransport):
                 ph[j] = extra["ph"][i]
             extra["ph"] = ph
         t0 = time.monotonic()
-        rmeta = self._call(Op.LEASE, {"ns": work.ns, "items": [[k, ev] for k, ev in uniq],
+        rmeta = self.call(Op.LEASE, {"ns": work.ns, "items": [[k, ev] for k, ev in uniq],
                                       **extra}, work.deadline)
         if rmeta.get("one_sided") is False:
             return self._refused(work, rmeta)
@@ -189,7 +287,7 @@ class OneSidedTransport(TcpTransport):
         fallback = []
         held: list[int] = []
         try:  # any failure before RELEASE closes the connection: the server drops the leases
-            lo, hi = self.span
+            lo, hi = self.path.span
             for ls in leases:
                 if type(ls) is not list or tuple(map(type, ls)) != _INT6:
                     raise ProtocolError("malformed LEASE reply item")
@@ -206,10 +304,10 @@ class OneSidedTransport(TcpTransport):
                 if st != Status.OK:
                     out[i] = ItemResult(status_of(st), total, ver, 0)
                     continue
-                start = min(it[1], total)
-                n = min(total - start, it[2])
+                start = min(it.offset, total)
+                n = min(total - start, it.max_len)
                 res = out[i] = ItemResult(Status.OK, total, ver, n, None, csum)
-                dst = it[4]
+                dst = it.dest
                 if dst is None:  # a byte get: the bytes land in a new buffer
                     res.data = bytearray(n)
                     dst = memoryview(res.data)
@@ -222,19 +320,20 @@ class OneSidedTransport(TcpTransport):
         except BaseException:
             self.close()
             raise
-        if held and time.monotonic() - t0 < self.lease_s / 2:
+        if held and time.monotonic() - t0 < self.path.lease_s / 2:
             # Every copy ended within half the lease bound of a moment before the grant, so
             # no lease can have expired mid-copy: release without waiting for the answer
             # (read before the next request on this connection). A few dozen bytes on an
             # idle request/response stream never block unless the server stopped reading:
             # that costs at most RELEASE_GRACE_S past the deadline, then the connection.
-            sendmsg_all(self.sock, [encode_frame(Op.RELEASE, next(_rids), {"leases": held})],
+            sendmsg_all(self.sock, [encode_frame(Op.RELEASE, next_request_id(),
+                                                 {"leases": held})],
                         max(work.deadline, time.monotonic() + RELEASE_GRACE_S))
             self.unread += 1
         elif held:
             # Waited for, within the deadline: past it the op is a miss anyway, and the
             # timeout closes the connection, which drops the leases on the server.
-            rel = self._call(Op.RELEASE, {"leases": held}, work.deadline)
+            rel = self.call(Op.RELEASE, {"leases": held}, work.deadline)
             st = rel.get("st")
             if not isinstance(st, list) or len(st) != len(held):
                 raise ProtocolError("RELEASE reply does not match the request")
@@ -244,26 +343,20 @@ class OneSidedTransport(TcpTransport):
                     r = leases[which[i]]
                     if r[0] == Status.OK and r[4] in lost and out[i] is not None:
                         out[i] = ItemResult(Status.TIMEOUT, r[1], r[2], 0)
-        STATS[self.kind + "_get_items"] += len(items) - len(fallback)
+        STATS[f"{self.kind.value}_get_items"] += len(items) - len(fallback)
         if fallback:
             self._drain(work.deadline)
             STATS["tcp_fallback_items"] += len(fallback)
-            sub_extra = dict(work.extra or {})
-            if "ph" in sub_extra and isinstance(sub_extra["ph"], list) \
-                    and len(sub_extra["ph"]) == len(items):
-                sub_extra["ph"] = [sub_extra["ph"][i] for i in fallback]
-            sub = Work(Op.GET, work.ns, [items[i] for i in fallback], work.deadline, None,
-                       sub_extra or None)
-            for i, r in zip(fallback, TcpTransport._execute(self, sub)):
+            for i, r in zip(fallback, self.plain(self.subset(work, fallback))):
                 out[i] = r
         return out  # type: ignore[return-value]
 
-    def _put(self, work: Work) -> list[ItemResult]:
+    def put_alloc(self, work: Work) -> list[ItemResult]:
+        """A PUT frame as ALLOC -> ``move_out`` -> COMMIT (the nixl path's)."""
         items = work.items
         t0 = time.monotonic()
-        rmeta = self._call(Op.ALLOC, {"ns": work.ns, "items": [[it[0], it[1], it[2], it[3],
-                                                                it[4], it[6]] for it in items],
-                                      **(work.extra or {})}, work.deadline)
+        rmeta = self.call(Op.ALLOC, {"ns": work.ns, "items": put_fields(items),
+                                     **(work.extra or {})}, work.deadline)
         if rmeta.get("one_sided") is False:
             return self._refused(work, rmeta)
         slots = rmeta.get("items")
@@ -280,29 +373,29 @@ class OneSidedTransport(TcpTransport):
             if s[0] != Status.OK:
                 out[i] = ItemResult(status_of(s[0]))
                 continue
-            self._check_span(s[1], it[3])
-            if len(it[5]) != it[3]:
-                raise ValueError(f"put slice has {len(it[5])} bytes, item says {it[3]}")
+            self._check_span(s[1], it.length)
+            if len(it.src) != it.length:
+                raise ValueError(f"put slice has {len(it.src)} bytes, item says {it.length}")
             ok.append(i)
         if ok:
-            self.move_out([(items[i][5], slots[i][1], items[i][3]) for i in ok if items[i][3]],
-                          t0, work.deadline)
-            rmeta = self._call(Op.COMMIT, {"slots": [slots[i][2] for i in ok], "abort": []},
+            self.move_out([(items[i].src, slots[i][1], items[i].length) for i in ok
+                           if items[i].length], t0, work.deadline)
+            rmeta = self.call(Op.COMMIT, {"slots": [slots[i][2] for i in ok], "abort": []},
                                work.deadline)
             st = rmeta.get("st")
             if not isinstance(st, list) or len(st) != len(ok):
                 raise ProtocolError("COMMIT reply does not match the request")
             for i, s in zip(ok, st):
                 out[i] = ItemResult(status_of(s))
-        STATS[self.kind + "_put_items"] += len(ok)
+        STATS[f"{self.kind.value}_put_items"] += len(ok)
         if fallback:
             STATS["tcp_fallback_items"] += len(fallback)
-            for i, r in zip(fallback, TcpTransport._execute(self, self._subset(work, fallback))):
+            for i, r in zip(fallback, self.plain(self.subset(work, fallback))):
                 out[i] = r
         return out
 
     @staticmethod
-    def _subset(work: Work, idx: list[int]) -> Work:
+    def subset(work: Work, idx: list[int]) -> Work:
         """The items ``idx`` of ``work`` as a frame of their own (placement hashes too)."""
         extra = dict(work.extra or {})
         if "ph" in extra and isinstance(extra["ph"], list) \

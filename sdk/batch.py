@@ -1,0 +1,361 @@
+"""One call's keys: slice results fold into per-key results, then the batch result.
+
+A ``Batch`` is made by the user thread for every Client call. It cuts its keys into
+work items for their owners (``route``: one item per slice of ``slice_bytes``), and
+folds what comes back. Every frame of the batch completes through ``frame_done``
+(its ``Work.on_done``), which:
+
+* hands items a server answered ``NOT_OWNER`` to the sender's ``reroute`` (the
+  router refreshes its view and sends them once more, or folds NOT_OWNER);
+* for a byte get, learns the object's size from its first slice and sends the
+  remaining slices to the same server (the key's part count grows first);
+* folds everything else.
+
+Exactly once. A key is finished when its last outstanding slice is folded; a slice
+folded for a key with none outstanding is ignored. Each finished key is finalized
+(its result written, ``on_key`` called) exactly once, and the batch callback and
+future complete exactly once, after every key. A key's status is its first non-OK
+slice status; slices from different object versions make it ``CONFLICT``, and
+slices reporting different checksums ``CORRUPT``.
+
+Threads. ``route`` runs on the user thread. ``frame_done``, ``fold`` and ``fail`` run
+on dispatch threads, the reaper, the router's thread or the submitting thread
+(work completed at once), concurrently: one lock guards the per-slice state;
+finalization and callbacks run outside it and must not block.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
+
+from gcache.protocol import Op
+from gcache.sdk.buffers import digest
+from gcache.sdk.transports.base import GetItem, ItemResult, KeyItem, PutItem, Work
+from gcache.status import Status
+
+if TYPE_CHECKING:
+    from gcache.protocol import Limits
+
+log = logging.getLogger("gcache.sdk")
+
+KeyCallback = Callable[[int, bytes, Any], None]
+BatchCallback = Callable[[list], None]
+Routed = dict[str, list]  # owner address ('' = none) -> its items, in key order
+
+# one folded slice, within this module: (key index, status, version, total_len, checksum)
+_Slice = tuple[int, Status, int, int, "int | None"]
+
+
+class Sender(Protocol):
+    """Where a batch's items go (the router)."""
+
+    def send(self, batch: Batch, routed: Routed, retried: bool = False) -> None: ...
+
+    def reroute(self, batch: Batch, work: Work, moved: list) -> None: ...
+
+
+class Checksums:
+    """``verify_checksums``: every value read is checked against the server's checksum
+    once all its bytes landed; a mismatch is a ``CORRUPT`` miss, counted in
+    ``counters`` (any thread)."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+        self.counters = {"checksum_mismatch": 0}  # reads refused by verify_checksums
+        self._lock = threading.Lock()
+
+    def check(self, key: bytes, buf: Any, want: int | None) -> Status:
+        """OK if ``buf`` (the whole object) hashes to ``want``, else CORRUPT."""
+        if want is not None and digest(buf) == want:
+            return Status.OK
+        with self._lock:
+            self.counters["checksum_mismatch"] += 1
+        log.warning("read of %r failed its checksum (%s); reported as CORRUPT, a miss",
+                    key[:64], "none sent" if want is None else "bytes differ")
+        return Status.CORRUPT
+
+
+class Batch:
+    """The keys of one call and their results (see the module docstring)."""
+
+    DEFAULT: Any = Status.ERROR  # a key's result until it is finalized
+
+    __slots__ = ("op", "keys", "deadline", "sender", "results", "left", "parts", "versions",
+                 "totals", "sums", "hashes", "remaining", "lock", "future", "callback",
+                 "on_key")
+
+    def __init__(self, op: int, keys: list[bytes], deadline: float, sender: Sender,
+                 callback: BatchCallback | None, on_key: KeyCallback | None) -> None:
+        n = len(keys)
+        self.op, self.keys, self.deadline, self.sender = op, keys, deadline, sender
+        self.results: list[Any] = [self.DEFAULT] * n
+        self.parts = [0] * n  # outstanding slices per key
+        self.left: list[Status] = [Status.OK] * n  # first non-OK status per key
+        self.versions = [0] * n
+        self.totals = [-1] * n
+        self.sums: list[int | None] = [None] * n  # the server's checksum of each object
+        self.hashes: list[int] = []  # placement hash per key (routing, NOT_OWNER re-routes)
+        self.remaining = n
+        self.lock = threading.Lock()
+        self.future: Future = Future()
+        self.callback, self.on_key = callback, on_key
+        if n == 0:
+            self.future.set_result([])
+
+    # ------------------------------------------------------------------ per kind
+    def route(self, owners: list[str], slice_bytes: int) -> Routed:
+        """The items of every key, grouped by owner (``owners[i]``: key i's)."""
+        raise NotImplementedError
+
+    def finalize(self, i: int, st: Status) -> Any:
+        """Key ``i``'s result, once its last slice folded with status ``st``."""
+        return st
+
+    def fold_frame(self, work: Work, items: list, results: list[ItemResult]) -> None:
+        """Fold a frame's items and results (NOT_OWNER items taken out)."""
+        self.fold([(it.index, r.status, 0, -1, None) for it, r in zip(items, results)])
+
+    # ------------------------------------------------------------------ completion
+    def frame_done(self, work: Work, results: list[ItemResult]) -> None:
+        """``Work.on_done`` of every frame of this batch: called once per frame."""
+        items = work.items
+        moved = [it for it, r in zip(items, results) if r.status == Status.NOT_OWNER]
+        if moved:
+            self.sender.reroute(self, work, moved)
+            keep = [k for k, r in enumerate(results) if r.status != Status.NOT_OWNER]
+            items = [items[k] for k in keep]
+            results = [results[k] for k in keep]
+        self.fold_frame(work, items, results)
+
+    def fail(self, items: Iterable, status: Status) -> None:
+        """Fold ``status`` for each item (a slice each)."""
+        self.fold([(it.index, status, 0, -1, None) for it in items])
+
+    def fail_all(self, status: Status) -> Batch:
+        """Every key's result is ``status`` (a closed client): nothing was sent."""
+        self.parts = [1] * len(self.keys)
+        self.fold([(i, status, 0, -1, None) for i in range(len(self.keys))])
+        return self
+
+    def fold(self, done: Iterable[_Slice]) -> None:
+        """Fold ``(key index, status, version, total_len, checksum)`` of finished slices.
+        Every key is finalized (result written, per-key callback run) before the batch
+        counts it, so the batch callback and the future always see every result."""
+        finished = []
+        with self.lock:
+            for i, st, version, total, csum in done:
+                if self.parts[i] <= 0:
+                    continue
+                if st != Status.OK and self.left[i] == Status.OK:
+                    self.left[i] = st
+                if st == Status.OK and csum is not None:
+                    if self.sums[i] is not None and self.sums[i] != csum \
+                            and self.left[i] == Status.OK:
+                        self.left[i] = Status.CORRUPT  # slices disagree on the object
+                    self.sums[i] = csum
+                if version:
+                    if self.versions[i] and self.versions[i] != version \
+                            and self.left[i] == Status.OK:
+                        self.left[i] = Status.CONFLICT
+                    self.versions[i] = version
+                if total >= 0:
+                    self.totals[i] = total
+                self.parts[i] -= 1
+                if not self.parts[i]:
+                    finished.append(i)
+        if not finished:
+            return
+        for i in finished:
+            res = self.finalize(i, self.left[i])
+            self.results[i] = res
+            if self.on_key is not None:
+                try:
+                    self.on_key(i, self.keys[i], res)
+                except Exception:
+                    log.exception("per-key callback raised")
+        with self.lock:
+            self.remaining -= len(finished)
+            last = self.remaining == 0
+        if last:
+            if self.callback is not None:
+                try:
+                    self.callback(self.results)
+                except Exception:
+                    log.exception("batch callback raised")
+            self.future.set_result(self.results)
+
+
+class PutBatch(Batch):
+    """``put_batch_from``: one Status per key; values larger than ``max_value_bytes``
+    are TOO_LARGE without being sent."""
+
+    __slots__ = ("views", "max_value_bytes")
+
+    def __init__(self, keys: list[bytes], views: list, limits: Limits, deadline: float,
+                 sender: Sender, callback: BatchCallback | None,
+                 on_key: KeyCallback | None) -> None:
+        super().__init__(Op.PUT, keys, deadline, sender, callback, on_key)
+        self.views, self.max_value_bytes = views, limits.max_value_bytes
+
+    def route(self, owners: list[str], slice_bytes: int) -> Routed:
+        routed: Routed = {}
+        too_large = []
+        parts, step, most = self.parts, slice_bytes, self.max_value_bytes
+        for i, (k, v, addr) in enumerate(zip(self.keys, self.views, owners)):
+            n = len(v)
+            if n > most:
+                too_large.append(i)
+                continue
+            c = digest(v)  # the server refuses to publish bytes that hash differently
+            if n <= step:
+                parts[i] = 1
+                routed.setdefault(addr, []).append(PutItem(k, n, 0, n, 0, v, c, i))
+                continue
+            pid = int.from_bytes(os.urandom(8), "little") >> 1 or 1
+            offs = range(0, n, step)
+            parts[i] = len(offs)
+            dest = routed.setdefault(addr, [])
+            for off in offs:
+                ln = min(step, n - off)
+                dest.append(PutItem(k, n, off, ln, pid, v[off:off + ln], c, i))
+        for i in too_large:
+            parts[i] = 1
+        self.fold([(i, Status.TOO_LARGE, 0, -1, None) for i in too_large])
+        return routed
+
+
+class KeyBatch(Batch):
+    """EXISTS (True per key stored now), DELETE and TOUCH (one Status per key)."""
+
+    __slots__ = ()
+
+    def __init__(self, op: int, keys: list[bytes], deadline: float, sender: Sender,
+                 callback: BatchCallback | None, on_key: KeyCallback | None) -> None:
+        super().__init__(op, keys, deadline, sender, callback, on_key)
+        if op == Op.EXISTS:
+            self.results = [False] * len(keys)
+
+    def route(self, owners: list[str], slice_bytes: int) -> Routed:
+        routed: Routed = {}
+        for i, (k, addr) in enumerate(zip(self.keys, owners)):
+            self.parts[i] = 1
+            routed.setdefault(addr, []).append(KeyItem(k, i))
+        return routed
+
+    def finalize(self, i: int, st: Status) -> Any:
+        return st == Status.OK if self.op == Op.EXISTS else st
+
+
+def slice_status(it: GetItem, r: ItemResult) -> Status:
+    """A get slice's status: SIZE_MISMATCH when the bytes that came are not what the
+    destination slice at ``it.offset`` of a ``r.total_len`` object should hold."""
+    if r.status == Status.OK and it.dest is not None \
+            and r.nbytes != min(it.max_len, max(0, r.total_len - it.offset)):
+        return Status.SIZE_MISMATCH
+    return r.status
+
+
+class IntoBatch(Batch):
+    """``get_batch_into``: each object lands in its caller's buffer, which must be
+    exactly the object's size (else SIZE_MISMATCH)."""
+
+    __slots__ = ("views", "checks")
+
+    def __init__(self, keys: list[bytes], views: list, checks: Checksums, deadline: float,
+                 sender: Sender, callback: BatchCallback | None,
+                 on_key: KeyCallback | None) -> None:
+        super().__init__(Op.GET, keys, deadline, sender, callback, on_key)
+        self.views, self.checks = views, checks
+
+    def route(self, owners: list[str], slice_bytes: int) -> Routed:
+        routed: Routed = {}
+        parts, step = self.parts, slice_bytes
+        for i, (k, v, addr) in enumerate(zip(self.keys, self.views, owners)):
+            n = len(v)
+            dest = routed.setdefault(addr, [])
+            if n <= step:  # one slice: the whole buffer
+                parts[i] = 1
+                dest.append(GetItem(k, 0, n, 0, v, i))
+                continue
+            offs = range(0, n, step)
+            parts[i] = len(offs)
+            for off in offs:
+                ln = min(step, n - off)
+                dest.append(GetItem(k, off, ln, 0, v[off:off + ln], i))
+        return routed
+
+    def fold_frame(self, work: Work, items: list, results: list[ItemResult]) -> None:
+        self.fold([(it.index, slice_status(it, r), r.version, r.total_len, r.checksum)
+                   for it, r in zip(items, results)])
+
+    def finalize(self, i: int, st: Status) -> Status:
+        if st == Status.OK and self.totals[i] != len(self.views[i]):
+            return Status.SIZE_MISMATCH
+        if st == Status.OK and self.checks.on:
+            return self.checks.check(self.keys[i], self.views[i], self.sums[i])
+        return st
+
+
+class BytesBatch(Batch):
+    """``get_batch``: each object as new bytes, ``None`` for every kind of miss. The
+    first slice tells the size; the rest are fetched in parallel from the same server."""
+
+    DEFAULT = None
+
+    __slots__ = ("bufs", "checks", "slice_bytes")
+
+    def __init__(self, keys: list[bytes], checks: Checksums, deadline: float, sender: Sender,
+                 callback: BatchCallback | None, on_key: KeyCallback | None) -> None:
+        super().__init__(Op.GET, keys, deadline, sender, callback, on_key)
+        self.bufs: list[Any] = [None] * len(keys)
+        self.checks = checks
+        self.slice_bytes = 0
+
+    def route(self, owners: list[str], slice_bytes: int) -> Routed:
+        self.slice_bytes = slice_bytes
+        routed: Routed = {}
+        for i, (k, addr) in enumerate(zip(self.keys, owners)):
+            self.parts[i] = 1
+            routed.setdefault(addr, []).append(GetItem(k, 0, slice_bytes, 0, None, i))
+        return routed
+
+    def fold_frame(self, work: Work, items: list, results: list[ItemResult]) -> None:
+        bulk = []
+        for it, r in zip(items, results):
+            i = it.index
+            if it.dest is None and r.status == Status.OK and self.bufs[i] is None:
+                self._first_slice(work, it, r)  # may fan out
+            else:
+                bulk.append((i, slice_status(it, r), r.version, r.total_len, r.checksum))
+        self.fold(bulk)
+
+    def _first_slice(self, work: Work, it: GetItem, r: ItemResult) -> None:
+        """The first slice of a byte get: learn the size, fetch the rest in parallel
+        from the server that answered."""
+        i, step = it.index, self.slice_bytes
+        if r.total_len <= r.nbytes:
+            self.bufs[i] = r.data if r.data is not None else bytearray()
+        else:
+            full = bytearray(r.total_len)
+            full[:r.nbytes] = r.data
+            self.bufs[i] = full
+            view = memoryview(full)
+            rest = [GetItem(self.keys[i], off, min(step, r.total_len - off), r.version,
+                            view[off:off + min(step, r.total_len - off)], i)
+                    for off in range(r.nbytes, r.total_len, step)]
+            with self.lock:
+                self.parts[i] += len(rest)
+            self.sender.send(self, {work.address: rest})
+        self.fold(((i, r.status, r.version, r.total_len, r.checksum),))
+
+    def finalize(self, i: int, st: Status) -> bytes | None:
+        buf = self.bufs[i]
+        if st != Status.OK or buf is None or len(buf) != self.totals[i]:
+            return None
+        if self.checks.on and self.checks.check(self.keys[i], buf, self.sums[i]) != Status.OK:
+            return None
+        return bytes(buf)
