@@ -13,7 +13,10 @@ that one node loss truncates few sessions. In gcache that mechanism is the ops'
 Workload (``make_workload``, seeded): ``sessions`` sessions; session ``s`` holds a
 prefix chain of ``P_s`` pages, ``P_s`` uniform in ``[min_pages, max_pages]``; page
 ``i``'s key is ``"<session token>/<i>"`` (a stand-in for SGLang's page hash), one
-object per page. Chains share no pages.
+object per page. Chains share no pages, unless ``shared_pages`` is set: then each
+session's chain starts with the first ``shared_pages`` pages of one of ``prompts``
+shared prompts (``"prompt<k>/<i>"``, a system prompt; one object however many sessions
+use it), chosen uniformly.
 
 Placements (``Placement``):
 
@@ -22,17 +25,20 @@ Placements (``Placement``):
   each named by its first page's key, passed as ``group=`` one per key. With ``G`` at
   least the longest chain (``G = 64``, the plugin's default, against chains of at most
   64 pages) a session is one group named by its first page: the same placement as
-  ``group=<session id>``, one server per session.
+  ``group=<session id>``, one server per session. Sessions that share a prompt share
+its first run's group (it is named by the prompt's first page), so their first runs
+land on one server.
 
 Ring code (``owners``, ``blast_radius``): placement hashes come from
 ``gcache.sdk.routing.placement_hashes`` and owners from ``View.static(addresses).ring``,
 the code the SDK routes by. For every server ``d`` that may die: the sessions hit (at
-least one page on ``d``), the pages lost (the pages on ``d``) and the prefix pages lost
-(for each hit session, its pages from the first one on ``d`` to the end of the chain:
-prefix reuse stops at the first missing page). Mean and max over ``d``, as fractions
-of all sessions or pages, next to the uniform-share expectation ``1 - (1 - 1/N)^R``
-per session, ``R`` = the runs of its chain (pages, under ``key``). The cost: load, the
-pages (= bytes: pages have one size) per server, max over mean.
+least one page on ``d``), the pages lost (the objects on ``d``, as a fraction of all
+objects) and the prefix lost (for each hit session, its pages from the first one on
+``d`` to the end of the chain, since prefix reuse stops at the first missing page; as a
+fraction of all sessions' chain pages). Mean and max over ``d``, next to the
+uniform-share expectation of the sessions hit, ``1 - (1 - 1/N)^R`` per session, ``R`` =
+the runs of its chain (pages, under ``key``; shown without shared prompts only). The
+cost: load, the objects (= bytes: pages have one size) per server, max over mean.
 
 Real processes (``measure_real``): ``N`` local servers (static view, no masters); the
 workload is written through ``Client.put_batch`` once per placement, each in its own
@@ -92,6 +98,8 @@ class Workload(NamedTuple):
     session: np.ndarray       # session index of each page
     position: np.ndarray      # chain position of each page
     lengths: np.ndarray       # pages per session
+    stored: np.ndarray        # bool: the first page with its key (one object per key)
+    shared: bool              # chains start with shared prompts
 
     @property
     def keys(self) -> list[bytes]:
@@ -114,18 +122,28 @@ class Workload(NamedTuple):
 
 
 def make_workload(sessions: int, min_pages: int, max_pages: int, seed: int,
-                  namespace: bytes = b"blast") -> Workload:
-    """``sessions`` chains of ``min_pages..max_pages`` pages (uniform), from ``seed``."""
-    if sessions < 1 or not 1 <= min_pages <= max_pages:
-        raise ValueError("need sessions >= 1 and 1 <= min_pages <= max_pages")
+                  namespace: bytes = b"blast", shared_pages: int = 0,
+                  prompts: int = 1) -> Workload:
+    """``sessions`` chains of ``min_pages..max_pages`` pages (uniform), from ``seed``;
+    each starts with ``shared_pages`` pages of one of ``prompts`` shared prompts."""
+    if sessions < 1 or not 1 <= min_pages <= max_pages or shared_pages < 0 or prompts < 1:
+        raise ValueError("need sessions >= 1, 1 <= min_pages <= max_pages, "
+                         "shared_pages >= 0 and prompts >= 1")
     rng = np.random.default_rng(seed)
     lengths = rng.integers(min_pages, max_pages + 1, size=sessions, dtype=np.int64)
     tokens = rng.integers(0, 2**63, size=sessions, dtype=np.int64).tolist()
-    pages = [f"{t:016x}/{i}" for t, n in zip(tokens, lengths.tolist()) for i in range(n)]
+    prompt = rng.integers(0, prompts, size=sessions).tolist()
+    pages = [f"prompt{k}/{i}" if i < shared_pages else f"{t:016x}/{i}"
+             for t, k, n in zip(tokens, prompt, lengths.tolist()) for i in range(n)]
     session = np.repeat(np.arange(sessions, dtype=np.int64), lengths)
     starts = np.cumsum(lengths) - lengths
     position = np.arange(len(pages), dtype=np.int64) - np.repeat(starts, lengths)
-    return Workload(namespace, pages, session, position, lengths)
+    first: dict[str, int] = {}
+    for i, p in enumerate(pages):
+        first.setdefault(p, i)
+    stored = np.zeros(len(pages), dtype=bool)
+    stored[list(first.values())] = True
+    return Workload(namespace, pages, session, position, lengths, stored, shared_pages > 0)
 
 
 def ring_addresses(n: int) -> list[str]:
@@ -153,7 +171,7 @@ def sessions_hit(workload: Workload, owner: np.ndarray, dead: int) -> np.ndarray
 
 def expected_hit(workload: Workload, placement: Placement, n: int) -> float:
     """Uniform-share expectation of the sessions hit: mean of ``1 - (1 - 1/n)^R``,
-    ``R`` = runs per chain (pages under ``key``)."""
+    ``R`` = runs per chain (pages under ``key``); chains share no pages."""
     size = placement.group_pages or 1
     runs = -(-workload.lengths // size)
     return float(np.mean(1.0 - (1.0 - 1.0 / n) ** runs))
@@ -163,7 +181,8 @@ def blast_radius(workload: Workload, owner: np.ndarray, n: int) -> dict[str, Any
     """Sessions hit, pages lost and prefix pages lost for each single-server death
     (mean and max over the ``n`` servers, as fractions), and the load max/mean."""
     sessions, pages = len(workload.lengths), len(owner)
-    load = np.bincount(owner, minlength=n)
+    load = np.bincount(owner[workload.stored], minlength=n)
+    objects = int(load.sum())
     # one row per (session, server) pair, at the session's first page on that server
     code = workload.session * n + owner
     order = np.lexsort((workload.position, code))
@@ -176,10 +195,10 @@ def blast_radius(workload: Workload, owner: np.ndarray, n: int) -> dict[str, Any
     hit = np.bincount(pair_server, minlength=n)
     cut = np.bincount(pair_server, weights=workload.lengths[pair_session] - cut_at,
                       minlength=n)
-    return {"servers": n, "sessions": sessions, "pages": pages,
+    return {"servers": n, "sessions": sessions, "pages": pages, "objects": objects,
             "hit_mean": float(hit.mean() / sessions), "hit_max": float(hit.max() / sessions),
-            "pages_lost_mean": float(load.mean() / pages),
-            "pages_lost_max": float(load.max() / pages),
+            "pages_lost_mean": float(load.mean() / objects),
+            "pages_lost_max": float(load.max() / objects),
             "prefix_lost_mean": float(cut.mean() / pages),
             "prefix_lost_max": float(cut.max() / pages),
             "servers_per_session": float(len(pair) / sessions),
@@ -194,9 +213,13 @@ def ring_rows(workload: Workload, placements: Sequence[Placement],
         addresses = ring_addresses(n)
         for p in placements:
             row = blast_radius(workload, owners(workload, p, addresses), n)
-            rows.append({"placement": p.label, **row,
-                         "hit_expected": expected_hit(workload, p, n)})
+            rows.append({"placement": p.label, **row, "hit_expected":
+                         None if workload.shared else expected_hit(workload, p, n)})
     return rows
+
+
+def _pick(groups: list[str] | None, index: np.ndarray) -> list[str] | None:
+    return None if groups is None else [groups[i] for i in index]
 
 
 def _read(client: Client, keys: list[bytes], groups: list[str] | None
@@ -223,7 +246,11 @@ def measure_real(n: int, workload: Workload, placements: Sequence[Placement], *,
     with the ring code's prediction for that server. One row per placement."""
     from gcache.testing.cluster import Cluster
 
-    keys = workload.keys
+    every = workload.keys
+    stored = np.flatnonzero(workload.stored)
+    keys = [every[i] for i in stored]  # one object per key; shared pages written once
+    slot = {k: j for j, k in enumerate(keys)}
+    object_of = np.fromiter((slot[k] for k in every), dtype=np.int64, count=len(every))
     values = [value_for(k, page_bytes) for k in keys]
     victim = random.Random(seed).randrange(n)
     rows = []
@@ -234,7 +261,7 @@ def measure_real(n: int, workload: Workload, placements: Sequence[Placement], *,
                              timeout_ms=timeout_ms, transport="tcp") for p in placements}
         try:
             for p, client in clients.items():
-                groups = workload.groups(p)
+                groups = _pick(workload.groups(p), stored)
                 for lo in range(0, len(keys), IO_BATCH):
                     st = client.put_batch(keys[lo:lo + IO_BATCH], values[lo:lo + IO_BATCH],
                                           group=None if groups is None
@@ -253,18 +280,20 @@ def measure_real(n: int, workload: Workload, placements: Sequence[Placement], *,
                 owner = owners(workload, p, addresses)
                 predicted = sessions_hit(workload, owner, victim)
                 t0 = time.monotonic()
-                ok, wrong = _read(client, keys, workload.groups(p))
+                ok, wrong = _read(client, keys, _pick(workload.groups(p), stored))
                 read_s = time.monotonic() - t0
-                measured = np.bincount(workload.session[~ok],
+                missing = ~ok[object_of]  # per page of every chain
+                measured = np.bincount(workload.session[missing],
                                        minlength=len(workload.lengths)) > 0
                 rows.append({"servers": n, "placement": p.label, "killed": addresses[victim],
                              "killed_index": victim,
-                             "sessions": len(workload.lengths), "pages": len(keys),
+                             "sessions": len(workload.lengths), "objects": len(keys),
                              "hit": float(measured.mean()),
                              "hit_predicted": float(predicted.mean()),
                              "disagree": int((measured != predicted).sum()),
                              "pages_lost": float((~ok).mean()),
-                             "pages_lost_predicted": float((owner == victim).mean()),
+                             "pages_lost_predicted":
+                                 float((owner[stored] == victim).mean()),
                              "wrong_values": wrong, "read_after_kill_s": round(read_s, 3),
                              "ring_hit_mean": blast_radius(workload, owner, n)["hit_mean"]})
         finally:
@@ -285,7 +314,8 @@ def render_ring(rows: list[dict[str, Any]], title: str) -> Table:
         t.add_column(col, justify="left" if col == "placement" else "right")
     for r in rows:
         t.add_row(str(r["servers"]), r["placement"], _pct(r["hit_mean"]), _pct(r["hit_max"]),
-                  _pct(r["hit_expected"]), _pct(r["pages_lost_mean"]),
+                  "-" if r["hit_expected"] is None else _pct(r["hit_expected"]),
+                  _pct(r["pages_lost_mean"]),
                   _pct(r["pages_lost_max"]), _pct(r["prefix_lost_mean"]),
                   _pct(r["prefix_lost_max"]), f"{r['servers_per_session']:.2f}",
                   f"{r['load_max_over_mean']:.2f}")
@@ -330,6 +360,10 @@ def _size(ctx: click.Context, param: click.Parameter, value: Any) -> int:
 @click.option("--group-pages", multiple=True, type=click.IntRange(min=1), default=(64,),
               show_default=True, help="Pages per placement run of chain placement "
               "(repeatable; the plugin's group_pages, default 64).")
+@click.option("--shared-pages", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Each chain starts with this many pages of a shared prompt.")
+@click.option("--prompts", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Distinct shared prompts (with --shared-pages).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--page-bytes", default="4KiB", show_default=True, callback=_size,
               help="Value size of a page in the real-process run.")
@@ -345,7 +379,8 @@ def _size(ctx: click.Context, param: click.Parameter, value: Any) -> int:
 @click.pass_context
 def main(ctx: click.Context, ring_servers: tuple[int, ...], local_servers: tuple[int, ...],
          sessions: int, local_sessions: int, min_pages: int, max_pages: int,
-         group_pages: tuple[int, ...], seed: int, page_bytes: int, memory: int,
+         group_pages: tuple[int, ...], shared_pages: int, prompts: int, seed: int,
+         page_bytes: int, memory: int,
          slab_bytes: int, timeout_ms: int, log_dir: str | None, json_path: str | None) -> None:
     """Fraction of sessions whose prefix chain loses a page when one of N servers dies,
     chain placement (group=) against key placement."""
@@ -360,12 +395,16 @@ def main(ctx: click.Context, ring_servers: tuple[int, ...], local_servers: tuple
     if not out.is_terminal:
         out = Console(width=max(out.width, 132))
     shape = f"{min_pages}..{max_pages} pages per chain, seed {seed}"
-    ring = ring_rows(make_workload(sessions, min_pages, max_pages, seed), placements,
+    if shared_pages:
+        shape += f", first {shared_pages} pages from {prompts} shared prompt(s)"
+    ring = ring_rows(make_workload(sessions, min_pages, max_pages, seed,
+                                   shared_pages=shared_pages, prompts=prompts), placements,
                      list(dict.fromkeys(ring_servers)))
     out.print(render_ring(ring, f"blast radius, ring code: {sessions} sessions x {shape}"))
     real: list[dict[str, Any]] = []
     if local_servers:
-        local = make_workload(local_sessions, min_pages, max_pages, seed)
+        local = make_workload(local_sessions, min_pages, max_pages, seed,
+                              shared_pages=shared_pages, prompts=prompts)
         for n in dict.fromkeys(local_servers):
             Console(stderr=True).print(f"{n} local servers: write, kill -9 one, read back")
             real += measure_real(n, local, placements, page_bytes=page_bytes, memory=memory,
@@ -377,7 +416,8 @@ def main(ctx: click.Context, ring_servers: tuple[int, ...], local_servers: tuple
         doc = {"machine": machine_info(), "command": " ".join(sys.argv),
                "settings": {"sessions": sessions, "local_sessions": local_sessions,
                             "min_pages": min_pages, "max_pages": max_pages,
-                            "group_pages": list(group_pages), "seed": seed,
+                            "group_pages": list(group_pages), "shared_pages": shared_pages,
+                            "prompts": prompts, "seed": seed,
                             "page_bytes": page_bytes, "memory": memory},
                "ring": ring, "real": real}
         with open(json_path, "w") as f:
