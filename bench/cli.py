@@ -6,6 +6,7 @@
     gcache-bench --local 1 --op get --sweep --transport tcp --transport shm --transport nixl \
         --plot bench/out/transports.png --json bench/out/transports.json
     gcache-bench --local 1 --raw-transport --transport shm --transport nixl --size 1MiB
+    gcache-bench blast-radius --local 4 --local 8    # sessions hit by one server's death
 
 Design: the CLI only wires things up. It starts a local ``Cluster`` (or uses
 ``--servers``), measures the raw-socket baseline once, then runs every case
@@ -22,6 +23,10 @@ loopback). With nixl the bench registers its buffers (``register_buffer``) unles
 keys per call for large sizes. ``--raw-transport`` replaces the cases by the raw
 single-process transport reads of ``raw_transport``. ``--plot FILE.png`` draws GB/s
 against size, one line per transport and op (matplotlib).
+
+Subcommands run other benchmarks on their own options: ``blast-radius``
+(``blast_radius``: sessions whose prefix chain loses a page when one server dies,
+chain against key placement).
 
 ``--tls`` runs every client connection over TLS: ``--local`` servers get a
 throwaway CA and certificates (``gcache.testing.certs``) and speak TLS only;
@@ -61,6 +66,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gcache.bench.blast_radius import main as blast_radius_main
 from gcache.bench.runner import (cluster_capacity, measure_baseline, raw_gbps, run_case,
                                  run_demotion_impact)
 from gcache.bench.disk_baseline import measure_raw_pread
@@ -158,7 +164,8 @@ def _wait_settled(client: Client, quiet_s: float = 0.5, timeout_s: float = 120.0
     return client.stats()
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+             invoke_without_command=True)
 @click.option("--servers", help="Comma-separated host:port list of running servers.")
 @click.option("--local", type=click.IntRange(min=1), help="Start N local servers for the run.")
 @click.option("--memory", default="2GiB", show_default=True, callback=_size,
@@ -251,7 +258,10 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
          tls_ca_file: str | None, tls_cert_file: str | None, tls_key_file: str | None
          ) -> None:
     """Benchmark gcache put/get batches against a raw loopback-TCP baseline
-    (and, with --tier disk, the disk tier against a raw pread of its files)."""
+    (and, with --tier disk, the disk tier against a raw pread of its files).
+    Other benchmarks are subcommands (gcache-bench COMMAND --help)."""
+    if ctx.invoked_subcommand is not None:
+        return  # a subcommand runs on its own options
     if (servers is None) == (local is None):
         raise click.UsageError("give exactly one of --servers HOST:PORT,... or --local N")
     if tier == "disk" and local is None:
@@ -497,6 +507,8 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
             f"{r['error_kinds']}" for r in results if r["errors"]))
         ctx.exit(1)
 
+
+main.add_command(blast_radius_main, "blast-radius")
 
 if __name__ == "__main__":
     main()

@@ -7,8 +7,8 @@ last view it saw (the IO path never waits for a master). Without masters the vie
 is the static server list, replaced only by ``update``.
 
 Placement: a key's hash is ``placement_hash(namespace, key)``, or with ``group=`` the
-group's hash (every key of a group lands on one owner); the ring maps hashes to
-members. Requests routed by a master view carry the epoch (``ep``) and the hashes
+group's hash (every key of a group lands on one owner), both by ``placement_hashes``,
+the one copy of that rule; the ring maps hashes to members. Requests routed by a master view carry the epoch (``ep``) and the hashes
 (``ph``); a server whose view is newer and that does not own an item answers
 ``NOT_OWNER``, and the items are re-routed once (a second NOT_OWNER is final):
 
@@ -52,6 +52,37 @@ log = logging.getLogger("gcache.sdk")
 
 WATCH_WAIT_MS = 5000  # one long-poll of the masters' view
 WATCH_RETRY_S = 0.5  # pause after a failed long-poll (every master down)
+
+
+def placement_hashes(namespace: bytes, keys: Sequence[bytes], group: Any = None) -> list[int]:
+    """The placement hash of each key as the ops' ``group=`` argument places it: the
+    rule every op and ``Client.owners`` route by, public so that benches and tools
+    (``gcache.bench.blast_radius``) place keys exactly as the SDK does.
+
+    Args:
+        namespace: the client's namespace (bytes).
+        keys: the keys (bytes).
+        group: None (each key by its own hash), one group for every key (str or bytes),
+            or one group per key (a sequence; a None entry places that key by itself).
+            Every key of one group lands on one server.
+
+    Returns:
+        One 64-bit ring position per key.
+
+    Failure:
+        ValueError for a group sequence whose length is not ``len(keys)``.
+    """
+    if group is None:
+        return [placement_hash(namespace, k) for k in keys]
+    if isinstance(group, (str, bytes)):
+        g = group.encode() if isinstance(group, str) else group
+        return [placement_hash(namespace, b"", g)] * len(keys)
+    gs = list(group)
+    if len(gs) != len(keys):
+        raise ValueError("group= sequence must have one entry per key")
+    return [placement_hash(namespace, k, None if g is None else
+                           (g.encode() if isinstance(g, str) else bytes(g)))
+            for k, g in zip(keys, gs)]
 
 
 class Router:
@@ -144,18 +175,7 @@ class Router:
     # ------------------------------------------------------------------ placement
     def hashes(self, keys: list[bytes], group: Any = None) -> list[int]:
         """The placement hash of each key (``group``: one group for all, or one per key)."""
-        ns = self.namespace
-        if group is None:
-            return [placement_hash(ns, k) for k in keys]
-        if isinstance(group, (str, bytes)):
-            g = group.encode() if isinstance(group, str) else group
-            return [placement_hash(ns, b"", g)] * len(keys)
-        gs = list(group)
-        if len(gs) != len(keys):
-            raise ValueError("group= sequence must have one entry per key")
-        return [placement_hash(ns, k, None if g is None else
-                               (g.encode() if isinstance(g, str) else bytes(g)))
-                for k, g in zip(keys, gs)]
+        return placement_hashes(self.namespace, keys, group)
 
     def owners(self, hashes: list[int]) -> list[str]:
         """The owner address of each hash in the current view ('' when it is empty)."""
