@@ -235,6 +235,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "server"),
     Option("heartbeat_interval_ms", "duration_ms", 500, "Heartbeat period to the masters.",
            "server"),
+    Option("migrate_mbps", "float", 0.0, "Cap on the handoff worker's bytes (MB/s, 10^6 "
+           "bytes per second): what this server pushes to the new owners on a drain or a "
+           "join, so foreground IO keeps its latency. 0 = no cap.", "server"),
     Option("disk_dir", "str", "", "Directory of the NVMe tier's segment files (one "
            "gcache-<name> subdirectory per server); empty = memory only.", "server"),
     Option("disk_bytes", "size", 16 * _GIB, "Capacity of the NVMe tier (with --disk-dir).",
@@ -333,6 +336,8 @@ def _check(opt: Option, value: Any) -> str | None:
     """Range-check one parsed value; return the problem, or None if it is fine."""
     if opt.type in ("size", "int", "duration_ms") and value < 1:
         return "must be at least 1"
+    if opt.name == "migrate_mbps" and value < 0:
+        return "must be >= 0 (0 = no cap)"
     if opt.name.endswith("_watermark") and not 0 < value <= 1:
         return "must be in (0, 1]"
     if opt.type == "addr" and value == "" and opt.name != "metrics_listen":
