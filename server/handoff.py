@@ -1,0 +1,393 @@
+"""The handoff worker: a server pushes the objects it holds but no longer owns to their
+owners, so a drain or a join loses no acknowledged key.
+
+Design. Owned by ``app.Server`` (masters configured only). The membership agent calls
+``view_changed`` each time it adopts a view (also the first one, at registration); the
+worker thread then runs a *pass* over that view:
+
+1. walk ``Tier.held()`` (the committed objects of both tiers, a snapshot) and keep those
+   whose owner in the view's ring is another member: every object when this server is
+   not in the ring (draining, or removed);
+2. per namespace, through the project's own SDK (``gcache.sdk.Client`` on the masters'
+   view, transport tcp, checksums verified, the server's credential or token), in
+   batches of about ``BATCH_BYTES``: pin each object through the tier at the version
+   the walk saw (``pin_read``; memory or disk), check its bytes against its checksum,
+   ``put_batch_from(..., if_absent=True)`` straight from the pinned bytes (so a
+   foreground put that reached the owner first wins), then unpin;
+3. after an OK put, and only if the client routed it by this very view (its epoch
+   equals the pass's before and after the put, and the key's owner there is not this
+   server), delete the local copy with ``Tier.delete_if_version``: a newer local object
+   is never lost.
+
+A failed put (timeout, target unreachable, refused) keeps the object; it counts as
+*waiting* and the pass is retried after ``RETRY_S`` (doubling up to ``RETRY_MAX_S``). An
+object whose own bytes fail their checksum is dropped and counted lost (``handoff_lost``);
+the tier already drops and counts what it finds corrupt itself. A newer view abandons the
+pass at the next batch and starts a new one. A server outside the ring re-checks every
+``IDLE_OUT_S`` so a straggler put still leaves; inside the ring only views and retries
+start passes. Bytes are capped by a token bucket (``migrate_mbps``, MB/s; 0 = no cap).
+
+Groups: the server does not know a key's placement group, so objects are placed by
+``placement_hash(ns, key)``; an object written with ``group=`` moves to its key's owner.
+
+Threads. ``view_changed`` runs on the agent's threads and never blocks (it stores the
+view and sets an event). ``start`` / ``stop`` / ``join`` run on the owner's thread:
+``stop`` signals, closes the SDK clients (a put in flight ends at once as CLOSED) and
+returns; ``join`` waits for the worker until its deadline. ``stats`` runs on any thread
+(heartbeats, /metrics) and never blocks beyond a short lock. Everything else runs on the
+one worker thread ("gcache-handoff"); every wait in it is bounded (the put's deadline,
+the bucket's, the client's catch-up deadline) and ends early on ``stop``.
+
+Rights: the SDK clients authenticate with the server's ``credential`` (else its token),
+so that credential needs ``write`` on every namespace the server may hold (``"*"``),
+besides ``server = true`` for the masters.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import threading
+from collections import Counter
+from typing import Any, Callable, NamedTuple, Sequence
+
+from gcache.clock import SYSTEM, Clock
+from gcache.errors import GCacheError
+from gcache.hashing import checksum, placement_hash
+from gcache.protocol import Limits
+from gcache.status import Status
+from gcache.view import View
+
+log = logging.getLogger("gcache.server.handoff")
+
+BATCH_BYTES = 8 << 20  # one put batch (the SDK's frame target)
+BATCH_ITEMS = 512
+PUT_TIMEOUT_MS = 5000  # one batch put's deadline
+CATCH_UP_S = 5.0  # how long a pass waits for its clients to route by the pass's view
+RETRY_S, RETRY_MAX_S = 0.5, 8.0  # a pass that left objects waiting runs again after
+IDLE_OUT_S = 2.0  # outside the ring, a finished pass runs again after (stragglers)
+MAX_CLIENTS = 16  # SDK clients kept, one per namespace (least recently used closed)
+
+
+class TokenBucket:
+    """A cap of ``rate`` bytes per second (0 = none), ``burst`` bytes at once.
+
+    ``take`` may go into debt by one request (a batch larger than ``burst`` still goes,
+    and the next waits for it), so over time the rate holds exactly. Worker thread only.
+    """
+
+    def __init__(self, rate: float, burst: int, clock: Clock = SYSTEM) -> None:
+        self.rate, self.burst, self.clock = rate, max(1, burst), clock
+        self._tokens = float(self.burst)
+        self._last = clock.monotonic()
+
+    def take(self, n: int, stop: threading.Event, deadline: float) -> bool:
+        """Spend ``n`` bytes, first waiting (on the clock) until the bucket holds them.
+        False when ``stop`` is set, or at once (nothing spent) when the wait would pass
+        ``deadline``."""
+        if self.rate <= 0:
+            return not stop.is_set()
+        now = self.clock.monotonic()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._last) * self.rate)
+        self._last = now
+        wait = max(0.0, (n - self._tokens) / self.rate)
+        if now + wait > deadline:
+            return False
+        self._tokens -= n  # below zero until the wait has earned it back
+        return not (wait > 0 and self.clock.wait(stop, wait)) and not stop.is_set()
+
+
+class _PassStats(NamedTuple):
+    moved: int
+    waiting: int  # objects kept for the next pass
+    waiting_bytes: int
+
+
+class Handoff:
+    """The handoff worker of one server (see the module docstring)."""
+
+    def __init__(self, tier: Any, member_id: str, address: str, *, masters: Sequence[str] | str,
+                 credential: str = "", token: str = "", tls: ssl.SSLContext | None = None,
+                 limits: Limits | None = None, migrate_mbps: float = 0.0,
+                 clock: Clock = SYSTEM,
+                 client_factory: Callable[..., Any] | None = None) -> None:
+        """``tier``: the server's ``Tier`` (``held``, ``pin_read``, ``unpin``,
+        ``delete_if_version``); ``member_id``/``address``: this server's name and the
+        address clients reach it at; ``masters``, ``credential``/``token``, ``tls`` (a
+        dialer context: the other servers and masters speak TLS), ``limits``: what the
+        SDK clients are built with; ``migrate_mbps``: the cap in MB/s (0 = none).
+        ``client_factory``: builds an SDK client (default ``gcache.sdk.Client``)."""
+        self.tier, self.member_id, self.address = tier, member_id, address
+        self.masters = list(masters.split(",") if isinstance(masters, str) else masters)
+        self._auth = {"credential": credential or None, "token": token or None}
+        self._tls, self._limits, self.clock = tls, limits, clock
+        rate = float(migrate_mbps) * 1e6
+        self.bucket = TokenBucket(rate, min(BATCH_BYTES, max(64 << 10, int(rate / 10)))
+                                  if rate > 0 else BATCH_BYTES, clock)
+        self.batch_bytes = self.bucket.burst
+        if client_factory is None:
+            from gcache.sdk import Client as client_factory
+        self._new_client = client_factory
+        self._clients: dict[bytes, Any] = {}  # namespace -> client, least recent first
+        self._clients_lock = threading.Lock()
+        self._view: View | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # the counters
+        self._c = {"handoff_objects_moved": 0, "handoff_bytes_moved": 0,
+                   "handoff_objects_left": 0, "handoff_bytes_left": 0, "handoff_waiting": 0,
+                   "handoff_lost": 0, "handoff_passes": 0, "handoff_active": 0,
+                   "handoff_epoch": -1}
+        self._thread = threading.Thread(target=self._run, name="gcache-handoff", daemon=True)
+
+    # ------------------------------------------------------------------ owner's thread
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Signal the worker and close the SDK clients (a put in flight ends CLOSED)."""
+        self._stop.set()
+        self._wake.set()
+        with self._clients_lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            c.close()
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait at most ``timeout_s`` for the worker (after ``stop``); True if it ended."""
+        if self._thread.ident is not None:
+            self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    # ------------------------------------------------------------------ any thread
+    def view_changed(self, view: View) -> None:
+        """The agent adopted ``view``: (re)start a pass over it (an older epoch than the
+        current one is ignored). Never blocks beyond a short lock."""
+        with self._lock:
+            if self._view is not None and view.epoch <= self._view.epoch:
+                return
+            self._view = view
+        self._wake.set()
+
+    def stats(self) -> dict[str, int]:
+        """The ``handoff_*`` numbers (server stats, heartbeats, /metrics): moved objects
+        and bytes, lost objects and passes (counters); the current pass's objects and
+        bytes left, waiting objects, active (0/1) and the epoch of the last finished
+        pass (-1: none)."""
+        with self._lock:
+            return dict(self._c)
+
+    # ------------------------------------------------------------------ worker
+    def _count(self, **delta: int) -> None:
+        with self._lock:
+            for k, v in delta.items():
+                self._c["handoff_" + k] += v
+
+    def _set(self, **values: int) -> None:
+        with self._lock:
+            for k, v in values.items():
+                self._c["handoff_" + k] = v
+
+    def _run(self) -> None:
+        retry = RETRY_S
+        next_wait: float | None = None
+        try:
+            while not self._stop.is_set():
+                self.clock.wait(self._wake, next_wait)
+                self._wake.clear()
+                view = self._view
+                if self._stop.is_set() or view is None:
+                    continue
+                self._set(active=1)
+                try:
+                    done = self._pass(view)
+                except Exception:  # a bug or a tier fault: keep the server up, retry later
+                    log.exception("handoff pass failed; retrying")
+                    done = None
+                finally:
+                    self._set(active=0)
+                if done is None:  # abandoned (a newer view, stop) or failed
+                    next_wait = 0.0 if self._view is not view else retry
+                    continue
+                with self._lock:
+                    self._c["handoff_passes"] += 1
+                    self._c["handoff_epoch"] = view.epoch
+                if done.waiting:
+                    next_wait, retry = retry, min(retry * 2, RETRY_MAX_S)
+                else:
+                    retry = RETRY_S
+                    next_wait = IDLE_OUT_S if self.member_id not in view.ring else None
+        finally:
+            self.stop()
+
+    def _superseded(self, view: View) -> bool:
+        return self._stop.is_set() or self._view is not view
+
+    def _pass(self, view: View) -> _PassStats | None:
+        """One pass over ``view``; None when abandoned (newer view, stop)."""
+        ring = view.ring
+        mine = self.member_id in ring
+        todo: dict[bytes, list] = {}
+        for h in self.tier.held():
+            if self._stop.is_set():
+                return None
+            todo.setdefault(h.ns, []).append(h)
+        if mine:  # keep only what another member owns
+            for ns, objs in todo.items():
+                owners = ring.owners([placement_hash(ns, h.key) for h in objs])
+                todo[ns] = [h for h, m in zip(objs, owners) if m.id != self.member_id]
+        n = sum(len(objs) for objs in todo.values())
+        nbytes = sum(h.length for objs in todo.values() for h in objs)
+        self._set(objects_left=n, bytes_left=nbytes, waiting=0)
+        if n:
+            log.info("handoff pass at epoch %d: %d objects (%d bytes) to move%s", view.epoch,
+                     n, nbytes, "" if mine else " (this server is not in the ring)")
+        total = _PassStats(0, 0, 0)
+        failed: Counter[str] = Counter()
+        for ns, objs in todo.items():
+            if not objs:
+                continue
+            client = self._client_for(ns, view) if len(ring) else None
+            if client is None:
+                if self._superseded(view):
+                    return None
+                why = "no owner" if not len(ring) else "no client on this view"
+                total = _add(total, self._keep(objs, failed, why))
+                continue
+            for batch in _batches(objs, self.batch_bytes):
+                if self._superseded(view):
+                    return None
+                res = self._move(client, ns, batch, view, failed)
+                if res is None:
+                    return None
+                total = _add(total, res)
+        self._set(objects_left=total.waiting, bytes_left=total.waiting_bytes,
+                  waiting=total.waiting)
+        if n:
+            log.info("handoff pass at epoch %d done: %d moved, %d waiting%s", view.epoch,
+                     total.moved, total.waiting, f" {dict(failed)}" if failed else "")
+        return total
+
+    def _keep(self, objs: list, failed: Counter, why: str) -> _PassStats:
+        """``objs`` stay here for the next pass (counted as waiting)."""
+        failed[why] += len(objs)
+        nbytes = sum(h.length for h in objs)
+        self._count(waiting=len(objs))
+        return _PassStats(0, len(objs), nbytes)
+
+    def _client_for(self, ns: bytes, view: View) -> Any:
+        """The namespace's SDK client, once it routes by ``view``'s epoch (waits up to
+        ``CATCH_UP_S``); None if it does not (or cannot be built, or we stop)."""
+        with self._clients_lock:
+            client = self._clients.pop(ns, None)
+            if client is not None:
+                self._clients[ns] = client  # most recently used last
+        if client is None:
+            try:
+                client = self._new_client(masters=self.masters, namespace=ns,
+                                          transport="tcp", verify_checksums=True,
+                                          tls=self._tls, limits=self._limits,
+                                          timeout_ms=PUT_TIMEOUT_MS, **self._auth)
+            except (GCacheError, ValueError, OSError) as exc:
+                log.error("handoff: cannot build a client for namespace %r: %s", ns, exc)
+                return None
+            old = []
+            with self._clients_lock:
+                if not self._stop.is_set():
+                    self._clients[ns] = client
+                    while len(self._clients) > MAX_CLIENTS:
+                        old.append(self._clients.pop(next(iter(self._clients))))
+                else:
+                    old.append(client)
+            for o in old:
+                o.close()
+            if self._stop.is_set():
+                return None
+        end = self.clock.monotonic() + CATCH_UP_S
+        while client.view.epoch < view.epoch:  # its watcher follows the masters' epoch
+            if self._superseded(view) or self.clock.monotonic() >= end:
+                return None
+            self.clock.wait(self._stop, 0.02)
+        return client if client.view.epoch == view.epoch else None
+
+    def _move(self, client: Any, ns: bytes, batch: list, view: View, failed: Counter
+              ) -> _PassStats | None:
+        """Pin, put and (after an OK) delete one batch; None when stopped."""
+        want = sum(h.length for h in batch)
+        deadline = self.clock.monotonic() + want / max(self.bucket.rate, 1.0) + 5.0
+        if not self.bucket.take(want, self._stop, deadline):
+            return None if self._stop.is_set() else self._keep(batch, failed, "rate cap")
+        tier, pins, kept = self.tier, [], []
+        try:
+            for h in batch:
+                p = tier.pin_read(ns, h.key, 0, h.length, h.version)
+                if p.status == Status.OK:
+                    if p.view is not None and len(p.view) == p.total_len \
+                            and checksum(p.view) == p.checksum:
+                        pins.append((h, p))
+                        continue
+                    tier.unpin(p)  # not the bytes that were written: never pass them on
+                    tier.delete_if_version(ns, h.key, h.version)
+                    self._count(lost=1)
+                    log.error("handoff: %r/%r failed its checksum; dropped", ns, h.key)
+                elif p.status == Status.CORRUPT:  # the tier dropped and counted it
+                    self._count(lost=1)
+                elif p.status == Status.CONFLICT:  # replaced meanwhile: the next pass
+                    kept.append(h)
+                    failed["replaced"] += 1
+                # else MISS: deleted or evicted meanwhile, nothing to move
+            moved = nbytes = 0
+            # never to ourselves (a client view that still routes here): an if-absent put
+            # would find our own copy, answer OK, and the delete would lose the object
+            owners = client.owners([h.key for h, _ in pins]) if pins else []
+            out = [(h, p) for (h, p), a in zip(pins, owners) if a != self.address]
+            if len(out) < len(pins):
+                kept += [h for (h, _), a in zip(pins, owners) if a == self.address]
+                failed["routed here"] += len(pins) - len(out)
+            if out:
+                statuses = client.put_batch_from([h.key for h, _ in out],
+                                                 [p.view for _, p in out],
+                                                 if_absent=True, timeout_ms=PUT_TIMEOUT_MS)
+                # delete only what this very view placed elsewhere (epochs only grow, so
+                # an equal epoch after the put means the put was routed by it too)
+                same_view = client.view.epoch == view.epoch and not self._superseded(view)
+                for (h, p), st in zip(out, statuses):
+                    if st == Status.OK:
+                        moved += 1
+                        nbytes += p.total_len
+                        if same_view and tier.delete_if_version(ns, h.key, h.version):
+                            continue
+                        failed["view changed" if not same_view else "replaced"] += 1
+                    else:
+                        failed[Status(st).name.lower()] += 1
+                    kept.append(h)
+            self._count(objects_moved=moved, bytes_moved=nbytes)
+        finally:
+            for _, p in pins:
+                tier.unpin(p)
+        kept_bytes = sum(h.length for h in kept)
+        with self._lock:
+            c = self._c
+            c["handoff_objects_left"] -= len(batch) - len(kept)
+            c["handoff_bytes_left"] -= want - kept_bytes
+            c["handoff_waiting"] += len(kept)
+        return _PassStats(moved, len(kept), kept_bytes)
+
+
+def _add(a: _PassStats, b: _PassStats) -> _PassStats:
+    return _PassStats(a.moved + b.moved, a.waiting + b.waiting, a.waiting_bytes + b.waiting_bytes)
+
+
+def _batches(objs: list, max_bytes: int):
+    """``objs`` cut into runs of at most ``max_bytes`` (at least one object) and
+    ``BATCH_ITEMS`` objects."""
+    batch: list = []
+    size = 0
+    for h in objs:
+        if batch and (size + h.length > max_bytes or len(batch) >= BATCH_ITEMS):
+            yield batch
+            batch, size = [], 0
+        batch.append(h)
+        size += h.length
+    if batch:
+        yield batch

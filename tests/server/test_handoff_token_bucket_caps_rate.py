@@ -1,0 +1,74 @@
+"""The handoff's rate cap (``--migrate-mbps``): the token bucket holds the rate over time
+(a batch larger than the burst waits for its bytes), refuses a wait past its deadline
+without spending, ends a wait when stopped, and never waits without a cap. On a clock
+that moves only when waited on, so the numbers are exact."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from gcache.server.handoff import TokenBucket
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
+
+
+class SteppingClock:
+    """A ``gcache.clock.Clock`` whose time moves only by what its callers wait."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def wait(self, event: threading.Event, timeout: float | None) -> bool:
+        if event.is_set():
+            return True
+        self.now += timeout or 0.0
+        return event.is_set()
+
+
+def test_rate_holds_over_many_batches():
+    clock, stop = SteppingClock(), threading.Event()
+    bucket = TokenBucket(1e6, 100_000, clock)
+    t0 = clock.now
+    for _ in range(100):
+        assert bucket.take(100_000, stop, clock.now + 60)
+    # 10 MB at 1 MB/s, the first burst free
+    assert 9.85 <= clock.now - t0 <= 9.95
+
+
+def test_batch_larger_than_burst_waits_for_all_its_bytes():
+    clock, stop = SteppingClock(), threading.Event()
+    bucket = TokenBucket(1e6, 100_000, clock)
+    t0 = clock.now
+    assert bucket.take(2_000_000, stop, clock.now + 60)
+    assert bucket.take(2_000_000, stop, clock.now + 60)
+    assert 3.85 <= clock.now - t0 <= 3.95
+
+
+def test_wait_past_deadline_is_refused_without_spending():
+    clock, stop = SteppingClock(), threading.Event()
+    bucket = TokenBucket(1e6, 100_000, clock)
+    t0 = clock.now
+    assert not bucket.take(1_100_000, stop, clock.now + 0.5)  # needs 1 s
+    assert clock.now == t0  # no wait, nothing spent
+    assert bucket.take(1_100_000, stop, clock.now + 5)
+    assert 0.95 <= clock.now - t0 <= 1.05
+
+
+def test_stop_ends_the_wait():
+    clock, stop = SteppingClock(), threading.Event()
+    bucket = TokenBucket(1e6, 100_000, clock)
+    stop.set()
+    assert not bucket.take(5_000_000, stop, clock.now + 60)
+
+
+def test_no_cap_never_waits():
+    clock, stop = SteppingClock(), threading.Event()
+    bucket = TokenBucket(0, 100_000, clock)
+    for _ in range(1000):
+        assert bucket.take(10_000_000, stop, clock.now)
+    assert clock.now == 100.0
