@@ -48,8 +48,9 @@ from __future__ import annotations
 import logging
 import ssl
 import threading
-from collections import Counter
-from typing import Any, Callable, NamedTuple, Sequence
+from collections import Counter, deque
+from concurrent.futures import Future
+from typing import Any, NamedTuple, Sequence
 
 from gcache.clock import SYSTEM, Clock
 from gcache.errors import GCacheError
@@ -63,6 +64,7 @@ log = logging.getLogger("gcache.server.handoff")
 BATCH_BYTES = 8 << 20  # one put batch (the SDK's frame target)
 BATCH_ITEMS = 512
 PUT_TIMEOUT_MS = 5000  # one batch put's deadline
+WINDOW = 3  # batches in flight per pass
 CATCH_UP_S = 5.0  # how long a pass waits for its clients to route by the pass's view
 RETRY_S, RETRY_MAX_S = 0.5, 8.0  # a pass that left objects waiting runs again after
 IDLE_OUT_S = 2.0  # outside the ring, a finished pass runs again after (stragglers)
@@ -97,6 +99,17 @@ class TokenBucket:
         return not (wait > 0 and self.clock.wait(stop, wait)) and not stop.is_set()
 
 
+class _Flight(NamedTuple):
+    """One batch on its way: its pins (released by ``_finish``), what is kept, the put."""
+
+    ns: bytes
+    batch: list
+    pins: list  # (HeldObject, Pinned)
+    kept: list  # objects staying here (waiting)
+    put: Future | None
+    out: list  # the pins put (those not routed to this server)
+
+
 class _PassStats(NamedTuple):
     moved: int
     waiting: int  # objects kept for the next pass
@@ -109,14 +122,14 @@ class Handoff:
     def __init__(self, tier: Any, member_id: str, address: str, *, masters: Sequence[str] | str,
                  credential: str = "", token: str = "", tls: ssl.SSLContext | None = None,
                  limits: Limits | None = None, migrate_mbps: float = 0.0,
-                 clock: Clock = SYSTEM,
-                 client_factory: Callable[..., Any] | None = None) -> None:
+                 clock: Clock = SYSTEM) -> None:
         """``tier``: the server's ``Tier`` (``held``, ``pin_read``, ``unpin``,
         ``delete_if_version``); ``member_id``/``address``: this server's name and the
         address clients reach it at; ``masters``, ``credential``/``token``, ``tls`` (a
         dialer context: the other servers and masters speak TLS), ``limits``: what the
-        SDK clients are built with; ``migrate_mbps``: the cap in MB/s (0 = none).
-        ``client_factory``: builds an SDK client (default ``gcache.sdk.Client``)."""
+        SDK clients are built with; ``migrate_mbps``: the cap in MB/s (0 = none)."""
+        from gcache.sdk import Client  # the SDK only where a server has masters
+
         self.tier, self.member_id, self.address = tier, member_id, address
         self.masters = list(masters.split(",") if isinstance(masters, str) else masters)
         self._auth = {"credential": credential or None, "token": token or None}
@@ -125,9 +138,7 @@ class Handoff:
         self.bucket = TokenBucket(rate, min(BATCH_BYTES, max(64 << 10, int(rate / 10)))
                                   if rate > 0 else BATCH_BYTES, clock)
         self.batch_bytes = self.bucket.burst
-        if client_factory is None:
-            from gcache.sdk import Client as client_factory
-        self._new_client = client_factory
+        self._new_client = Client
         self._clients: dict[bytes, Any] = {}  # namespace -> client, least recent first
         self._clients_lock = threading.Lock()
         self._view: View | None = None
@@ -254,13 +265,10 @@ class Handoff:
                 why = "no owner" if not len(ring) else "no client on this view"
                 total = _add(total, self._keep(objs, failed, why))
                 continue
-            for batch in _batches(objs, self.batch_bytes):
-                if self._superseded(view):
-                    return None
-                res = self._move(client, ns, batch, view, failed)
-                if res is None:
-                    return None
-                total = _add(total, res)
+            res = self._move_all(client, ns, objs, view, failed)
+            if res is None:
+                return None
+            total = _add(total, res)
         self._set(objects_left=total.waiting, bytes_left=total.waiting_bytes,
                   waiting=total.waiting)
         if n:
@@ -310,66 +318,110 @@ class Handoff:
             self.clock.wait(self._stop, 0.02)
         return client if client.view.epoch == view.epoch else None
 
-    def _move(self, client: Any, ns: bytes, batch: list, view: View, failed: Counter
-              ) -> _PassStats | None:
-        """Pin, put and (after an OK) delete one batch; None when stopped."""
+    def _move_all(self, client: Any, ns: bytes, objs: list, view: View, failed: Counter
+                  ) -> _PassStats | None:
+        """Move one namespace's objects, ``WINDOW`` batches in flight; None when the pass
+        is abandoned (what is in flight is finished first: its pins released)."""
+        total = _PassStats(0, 0, 0)
+        flight: deque[_Flight] = deque()
+        try:
+            for batch in _batches(objs, self.batch_bytes):
+                if self._superseded(view):
+                    return None
+                f = self._send(client, ns, batch, failed)
+                if f is None:  # stopped in the rate cap's wait
+                    return None
+                flight.append(f)
+                if len(flight) >= WINDOW:
+                    total = _add(total, self._finish(client, flight.popleft(), view, failed))
+            while flight:
+                total = _add(total, self._finish(client, flight.popleft(), view, failed))
+            return total
+        finally:  # abandoned or failing: every pin in flight is still released
+            while flight:
+                self._finish(client, flight.popleft(), view, failed)
+
+    def _send(self, client: Any, ns: bytes, batch: list, failed: Counter) -> _Flight | None:
+        """Wait for the rate cap, pin and check the batch, start its put; None when
+        stopped."""
         want = sum(h.length for h in batch)
         deadline = self.clock.monotonic() + want / max(self.bucket.rate, 1.0) + 5.0
         if not self.bucket.take(want, self._stop, deadline):
-            return None if self._stop.is_set() else self._keep(batch, failed, "rate cap")
+            if self._stop.is_set():
+                return None
+            failed["rate cap"] += len(batch)
+            return _Flight(ns, batch, [], list(batch), None, [])
         tier, pins, kept = self.tier, [], []
+        for h in batch:
+            p = tier.pin_read(ns, h.key, 0, h.length, h.version)
+            if p.status == Status.OK:
+                if p.view is not None and len(p.view) == p.total_len \
+                        and checksum(p.view) == p.checksum:
+                    pins.append((h, p))
+                    continue
+                tier.unpin(p)  # not the bytes that were written: never pass them on
+                tier.delete_if_version(ns, h.key, h.version)
+                self._count(lost=1)
+                log.error("handoff: %r/%r failed its checksum; dropped", ns, h.key)
+            elif p.status == Status.CORRUPT:  # the tier dropped and counted it
+                self._count(lost=1)
+            elif p.status == Status.CONFLICT:  # replaced meanwhile: the next pass
+                kept.append(h)
+                failed["replaced"] += 1
+            # else MISS: deleted or evicted meanwhile, nothing to move
+        # never to ourselves (a client view that still routes here): an if-absent put would
+        # find our own copy, answer OK, and the delete would lose the object
+        owners = client.owners([h.key for h, _ in pins]) if pins else []
+        out = [(h, p) for (h, p), a in zip(pins, owners) if a != self.address]
+        for (h, _), a in zip(pins, owners):
+            if a == self.address:
+                kept.append(h)
+                failed["routed here"] += 1
+        fut = None
+        if out:
+            try:
+                fut = client.put_batch_from_async([h.key for h, _ in out],
+                                                  [p.view for _, p in out],
+                                                  if_absent=True, timeout_ms=PUT_TIMEOUT_MS)
+            except BaseException:
+                for _, p in pins:
+                    tier.unpin(p)
+                raise
+        return _Flight(ns, batch, pins, kept, fut, out)
+
+    def _finish(self, client: Any, f: _Flight, view: View, failed: Counter) -> _PassStats:
+        """Wait for a batch's put; after an OK, delete the local copy (if this very view
+        placed it elsewhere and it is still that version); unpin; count."""
+        tier, kept = self.tier, f.kept
+        moved = nbytes = 0
         try:
-            for h in batch:
-                p = tier.pin_read(ns, h.key, 0, h.length, h.version)
-                if p.status == Status.OK:
-                    if p.view is not None and len(p.view) == p.total_len \
-                            and checksum(p.view) == p.checksum:
-                        pins.append((h, p))
-                        continue
-                    tier.unpin(p)  # not the bytes that were written: never pass them on
-                    tier.delete_if_version(ns, h.key, h.version)
-                    self._count(lost=1)
-                    log.error("handoff: %r/%r failed its checksum; dropped", ns, h.key)
-                elif p.status == Status.CORRUPT:  # the tier dropped and counted it
-                    self._count(lost=1)
-                elif p.status == Status.CONFLICT:  # replaced meanwhile: the next pass
-                    kept.append(h)
-                    failed["replaced"] += 1
-                # else MISS: deleted or evicted meanwhile, nothing to move
-            moved = nbytes = 0
-            # never to ourselves (a client view that still routes here): an if-absent put
-            # would find our own copy, answer OK, and the delete would lose the object
-            owners = client.owners([h.key for h, _ in pins]) if pins else []
-            out = [(h, p) for (h, p), a in zip(pins, owners) if a != self.address]
-            if len(out) < len(pins):
-                kept += [h for (h, _), a in zip(pins, owners) if a == self.address]
-                failed["routed here"] += len(pins) - len(out)
-            if out:
-                statuses = client.put_batch_from([h.key for h, _ in out],
-                                                 [p.view for _, p in out],
-                                                 if_absent=True, timeout_ms=PUT_TIMEOUT_MS)
-                # delete only what this very view placed elsewhere (epochs only grow, so
-                # an equal epoch after the put means the put was routed by it too)
+            if f.put is not None:
+                try:
+                    statuses = f.put.result(timeout=PUT_TIMEOUT_MS / 1000 + 5.0)
+                except Exception:  # defensive: the SDK completes every put by its deadline
+                    statuses = [Status.TIMEOUT] * len(f.out)
+                # epochs only grow: an equal epoch after the put means it was routed by it
                 same_view = client.view.epoch == view.epoch and not self._superseded(view)
-                for (h, p), st in zip(out, statuses):
+                for (h, p), st in zip(f.out, statuses):
                     if st == Status.OK:
                         moved += 1
                         nbytes += p.total_len
-                        if same_view and tier.delete_if_version(ns, h.key, h.version):
+                        if same_view and tier.delete_if_version(f.ns, h.key, h.version):
                             continue
                         failed["view changed" if not same_view else "replaced"] += 1
                     else:
                         failed[Status(st).name.lower()] += 1
                     kept.append(h)
-            self._count(objects_moved=moved, bytes_moved=nbytes)
         finally:
-            for _, p in pins:
+            for _, p in f.pins:
                 tier.unpin(p)
         kept_bytes = sum(h.length for h in kept)
         with self._lock:
             c = self._c
-            c["handoff_objects_left"] -= len(batch) - len(kept)
-            c["handoff_bytes_left"] -= want - kept_bytes
+            c["handoff_objects_moved"] += moved
+            c["handoff_bytes_moved"] += nbytes
+            c["handoff_objects_left"] -= len(f.batch) - len(kept)
+            c["handoff_bytes_left"] -= sum(h.length for h in f.batch) - kept_bytes
             c["handoff_waiting"] += len(kept)
         return _PassStats(moved, len(kept), kept_bytes)
 
