@@ -86,7 +86,7 @@ class Batch:
 
     __slots__ = ("op", "keys", "deadline", "sender", "results", "left", "parts", "versions",
                  "totals", "sums", "hashes", "remaining", "lock", "future", "callback",
-                 "on_key")
+                 "on_key", "flags")
 
     def __init__(self, op: int, keys: list[bytes], deadline: float, sender: Sender,
                  callback: BatchCallback | None, on_key: KeyCallback | None) -> None:
@@ -103,6 +103,7 @@ class Batch:
         self.lock = threading.Lock()
         self.future: Future = Future()
         self.callback, self.on_key = callback, on_key
+        self.flags: dict | None = None  # header flags of every frame (``"ia"``, ``"ho"``)
         if n == 0:
             self.future.set_result([])
 
@@ -191,15 +192,18 @@ class Batch:
 
 class PutBatch(Batch):
     """``put_batch_from``: one Status per key; values larger than ``max_value_bytes``
-    are TOO_LARGE without being sent."""
+    are TOO_LARGE without being sent. ``if_absent``: every frame carries ``"ia": 1``
+    (each key is published only if the server holds none)."""
 
     __slots__ = ("views", "max_value_bytes")
 
     def __init__(self, keys: list[bytes], views: list, limits: Limits, deadline: float,
                  sender: Sender, callback: BatchCallback | None,
-                 on_key: KeyCallback | None) -> None:
+                 on_key: KeyCallback | None, if_absent: bool = False) -> None:
         super().__init__(Op.PUT, keys, deadline, sender, callback, on_key)
         self.views, self.max_value_bytes = views, limits.max_value_bytes
+        if if_absent:
+            self.flags = {"ia": 1}
 
     def route(self, owners: list[str], slice_bytes: int) -> Routed:
         routed: Routed = {}

@@ -244,7 +244,8 @@ class Client:
     def put_batch_from_async(self, keys: Sequence[Key], buffers: Sequence[Any], *,
                              group: Any = None, timeout_ms: int | None = None,
                              callback: BatchCallback | None = None,
-                             on_key: KeyCallback | None = None, stream: Any = None) -> Future:
+                             on_key: KeyCallback | None = None, stream: Any = None,
+                             if_absent: bool = False) -> Future:
         """Store ``buffers[i]`` under ``keys[i]``, reading the buffers in place.
 
         The buffers must stay unchanged until the future completes.
@@ -261,6 +262,10 @@ class Client:
             stream: a torch.cuda.Stream: start only once the stream has reached this
                 call, so the caller need not synchronize the work that fills the
                 buffers (TIMEOUT for every key if it does not by the deadline).
+            if_absent: store each key only if its server holds no object for it when the
+                put commits (memory or disk); a key skipped that way is still OK. A put
+                without it that commits first always wins (handoff copies use this).
+                On nixl connections such puts go as plain PUTs (no one-sided ALLOC).
 
         Returns:
             A Future of ``list[Status]``, one per key: OK, or a miss.
@@ -273,12 +278,12 @@ class Client:
             raise ValueError("keys and buffers differ in length")
         if stream is not None:
             return self._put_after_stream(keys, buffers, stream, group, timeout_ms, callback,
-                                          on_key)
+                                          on_key, if_absent)
         device = self._settings.device_buffers
         ks = [self._key(k) for k in keys]
         views = [as_view(b, writable=False, device=device) for b in buffers]
         return self._start(PutBatch(ks, views, self.limits, self._deadline(timeout_ms),
-                                    self._router, callback, on_key), group)
+                                    self._router, callback, on_key, if_absent), group)
 
     def put_batch_from(self, keys: Sequence[Key], buffers: Sequence[Any], **kw: Any
                        ) -> list[Status]:
@@ -590,14 +595,15 @@ class Client:
 
     def _put_after_stream(self, keys: Sequence[Key], buffers: Sequence[Any], stream: Any,
                           group: Any, timeout_ms: int | None, callback: BatchCallback | None,
-                          on_key: KeyCallback | None) -> Future:
+                          on_key: KeyCallback | None, if_absent: bool) -> Future:
         device = self._settings.device_buffers
         for b in buffers:  # argument errors raise now, not in the watcher thread
             as_view(b, writable=False, device=device)
 
         def start(left_ms: int) -> Future:
             return self.put_batch_from_async(keys, buffers, group=group, timeout_ms=left_ms,
-                                             callback=callback, on_key=on_key)
+                                             callback=callback, on_key=on_key,
+                                             if_absent=if_absent)
 
         def missed() -> list:
             res = [Status.TIMEOUT] * len(keys)

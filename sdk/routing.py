@@ -174,10 +174,11 @@ class Router:
                 continue
             lane = dispatcher.lane(addr)
             for frame in framing.frames(lane.kind, op, items):
-                extra = None
+                extra = batch.flags
                 if self._master is not None:
                     hashes = batch.hashes
-                    extra = {"ep": self.view.epoch, "ph": [hashes[it.index] for it in frame]}
+                    extra = {"ep": self.view.epoch, "ph": [hashes[it.index] for it in frame],
+                             **(extra or {})}
                 dispatcher.submit(lane, Work(op, self.namespace, frame, batch.deadline,
                                              batch.frame_done, extra, retried, addr))
 

@@ -190,7 +190,7 @@ class _TierCollector:
                "connections")
     _COUNTERS = ("evictions", "evicted_bytes", "corrupt_dropped", "torn_dropped",
                  "pending_expired", "no_space", "clean_dropped", "quota_refused",
-                 "quota_evictions")
+                 "quota_evictions", "put_if_absent_skipped")
     _DISK_GAUGES = ("capacity_bytes", "used_bytes", "allocated_bytes", "objects", "segments",
                     "degraded", "direct_io")
     _DISK_COUNTERS = ("hits", "read_bytes", "written_bytes", "corrupt_dropped", "read_errors",
