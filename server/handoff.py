@@ -10,10 +10,13 @@ worker thread then runs a *pass* over that view:
    not in the ring (draining, or removed);
 2. per namespace, through the project's own SDK (``gcache.sdk.Client`` on the masters'
    view, transport tcp, checksums verified, the server's credential or token), in
-   batches of about ``BATCH_BYTES``: pin each object through the tier at the version
-   the walk saw (``pin_read``; memory or disk), check its bytes against its checksum,
-   ``put_batch_from(..., if_absent=True)`` straight from the pinned bytes (so a
-   foreground put that reached the owner first wins), then unpin;
+   batches of about ``BATCH_BYTES`` (``WINDOW`` batches in flight): copy each object
+   out of the tier at the version the walk saw (``pin_read`` .. ``unpin`` around the copy
+   only; memory or disk), check the copy against the object's checksum, and
+   ``put_batch_from_async(..., if_absent=True)`` the copies (so a foreground put that
+   reached the owner first wins). The SDK never gets arena memory: it may keep views of
+   what it sent for a while, and an arena view alive at close would stop the arena
+   from closing;
 3. after an OK put, and only if the client routed it by this very view (its epoch
    equals the pass's before and after the put, and the key's owner there is not this
    server), delete the local copy with ``Tier.delete_if_version``: a newer local object
@@ -72,15 +75,16 @@ MAX_CLIENTS = 16  # SDK clients kept, one per namespace (least recently used clo
 
 
 class TokenBucket:
-    """A cap of ``rate`` bytes per second (0 = none), ``burst`` bytes at once.
+    """A cap of ``rate`` bytes per second (0 = none), at most ``burst`` bytes saved up.
 
-    ``take`` may go into debt by one request (a batch larger than ``burst`` still goes,
-    and the next waits for it), so over time the rate holds exactly. Worker thread only.
+    It starts empty (a pass never opens with a burst) and ``take`` waits until the
+    bucket holds the bytes asked for, however many (a batch larger than ``burst`` waits
+    for all of them), so over time the rate holds exactly. Worker thread only.
     """
 
     def __init__(self, rate: float, burst: int, clock: Clock = SYSTEM) -> None:
         self.rate, self.burst, self.clock = rate, max(1, burst), clock
-        self._tokens = float(self.burst)
+        self._tokens = 0.0
         self._last = clock.monotonic()
 
     def take(self, n: int, stop: threading.Event, deadline: float) -> bool:
@@ -100,14 +104,14 @@ class TokenBucket:
 
 
 class _Flight(NamedTuple):
-    """One batch on its way: its pins (released by ``_finish``), what is kept, the put."""
+    """One batch on its way: what stays here, the put and what it carries."""
 
     ns: bytes
-    batch: list
-    pins: list  # (HeldObject, Pinned)
+    batch: list  # HeldObject
     kept: list  # objects staying here (waiting)
     put: Future | None
-    out: list  # the pins put (those not routed to this server)
+    out: list  # the objects put (copied, not routed to this server)
+    buf: bytearray | None  # the copies, back to the pass's pool once the put is done
 
 
 class _PassStats(NamedTuple):
@@ -321,46 +325,82 @@ class Handoff:
     def _move_all(self, client: Any, ns: bytes, objs: list, view: View, failed: Counter
                   ) -> _PassStats | None:
         """Move one namespace's objects, ``WINDOW`` batches in flight; None when the pass
-        is abandoned (what is in flight is finished first: its pins released)."""
+        is abandoned (what is in flight is waited for and counted first)."""
         total = _PassStats(0, 0, 0)
         flight: deque[_Flight] = deque()
+        # copy buffers, reused: a fresh 8 MiB buffer per batch costs more page faults
+        # than the copy itself (a buffer the SDK still reads after a put's deadline is
+        # refused by the owner's checksum check, never published)
+        pool: list[bytearray] = []
         try:
             for batch in _batches(objs, self.batch_bytes):
                 if self._superseded(view):
                     return None
-                f = self._send(client, ns, batch, failed)
+                f = self._send(client, ns, batch, pool, failed)
                 if f is None:  # stopped in the rate cap's wait
                     return None
                 flight.append(f)
                 if len(flight) >= WINDOW:
-                    total = _add(total, self._finish(client, flight.popleft(), view, failed))
+                    total = _add(total, self._finish(client, flight.popleft(), view, pool,
+                                                     failed))
             while flight:
-                total = _add(total, self._finish(client, flight.popleft(), view, failed))
+                total = _add(total, self._finish(client, flight.popleft(), view, pool, failed))
             return total
-        finally:  # abandoned or failing: every pin in flight is still released
+        finally:  # abandoned or failing: what is in flight is still counted
             while flight:
-                self._finish(client, flight.popleft(), view, failed)
+                self._finish(client, flight.popleft(), view, pool, failed)
 
-    def _send(self, client: Any, ns: bytes, batch: list, failed: Counter) -> _Flight | None:
-        """Wait for the rate cap, pin and check the batch, start its put; None when
-        stopped."""
+    def _send(self, client: Any, ns: bytes, batch: list, pool: list[bytearray],
+              failed: Counter) -> _Flight | None:
+        """Wait for the rate cap, copy the batch out of the tier (into a buffer of
+        ``pool``, or a new one), start its put; None when stopped."""
         want = sum(h.length for h in batch)
         deadline = self.clock.monotonic() + want / max(self.bucket.rate, 1.0) + 5.0
         if not self.bucket.take(want, self._stop, deadline):
             if self._stop.is_set():
                 return None
             failed["rate cap"] += len(batch)
-            return _Flight(ns, batch, [], list(batch), None, [])
-        tier, pins, kept = self.tier, [], []
+            return _Flight(ns, batch, list(batch), None, [], None)
+        buf = pool.pop() if pool and want <= len(pool[-1]) else bytearray(
+            max(want, self.batch_bytes))
+        kept, copied = self._copy(ns, batch, memoryview(buf), failed)
+        # never to ourselves (a client view that still routes here): an if-absent put would
+        # find our own copy, answer OK, and the delete would lose the object
+        owners = client.owners([h.key for h, _ in copied]) if copied else []
+        out = [(h, v) for (h, v), a in zip(copied, owners) if a != self.address]
+        for (h, _), a in zip(copied, owners):
+            if a == self.address:
+                kept.append(h)
+                failed["routed here"] += 1
+        fut = (client.put_batch_from_async([h.key for h, _ in out], [v for _, v in out],
+                                           if_absent=True, timeout_ms=PUT_TIMEOUT_MS)
+               if out else None)
+        return _Flight(ns, batch, kept, fut, [h for h, _ in out], buf)
+
+    def _copy(self, ns: bytes, batch: list, mv: memoryview, failed: Counter
+              ) -> tuple[list, list]:
+        """Copy each object of ``batch`` (at the version the walk saw) out of the tier into
+        ``mv``, pinned only for the copy, and check the copy against the object's
+        checksum: ``(objects kept, [(object, its copy)])``."""
+        tier = self.tier
+        kept, copied, at = [], [], 0
         for h in batch:
             p = tier.pin_read(ns, h.key, 0, h.length, h.version)
             if p.status == Status.OK:
-                if p.view is not None and len(p.view) == p.total_len \
-                        and checksum(p.view) == p.checksum:
-                    pins.append((h, p))
+                try:
+                    n = len(p.view) if p.view is not None else -1
+                    good = n == p.total_len == h.length
+                    if good:
+                        dst = mv[at:at + n]
+                        dst[:] = p.view
+                        good = checksum(dst) == p.checksum
+                finally:
+                    tier.unpin(p)
+                if good:
+                    copied.append((h, dst))
+                    at += n
                     continue
-                tier.unpin(p)  # not the bytes that were written: never pass them on
-                tier.delete_if_version(ns, h.key, h.version)
+                tier.delete_if_version(ns, h.key, h.version)  # never pass those bytes on
                 self._count(lost=1)
                 log.error("handoff: %r/%r failed its checksum; dropped", ns, h.key)
             elif p.status == Status.CORRUPT:  # the tier dropped and counted it
@@ -369,52 +409,34 @@ class Handoff:
                 kept.append(h)
                 failed["replaced"] += 1
             # else MISS: deleted or evicted meanwhile, nothing to move
-        # never to ourselves (a client view that still routes here): an if-absent put would
-        # find our own copy, answer OK, and the delete would lose the object
-        owners = client.owners([h.key for h, _ in pins]) if pins else []
-        out = [(h, p) for (h, p), a in zip(pins, owners) if a != self.address]
-        for (h, _), a in zip(pins, owners):
-            if a == self.address:
-                kept.append(h)
-                failed["routed here"] += 1
-        fut = None
-        if out:
-            try:
-                fut = client.put_batch_from_async([h.key for h, _ in out],
-                                                  [p.view for _, p in out],
-                                                  if_absent=True, timeout_ms=PUT_TIMEOUT_MS)
-            except BaseException:
-                for _, p in pins:
-                    tier.unpin(p)
-                raise
-        return _Flight(ns, batch, pins, kept, fut, out)
+        return kept, copied
 
-    def _finish(self, client: Any, f: _Flight, view: View, failed: Counter) -> _PassStats:
-        """Wait for a batch's put; after an OK, delete the local copy (if this very view
-        placed it elsewhere and it is still that version); unpin; count."""
-        tier, kept = self.tier, f.kept
+    def _finish(self, client: Any, f: _Flight, view: View, pool: list[bytearray],
+                failed: Counter) -> _PassStats:
+        """Wait for a batch's put; after an OK, delete the local copy if this very view
+        placed it elsewhere and it is still that version; count; its buffer back to
+        ``pool``."""
+        kept = f.kept
         moved = nbytes = 0
-        try:
-            if f.put is not None:
-                try:
-                    statuses = f.put.result(timeout=PUT_TIMEOUT_MS / 1000 + 5.0)
-                except Exception:  # defensive: the SDK completes every put by its deadline
-                    statuses = [Status.TIMEOUT] * len(f.out)
-                # epochs only grow: an equal epoch after the put means it was routed by it
-                same_view = client.view.epoch == view.epoch and not self._superseded(view)
-                for (h, p), st in zip(f.out, statuses):
-                    if st == Status.OK:
-                        moved += 1
-                        nbytes += p.total_len
-                        if same_view and tier.delete_if_version(f.ns, h.key, h.version):
-                            continue
-                        failed["view changed" if not same_view else "replaced"] += 1
-                    else:
-                        failed[Status(st).name.lower()] += 1
-                    kept.append(h)
-        finally:
-            for _, p in f.pins:
-                tier.unpin(p)
+        if f.put is not None:
+            try:
+                statuses = f.put.result(timeout=PUT_TIMEOUT_MS / 1000 + 5.0)
+            except Exception:  # defensive: the SDK completes every put by its deadline
+                statuses = [Status.TIMEOUT] * len(f.out)
+            # epochs only grow: an equal epoch after the put means it was routed by it
+            same_view = client.view.epoch == view.epoch and not self._superseded(view)
+            for h, st in zip(f.out, statuses):
+                if st == Status.OK:
+                    moved += 1
+                    nbytes += h.length
+                    if same_view and self.tier.delete_if_version(f.ns, h.key, h.version):
+                        continue
+                    failed["view changed" if not same_view else "replaced"] += 1
+                else:
+                    failed[Status(st).name.lower()] += 1
+                kept.append(h)
+        if f.buf is not None and len(f.buf) == self.batch_bytes:
+            pool.append(f.buf)
         kept_bytes = sum(h.length for h in kept)
         with self._lock:
             c = self._c
