@@ -1,7 +1,8 @@
 """The handoff's rate cap (``--migrate-mbps``): the token bucket holds the rate over time
-(a batch larger than the burst waits for its bytes), refuses a wait past its deadline
-without spending, ends a wait when stopped, and never waits without a cap. On a clock
-that moves only when waited on, so the numbers are exact."""
+from an empty bucket (a batch larger than the burst waits for all its bytes; idle time
+saves up at most the burst), refuses a wait past its deadline without spending, ends a
+wait when stopped, and never waits without a cap. On a clock that moves only when waited
+on, so the numbers are exact."""
 
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ def test_rate_holds_over_many_batches():
     t0 = clock.now
     for _ in range(100):
         assert bucket.take(100_000, stop, clock.now + 60)
-    # 10 MB at 1 MB/s, the first burst free
-    assert 9.85 <= clock.now - t0 <= 9.95
+    # 10 MB at 1 MB/s, from an empty bucket
+    assert 9.95 <= clock.now - t0 <= 10.05
 
 
 def test_batch_larger_than_burst_waits_for_all_its_bytes():
@@ -46,16 +47,27 @@ def test_batch_larger_than_burst_waits_for_all_its_bytes():
     t0 = clock.now
     assert bucket.take(2_000_000, stop, clock.now + 60)
     assert bucket.take(2_000_000, stop, clock.now + 60)
-    assert 3.85 <= clock.now - t0 <= 3.95
+    assert 3.95 <= clock.now - t0 <= 4.05
+
+
+def test_saved_up_bytes_are_capped_at_the_burst():
+    clock, stop = SteppingClock(), threading.Event()
+    bucket = TokenBucket(1e6, 100_000, clock)
+    clock.now += 100  # idle: saves up 100 KB, not 100 MB
+    t0 = clock.now
+    assert bucket.take(100_000, stop, clock.now + 60)
+    assert clock.now == t0
+    assert bucket.take(1_000_000, stop, clock.now + 60)
+    assert 0.95 <= clock.now - t0 <= 1.05
 
 
 def test_wait_past_deadline_is_refused_without_spending():
     clock, stop = SteppingClock(), threading.Event()
     bucket = TokenBucket(1e6, 100_000, clock)
     t0 = clock.now
-    assert not bucket.take(1_100_000, stop, clock.now + 0.5)  # needs 1 s
+    assert not bucket.take(1_000_000, stop, clock.now + 0.5)  # needs 1 s
     assert clock.now == t0  # no wait, nothing spent
-    assert bucket.take(1_100_000, stop, clock.now + 5)
+    assert bucket.take(1_000_000, stop, clock.now + 5)
     assert 0.95 <= clock.now - t0 <= 1.05
 
 
