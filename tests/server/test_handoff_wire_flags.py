@@ -127,7 +127,10 @@ def drained(tmp_path):
     """Two servers with masters; keys put while both were up, then the owner of some of
     them drained: it holds keys it no longer owns. Frames are sent as a client that
     still routes by the view before the drain (``epoch``)."""
-    cl = Cluster(2, "32MiB", slab="1MiB", masters=3, token="tok", log_dir=str(tmp_path))
+    # a handoff cap of 1 KB/s: the drained server's handoff worker keeps what it holds
+    # for the length of the test (its first batch waits about a minute)
+    cl = Cluster(2, "32MiB", slab="1MiB", masters=3, token="tok", log_dir=str(tmp_path),
+                 server_extra=["--migrate-mbps", "0.001"])
     cl.start()
     try:
         mc = MasterClient(cl.master_addresses, "tok")
