@@ -45,7 +45,13 @@ def add_server(cl: Cluster, name: str) -> ServerProc:
 
 
 def member(cl: Cluster, member_id: str) -> dict:
-    return next(m for m in masters(cl).status()["members"] if m["id"] == member_id)
+    """The member's /status row, once it carries its stats (a new leader has none until
+    the member's next heartbeat)."""
+    def row() -> dict | None:
+        m = next(m for m in masters(cl).status()["members"] if m["id"] == member_id)
+        return m if "handoff_passes" in (m.get("stats") or {}) else None
+
+    return wait_for(row, 10)
 
 
 def handoff_done(row: dict, epoch: int) -> bool:
