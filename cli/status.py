@@ -123,7 +123,7 @@ def status(masters: str, token: str, credential: str, as_json: bool, **tls: obje
                   f"{st['shm_leases']:,}" if "shm_leases" in st else "-",
                   handoff_cell(st), "-" if hb is None else f"{hb:.1f}s ago")
     # piped output (grep, logs) gets a wide table instead of rich's 80-column default
-    Console(width=None if sys.stdout.isatty() else 160).print(t)
+    Console(width=None if sys.stdout.isatty() else 200).print(t)
 
 
 @click.group()
@@ -223,7 +223,8 @@ def wait_drained(client, member_id: str, epoch: int, end: float, poll_s: float =
     columns = (TextColumn("{task.description}"), BarColumn(),
                TextColumn("{task.fields[objects]}"), TextColumn("{task.fields[size]}"),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True)) as bar:
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
+    with Progress(*columns, console=console) as bar:
         task = bar.add_task(f"draining {member_id}", total=None, objects="", size="")
         while True:
             try:

@@ -1,12 +1,15 @@
 """Drain 4 -> 3 with the memory and the disk tier populated: once ``gcache admin drain ID
 --wait`` returns, the drained server holds nothing, and every key acknowledged before
 (and during) the drain reads back byte-exact from the other three; an oracle reader
-running throughout never sees a wrong value."""
+running throughout never sees a wrong value. ``gcache status`` and the drained server's
+/metrics show what it handed off."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
@@ -22,7 +25,7 @@ N = 2000  # 32 MB over 4 servers of 8 MiB memory: about half of each on disk
 def test_drain_wait_hands_off_memory_and_disk(make_cluster, tmp_path):
     cl = start_cluster(make_cluster, 4, "8MiB", slab="1MiB", extra=[
         "--disk-dir", str(tmp_path / "disk"), "--disk-bytes", "128MiB",
-        "--segment-bytes", "4MiB"])
+        "--segment-bytes", "4MiB", "--metrics-listen", "127.0.0.1:0"])
     keys = [f"k-{i}".encode() for i in range(N)]
     gone = cl.servers[0]
     with Client(masters=cl.master_addresses, token=TOKEN, timeout_ms=5000) as c:
@@ -55,3 +58,14 @@ def test_drain_wait_hands_off_memory_and_disk(make_cluster, tmp_path):
         assert got.missing == [], f"{len(got.missing)} acknowledged keys lost"
         assert got.ok == N + len(load.written)
         assert load.reads > 0
+    moved = row["stats"]["handoff_objects_moved"]
+    r = subprocess.run([sys.executable, "-m", "gcache.cli", "status", "--masters",
+                        ",".join(cl.master_addresses), "--token", TOKEN],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "handoff" in r.stdout
+    assert f"done, {moved:,} moved" in r.stdout
+    log = (tmp_path / f"{gone.name}.log").read_text()
+    url = re.search(r"metrics on (http://\S+/metrics)", log)[1]
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    assert f"gcache_handoff_objects_moved_total {float(moved)}" in text
+    assert "gcache_handoff_objects_left 0.0" in text and "gcache_handoff_lost_total 0.0" in text
