@@ -292,6 +292,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("verify_checksums", "bool", True, "Check every value read against the "
            "server's xxh3 checksum once its bytes landed; a mismatch is a CORRUPT miss, "
            "never a hit.", "client"),
+    Option("handoff_read_window_ms", "duration_ms", 120_000, "For this long after the "
+           "masters' ring changed, a get or exists that misses at a key's new owner asks "
+           "its previous owner too (if still up or draining), within the op's deadline; "
+           "deletes go to both. 0 = never.", "client"),
 ]}
 _SECRETS = frozenset({"token", "credential"})
 PROMOTE_POLICIES = ("never", "first", "second-hit")
@@ -332,8 +336,13 @@ def _show(opt: Option, value: Any) -> str:
     return str(value) or "''"
 
 
+_ZERO_OK = frozenset({"handoff_read_window_ms"})  # numeric options where 0 means "off"
+
+
 def _check(opt: Option, value: Any) -> str | None:
     """Range-check one parsed value; return the problem, or None if it is fine."""
+    if opt.name in _ZERO_OK and value == 0:
+        return None
     if opt.type in ("size", "int", "duration_ms") and value < 1:
         return "must be at least 1"
     if opt.name == "migrate_mbps" and value < 0:

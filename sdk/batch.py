@@ -7,6 +7,9 @@ folds what comes back. Every frame of the batch completes through ``frame_done``
 
 * hands items a server answered ``NOT_OWNER`` to the sender's ``reroute`` (the
   router refreshes its view and sends them once more, or folds NOT_OWNER);
+* with a ``handoff`` hook (``Router.handoff_for``: only shortly after the ring
+  changed), lets it take the items to re-ask at their previous owner (misses of a
+  get or exists, deletes of keys that moved); without one nothing is checked;
 * for a byte get, learns the object's size from its first slice and sends the
   remaining slices to the same server (the key's part count grows first);
 * folds everything else.
@@ -86,7 +89,7 @@ class Batch:
 
     __slots__ = ("op", "keys", "deadline", "sender", "results", "left", "parts", "versions",
                  "totals", "sums", "hashes", "remaining", "lock", "future", "callback",
-                 "on_key", "flags")
+                 "on_key", "flags", "handoff")
 
     def __init__(self, op: int, keys: list[bytes], deadline: float, sender: Sender,
                  callback: BatchCallback | None, on_key: KeyCallback | None) -> None:
@@ -104,6 +107,8 @@ class Batch:
         self.future: Future = Future()
         self.callback, self.on_key = callback, on_key
         self.flags: dict | None = None  # header flags of every frame (``"ia"``, ``"ho"``)
+        # Router.handoff while a membership change is recent (see the module docstring)
+        self.handoff: Callable | None = None
         if n == 0:
             self.future.set_result([])
 
@@ -130,6 +135,8 @@ class Batch:
             keep = [k for k, r in enumerate(results) if r.status != Status.NOT_OWNER]
             items = [items[k] for k in keep]
             results = [results[k] for k in keep]
+        if self.handoff is not None:
+            items, results = self.handoff(self, work, items, results)
         self.fold_frame(work, items, results)
 
     def fail(self, items: Iterable, status: Status) -> None:
@@ -353,7 +360,10 @@ class BytesBatch(Batch):
                     for off in range(r.nbytes, r.total_len, step)]
             with self.lock:
                 self.parts[i] += len(rest)
-            self.sender.send(self, {work.address: rest})
+            if work.extra is not None and work.extra.get("ho"):  # a previous owner's copy
+                self.sender.send(self, {work.address: rest}, flags={"ho": 1})
+            else:
+                self.sender.send(self, {work.address: rest})
         self.fold(((i, r.status, r.version, r.total_len, r.checksum),))
 
     def finalize(self, i: int, st: Status) -> bytes | None:

@@ -544,15 +544,16 @@ class _Connection:
                                                         self.svc.metrics.namespace.limit)
         return s
 
-    def misplaced(self, meta: dict, n: int, read: bool = False) -> list[bool]:
+    def misplaced(self, meta: dict, n: int, handoff: bool = False) -> list[bool]:
         """Items this server does not own in a newer epoch than the client's view.
 
         Clients routed by a master view send ``ep`` (their epoch) and ``ph`` (one placement
         hash per item); clients with a static server list send neither and are not checked.
-        ``read`` (GET, EXISTS, LEASE): a handoff read (``"ho": 1``, the SDK asking a key's
-        previous owner) is not checked either: it is served from what this server holds.
+        ``handoff`` (GET, EXISTS, LEASE, DELETE): a frame with ``"ho": 1`` (the SDK asking a
+        key's previous owner) is not checked either: it is served from what this server
+        holds (a delete deletes it here, so a later re-ask cannot bring it back).
         """
-        if read and check_flag(meta, "ho"):
+        if handoff and check_flag(meta, "ho"):
             return [False] * n
         agent, ph = self.svc.ownership, meta.get("ph")
         if agent is None or ph is None:
@@ -661,7 +662,7 @@ class _Connection:
             self.reply(Op.GET, rid,
                        {"items": [[int(Status.AUTH), 0, 0, 0, 0]] * len(parsed)})
             return
-        wrong_owner = self.misplaced(meta, len(parsed), read=True)
+        wrong_owner = self.misplaced(meta, len(parsed), handoff=True)
         out_meta, payload, budget = [], [], lim.max_frame_bytes
         # pin every owned item at once (a disk tier reads them in parallel), then cut the
         # views to the frame budget in item order
@@ -705,6 +706,6 @@ class _Connection:
             self.reply(op, rid, {"st": [int(Status.AUTH)] * len(keys)})
             return
         st = [Status.NOT_OWNER if wrong else Status.OK if fn(ns, k) else Status.MISS
-              for k, wrong in zip(keys, self.misplaced(meta, len(keys), op == Op.EXISTS))]
+              for k, wrong in zip(keys, self.misplaced(meta, len(keys), op != Op.TOUCH))]
         self.svc.metrics.items.labels(Op.NAMES[op].lower(), "all").inc(len(st))
         self.reply(op, rid, {"st": [int(s) for s in st]})

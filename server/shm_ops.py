@@ -470,7 +470,7 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
         parsed.append((check_key(it[0], lim), it[1]))
     if not conn.may(Right.READ, ns, Op.LEASE):
         return [[int(Status.AUTH), 0, 0, 0, 0, 0]] * len(parsed)
-    wrong_owner = conn.misplaced(meta, len(parsed), read=True)
+    wrong_owner = conn.misplaced(meta, len(parsed), handoff=True)
     out = []
     now = time.monotonic()
     hits = 0

@@ -5,7 +5,8 @@ disk; when it races a plain put, the plain put's value is what stays, whichever
 committed first; a plain put after it replaces it. Over TCP and over shm's
 PUT_STAGED. ``"ho": 1`` (handoff read): a server that no longer owns a key (drained
 out of the ring) answers NOT_OWNER to a plain GET/EXISTS/LEASE but serves the key to
-one with the flag. A flag of the wrong type is a frame-level BAD_REQUEST.
+one with the flag, and deletes its copy on a DELETE with it. A flag of the wrong type is
+a frame-level BAD_REQUEST.
 """
 
 from __future__ import annotations
@@ -17,14 +18,22 @@ import pytest
 
 from gcache.discovery import MasterClient
 from gcache.hashing import checksum, placement_hash
-from gcache.protocol import Limits, Op
+from gcache.protocol import Limits, Op, encode_frame
 from gcache.sdk import Client, Status
 from gcache.sdk.transports.base import GetItem, KeyItem, PutItem, Work
+from gcache.sdk.transports.onesided import STATS
 from gcache.sdk.transports.shm import ShmTransport
 from gcache.sdk.transports.tcp import TcpTransport
 from gcache.testing.cluster import Cluster
-from gcache.testing.oracle import check_value, value_for
+from gcache.testing.oracle import check_value as _check_value, value_for
 from gcache.testing.waiting import wait_for
+from rawwire import RawConn
+
+
+def check_value(key: bytes, v) -> bool:
+    """The oracle's value for ``key`` (a miss is not)."""
+    return v is not None and _check_value(key, v)
+
 
 pytestmark = [pytest.mark.integration]
 
@@ -91,13 +100,17 @@ def test_if_absent_put_never_replaces_a_value_on_disk(tmp_path):
 def test_plain_put_wins_a_race_with_an_if_absent_put(tmp_path, transport):
     """Both puts of every key acknowledged, in any commit order: the plain put's value
     stays (if it committed first the if-absent one was skipped; if it committed second
-    it replaced it)."""
-    n, size = 3000, 2048
+    it replaced it). shm: 400 KiB frames go as PUT_STAGED."""
+    n, size = 3000, 4096
+    staged = STATS["shm_staged_frames"]
     with Cluster(1, "64MiB", slab="1MiB", log_dir=str(tmp_path)) as cl, \
             Client(cl.addresses, timeout_ms=10000, transport=transport) as plain, \
             Client(cl.addresses, timeout_ms=10000, transport=transport) as handoff:
         keys = [f"race{i}".encode() for i in range(n)]
         results: dict[str, list] = {}
+        first = n // 3  # the plain put surely commits first for these
+        assert plain.put_batch(keys[:first], [value_for(k, size) for k in keys[:first]]) \
+            == [Status.OK] * first
 
         def run(name: str, client: Client, values: list, ia: bool) -> None:
             out = []
@@ -119,7 +132,9 @@ def test_plain_put_wins_a_race_with_an_if_absent_put(tmp_path, transport):
         bad = [k for k, v in zip(keys, got) if not check_value(k, v)]
         assert not bad, f"{len(bad)} keys lost the plain put's value, e.g. {bad[:3]}"
         skipped = _stats(plain, cl.addresses[0])["put_if_absent_skipped"]
-        assert 0 < skipped <= n  # the race went both ways or at least one way
+        assert first <= skipped <= n
+        if transport == "shm":
+            assert STATS["shm_staged_frames"] > staged
 
 
 @pytest.fixture
@@ -173,6 +188,14 @@ def test_handoff_read_served_by_a_non_owner(drained):
                    for k, r in zip(on_b, ho))
         assert [r.status for r in t.execute(_frame(Op.EXISTS, ex, epoch, on_b, ho=1))] == \
             [Status.OK] * len(on_b)
+        # a delete with the flag deletes the non-owner's copy; without it, NOT_OWNER
+        gone = [KeyItem(on_b[-1], 0)]
+        assert [r.status for r in t.execute(_frame(Op.DELETE, gone, epoch, on_b[-1:]))] == \
+            [Status.NOT_OWNER]
+        assert [r.status for r in t.execute(_frame(Op.DELETE, gone, epoch, on_b[-1:], ho=1))] \
+            == [Status.OK]
+        assert [r.status for r in t.execute(_frame(Op.EXISTS, gone, epoch, on_b[-1:], ho=1))] \
+            == [Status.MISS]
         # the flag does not open writes: a plain PUT there is still NOT_OWNER
         v = value_for(on_b[0], 10)
         put = [PutItem(on_b[0], 10, 0, 10, 0, memoryview(v), checksum(v), 0)]
@@ -181,16 +204,17 @@ def test_handoff_read_served_by_a_non_owner(drained):
     finally:
         t.close()
     # the one-sided read (LEASE) takes the flag too
+    live = on_b[:-1]  # the last one was deleted above
     s = ShmTransport(b.address, "tok", Limits(), 2.0, mode="shm")
     try:
-        dest = [bytearray(3000) for _ in on_b]
+        dest = [bytearray(3000) for _ in live]
         leases = [GetItem(k, 0, 3000, 0, memoryview(d), i)
-                  for i, (k, d) in enumerate(zip(on_b, dest))]
-        assert [r.status for r in s.execute(_frame(Op.GET, leases, epoch, on_b))] == \
-            [Status.NOT_OWNER] * len(on_b)
-        res = s.execute(_frame(Op.GET, leases, epoch, on_b, ho=1))
-        assert [r.status for r in res] == [Status.OK] * len(on_b)
-        assert all(check_value(k, d) for k, d in zip(on_b, dest))
+                  for i, (k, d) in enumerate(zip(live, dest))]
+        assert [r.status for r in s.execute(_frame(Op.GET, leases, epoch, live))] == \
+            [Status.NOT_OWNER] * len(live)
+        res = s.execute(_frame(Op.GET, leases, epoch, live, ho=1))
+        assert [r.status for r in res] == [Status.OK] * len(live)
+        assert all(check_value(k, d) for k, d in zip(live, dest))
     finally:
         s.close()
 
@@ -211,3 +235,17 @@ def test_a_flag_of_the_wrong_type_is_bad_request(tmp_path, op, flag, value):
             assert [r.status for r in res] == [Status.BAD_REQUEST]
         finally:
             t.close()
+
+
+@pytest.mark.timeout(60)
+def test_alloc_refuses_if_absent(tmp_path):
+    """COMMIT carries no header to say "if absent": an ALLOC asking for it is refused
+    (frame-level BAD_REQUEST), never silently published unconditionally."""
+    with Cluster(1, "16MiB", slab="1MiB", log_dir=str(tmp_path),
+                 extra=["--shm-trusted-writers", "true"]) as cl:
+        conn = RawConn(cl.addresses[0])
+        conn.auth()
+        v = b"x" * 100
+        conn.send(encode_frame(Op.ALLOC, 7, {"ns": NS, "items": [[b"k", 100, 0, 100, 0,
+                                                                  checksum(v)]], "ia": 1}))
+        assert "ALLOC" in conn.expect_error(Status.BAD_REQUEST, rid=7, opcode=Op.ALLOC)
