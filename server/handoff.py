@@ -19,8 +19,10 @@ worker thread then runs a *pass* over that view:
    from closing;
 3. after an OK put, and only if the client routed it by this very view (its epoch
    equals the pass's before and after the put, and the key's owner there is not this
-   server), delete the local copy with ``Tier.delete_if_version``: a newer local object
-   is never lost.
+   server), delete the local copy with ``Tier.delete_if_version`` (a newer local object
+   is never lost), ``GRACE_S`` later and only while the view still holds: a reader
+   that missed at the new owner just before the put still finds the key here when it
+   falls back to the previous owner (the SDK's ``"ho"`` read) just after it.
 
 A failed put (timeout, target unreachable, refused) keeps the object; it counts as
 *waiting* and the pass is retried after ``RETRY_S`` (doubling up to ``RETRY_MAX_S``). An
@@ -72,6 +74,7 @@ CATCH_UP_S = 5.0  # how long a pass waits for its clients to route by the pass's
 RETRY_S, RETRY_MAX_S = 0.5, 8.0  # a pass that left objects waiting runs again after
 IDLE_OUT_S = 2.0  # outside the ring, a finished pass runs again after (stragglers)
 MAX_CLIENTS = 16  # SDK clients kept, one per namespace (least recently used closed)
+GRACE_S = 0.2  # a moved object's local copy is deleted this long after its put
 
 
 class TokenBucket:
@@ -146,6 +149,9 @@ class Handoff:
         self._clients: dict[bytes, Any] = {}  # namespace -> client, least recent first
         self._clients_lock = threading.Lock()
         self._view: View | None = None
+        # a pass's moved objects whose local copy goes after GRACE_S: (due, ns, object)
+        self._doomed: deque[tuple[float, bytes, Any]] = deque()
+        self._replaced: list = []  # ... and those replaced here meanwhile (not deleted)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()  # the counters
@@ -259,6 +265,8 @@ class Handoff:
                      n, nbytes, "" if mine else " (this server is not in the ring)")
         total = _PassStats(0, 0, 0)
         failed: Counter[str] = Counter()
+        self._doomed.clear()
+        self._replaced.clear()
         for ns, objs in todo.items():
             if not objs:
                 continue
@@ -273,12 +281,39 @@ class Handoff:
             if res is None:
                 return None
             total = _add(total, res)
+        if not self._reap(view, wait=True):
+            return None
+        if self._replaced:  # replaced here after the walk: the next pass moves them
+            total = _add(total, self._keep(self._replaced, failed, "replaced"))
         self._set(objects_left=total.waiting, bytes_left=total.waiting_bytes,
                   waiting=total.waiting)
         if n:
             log.info("handoff pass at epoch %d done: %d moved, %d waiting%s", view.epoch,
                      total.moved, total.waiting, f" {dict(failed)}" if failed else "")
         return total
+
+    def _reap(self, view: View, wait: bool = False) -> bool:
+        """Delete the local copies whose grace has passed (``wait``: all of them, waiting
+        for the last grace), each only if still the version that was put
+        (``delete_if_version``; a replaced one goes to ``_replaced``). False, deleting
+        nothing more, once the pass is superseded: the copies stay (the next pass puts
+        them if absent, which the owner skips, and deletes them then)."""
+        doomed = self._doomed
+        while doomed:
+            if self._superseded(view):
+                doomed.clear()
+                return False
+            due, ns, h = doomed[0]
+            left = due - self.clock.monotonic()
+            if left > 0:
+                if not wait:
+                    return True
+                self.clock.wait(self._stop, left)
+                continue
+            doomed.popleft()
+            if not self.tier.delete_if_version(ns, h.key, h.version):
+                self._replaced.append(h)
+        return not self._superseded(view)
 
     def _keep(self, objs: list, failed: Counter, why: str) -> _PassStats:
         """``objs`` stay here for the next pass (counted as waiting)."""
@@ -334,7 +369,7 @@ class Handoff:
         pool: list[bytearray] = []
         try:
             for batch in _batches(objs, self.batch_bytes):
-                if self._superseded(view):
+                if self._superseded(view) or not self._reap(view):
                     return None
                 f = self._send(client, ns, batch, pool, failed)
                 if f is None:  # stopped in the rate cap's wait
@@ -425,13 +460,15 @@ class Handoff:
                 statuses = [Status.TIMEOUT] * len(f.out)
             # epochs only grow: an equal epoch after the put means it was routed by it
             same_view = client.view.epoch == view.epoch and not self._superseded(view)
+            due = self.clock.monotonic() + GRACE_S
             for h, st in zip(f.out, statuses):
                 if st == Status.OK:
                     moved += 1
                     nbytes += h.length
-                    if same_view and self.tier.delete_if_version(f.ns, h.key, h.version):
+                    if same_view:
+                        self._doomed.append((due, f.ns, h))
                         continue
-                    failed["view changed" if not same_view else "replaced"] += 1
+                    failed["view changed"] += 1
                 else:
                     failed[Status(st).name.lower()] += 1
                 kept.append(h)
