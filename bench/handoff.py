@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import pathlib
 import re
 import tempfile
 import time
@@ -94,10 +95,10 @@ def main(total: str, size: str, migrate_mbps: str, json_out: str | None) -> None
            "handoff_objects_moved": st["handoff_objects_moved"],
            "handoff_bytes_moved": st["handoff_bytes_moved"], "handoff_lost": st["handoff_lost"],
            "passes": passes}
-    click.echo(json.dumps(res, indent=2))
+    text = json.dumps(res, indent=2)
+    click.echo(text)
     if json_out:
-        with open(json_out, "w") as f:
-            json.dump(res, f, indent=2)
+        pathlib.Path(json_out).write_text(text)
 
 
 if __name__ == "__main__":

@@ -31,9 +31,14 @@ class SteppingClock:
         return event.is_set()
 
 
+def capped(rate: float = 1e6, burst: int = 100_000):
+    """A bucket of ``rate`` bytes/s on a fresh ``SteppingClock``: (clock, stop, bucket)."""
+    clock = SteppingClock()
+    return clock, threading.Event(), TokenBucket(rate, burst, clock)
+
+
 def test_rate_holds_over_many_batches():
-    clock, stop = SteppingClock(), threading.Event()
-    bucket = TokenBucket(1e6, 100_000, clock)
+    clock, stop, bucket = capped()
     t0 = clock.now
     for _ in range(100):
         assert bucket.take(100_000, stop, clock.now + 60)
@@ -42,8 +47,7 @@ def test_rate_holds_over_many_batches():
 
 
 def test_batch_larger_than_burst_waits_for_all_its_bytes():
-    clock, stop = SteppingClock(), threading.Event()
-    bucket = TokenBucket(1e6, 100_000, clock)
+    clock, stop, bucket = capped()
     t0 = clock.now
     assert bucket.take(2_000_000, stop, clock.now + 60)
     assert bucket.take(2_000_000, stop, clock.now + 60)
@@ -51,8 +55,7 @@ def test_batch_larger_than_burst_waits_for_all_its_bytes():
 
 
 def test_saved_up_bytes_are_capped_at_the_burst():
-    clock, stop = SteppingClock(), threading.Event()
-    bucket = TokenBucket(1e6, 100_000, clock)
+    clock, stop, bucket = capped()
     clock.now += 100  # idle: saves up 100 KB, not 100 MB
     t0 = clock.now
     assert bucket.take(100_000, stop, clock.now + 60)
@@ -62,8 +65,7 @@ def test_saved_up_bytes_are_capped_at_the_burst():
 
 
 def test_wait_past_deadline_is_refused_without_spending():
-    clock, stop = SteppingClock(), threading.Event()
-    bucket = TokenBucket(1e6, 100_000, clock)
+    clock, stop, bucket = capped()
     t0 = clock.now
     assert not bucket.take(1_000_000, stop, clock.now + 0.5)  # needs 1 s
     assert clock.now == t0  # no wait, nothing spent
@@ -72,15 +74,13 @@ def test_wait_past_deadline_is_refused_without_spending():
 
 
 def test_stop_ends_the_wait():
-    clock, stop = SteppingClock(), threading.Event()
-    bucket = TokenBucket(1e6, 100_000, clock)
+    clock, stop, bucket = capped()
     stop.set()
     assert not bucket.take(5_000_000, stop, clock.now + 60)
 
 
 def test_no_cap_never_waits():
-    clock, stop = SteppingClock(), threading.Event()
-    bucket = TokenBucket(0, 100_000, clock)
+    clock, stop, bucket = capped(rate=0)
     for _ in range(1000):
         assert bucket.take(10_000_000, stop, clock.now)
     assert clock.now == 100.0
