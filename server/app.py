@@ -186,7 +186,8 @@ class Server:
             self.handoff = (
                 Handoff(self.tier, cfg.name, advertise, masters=cfg.masters,
                         credential=cfg.credential, token=cfg.token, tls=self.tls.dialer,
-                        limits=self.limits, migrate_mbps=cfg.migrate_mbps)
+                        limits=self.limits, migrate_mbps=cfg.migrate_mbps,
+                        on_join=cfg.handoff_on_join)
                 if cfg.masters else None)
             self.agent = self._agent(advertise)
             self.service = Service(
