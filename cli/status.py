@@ -1,10 +1,15 @@
 """``gcache status`` and ``gcache admin``: the operator's view of, and actions on, the
-members, through the masters' API (``gcache.discovery.MasterClient``)."""
+members, through the masters' API (``gcache.discovery.MasterClient``).
+
+Each member's handoff progress (its ``handoff_*`` stats, carried to the masters by its
+heartbeats) is the status table's ``handoff`` column, and what ``gcache admin drain ID
+--wait`` follows until the member is empty."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 
 import click
 
@@ -22,6 +27,26 @@ def tier_cells(stats: dict) -> tuple[str, str]:
     if stats.get("disk_degraded"):
         disk = f"[red]{disk} degraded[/]"
     return disk, f"{stats.get('demoted', 0):,}↓ {stats.get('promoted', 0):,}↑"
+
+
+def handoff_cell(stats: dict) -> str:
+    """The status table's handoff cell: what the member's handoff worker has left (and
+    whether a pass runs), what it moved, what it lost; "-" when it reports nothing."""
+    if not stats or "handoff_passes" not in stats:
+        return "-"
+    left, moved = stats.get("handoff_objects_left", 0), stats.get("handoff_objects_moved", 0)
+    size = format_size(stats.get("handoff_bytes_left", 0), approx=True)
+    if stats.get("handoff_active"):
+        cell = f"[cyan]moving: {left:,} left ({size})[/], {moved:,} moved"
+    elif left:
+        cell = f"[yellow]{left:,} waiting ({size})[/], {moved:,} moved"
+    elif moved:
+        cell = f"done, {moved:,} moved"
+    else:
+        cell = "-"
+    if stats.get("handoff_lost"):
+        cell += f", [red]{stats['handoff_lost']:,} lost[/]"
+    return cell
 
 
 def _tls_options(fn):
@@ -80,7 +105,7 @@ def status(masters: str, token: str, credential: str, as_json: bool, **tls: obje
         return
     t = Table(title=f"gcache: epoch {doc['epoch']}, leader {doc.get('leader')}")
     for col in ("id", "address", "state", "inc", "capacity", "used", "objects", "disk",
-                "moved", "nixl", "leases", "heartbeat"):
+                "moved", "nixl", "leases", "handoff", "heartbeat"):
         t.add_column(col, justify="right" if col in ("inc", "capacity", "used", "objects", "disk",
                                                       "moved", "leases") else "left")
     colors = {MemberState.UP: "green", MemberState.DRAINING: "yellow", MemberState.DOWN: "red",
@@ -96,9 +121,9 @@ def status(masters: str, token: str, credential: str, as_json: bool, **tls: obje
                   f"{st.get('objects', 0):,}" if st else "-", *tier_cells(st),
                   ("on" if st.get("nixl") else "off") if "nixl" in st else "-",
                   f"{st['shm_leases']:,}" if "shm_leases" in st else "-",
-                  "-" if hb is None else f"{hb:.1f}s ago")
+                  handoff_cell(st), "-" if hb is None else f"{hb:.1f}s ago")
     # piped output (grep, logs) gets a wide table instead of rich's 80-column default
-    Console(width=None if sys.stdout.isatty() else 160).print(t)
+    Console(width=None if sys.stdout.isatty() else 200).print(t)
 
 
 @click.group()
@@ -106,7 +131,7 @@ def admin() -> None:
     """Operator actions on members (replicated through the masters)."""
 
 
-def _admin(op: str, member_id: str, masters: str, token: str, tls: dict) -> None:
+def _admin(op: str, member_id: str, masters: str, token: str, tls: dict) -> dict:
     from gcache.discovery import MasterError, MasterUnavailable
 
     try:
@@ -116,6 +141,7 @@ def _admin(op: str, member_id: str, masters: str, token: str, tls: dict) -> None
     state = (res.get("member") or {}).get("state", "removed")
     click.echo(f"{member_id}: {state} (epoch {res.get('epoch')}, "
                f"{'changed' if res.get('changed') else 'no change'})")
+    return res
 
 
 _masters_opt = click.option("--masters", required=True, envvar="GCACHE_MASTERS",
@@ -141,7 +167,103 @@ def _admin_command(name: str, op: str, help_text: str) -> None:
 
 
 for _name, _op, _help in (
-        ("drain", "drain", "Stop placing new keys on MEMBER_ID (it keeps serving what it holds)."),
         ("add", "undrain", "Bring a drained or down MEMBER_ID back into placement."),
         ("remove", "remove", "Forget MEMBER_ID (it re-registers if it is still running).")):
     _admin_command(_name, _op, _help)
+
+
+@admin.command("drain")
+@click.argument("member_id")
+@_masters_opt
+@_token_opt
+@_cred_opt
+@_tls_options
+@click.option("--wait", is_flag=True, help="Then follow MEMBER_ID's handoff (a progress bar "
+              "of objects, bytes and ETA on stderr) until it holds nothing: exit 0 when it "
+              "can be removed, 1 if --timeout passes first.")
+@click.option("--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
+              help="Seconds --wait waits at most.")
+def drain(member_id: str, masters: str, token: str, credential: str, wait: bool,
+          timeout: float, **tls: object) -> None:
+    """Stop placing new keys on MEMBER_ID; it pushes what it holds (memory and disk) to
+    the new owners and keeps serving reads until that is done."""
+    end = time.monotonic() + timeout
+    res = _admin("drain", member_id, masters, credential or token, tls)
+    if not wait:
+        return
+    client = _masters_client(masters, credential or token, tls)
+    st = wait_drained(client, member_id, int(res.get("epoch", 0)), end)
+    click.echo(f"{member_id}: drained: {st.get('handoff_objects_moved', 0):,} objects "
+               f"({format_size(st.get('handoff_bytes_moved', 0), approx=True)}) handed off in "
+               f"all, {st.get('handoff_lost', 0):,} lost; it holds nothing and can be removed "
+               f"(gcache admin remove {member_id})")
+
+
+def _drained(m: dict, epoch: int) -> bool:
+    """Is member ``m`` (a /status row) draining and empty, after a pass at ``epoch`` or
+    later?"""
+    st = m.get("stats") or {}
+    return (m.get("state") == MemberState.DRAINING and st.get("handoff_epoch", -1) >= epoch
+            and not st.get("handoff_active") and st.get("handoff_objects_left", 1) == 0
+            and st.get("objects", 1) == 0 and st.get("disk_objects", 0) == 0)
+
+
+def wait_drained(client, member_id: str, epoch: int, end: float, poll_s: float = 0.5) -> dict:
+    """Poll the masters' /status until ``member_id`` is drained (``_drained``), showing
+    its handoff as a progress bar on stderr; its last stats. ClickException when it stops
+    draining (undrained, down, removed) or ``end`` (``time.monotonic()``) passes first."""
+    from rich.console import Console
+    from rich.progress import (BarColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    from gcache.discovery import MasterError, MasterUnavailable
+
+    base: tuple[int, int] | None = None  # objects and bytes moved when we started
+    st: dict = {}
+    columns = (TextColumn("{task.description}"), BarColumn(),
+               TextColumn("{task.fields[objects]}"), TextColumn("{task.fields[size]}"),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
+    with Progress(*columns, console=console) as bar:
+        task = bar.add_task(f"draining {member_id}", total=None, objects="", size="")
+        while True:
+            try:
+                doc = client.status(deadline=end)
+            except MasterUnavailable:
+                doc = None
+            except MasterError as exc:
+                raise click.ClickException(str(exc)) from None
+            if doc is not None:
+                m = next((m for m in doc.get("members", []) if m["id"] == member_id), None)
+                if m is None:
+                    raise click.ClickException(f"{member_id} is no longer a member (removed?); "
+                                               "what it held is no longer reachable")
+                if m["state"] != MemberState.DRAINING:
+                    raise click.ClickException(
+                        f"{member_id} is {m['state']}, not draining: its handoff stopped "
+                        + ("(what it still holds comes back if it restarts; run the drain "
+                           "again then)" if m["state"] == MemberState.DOWN
+                           else "(undrained?); run gcache admin drain again"))
+                st = m.get("stats") or {}
+                if "handoff_passes" in st:
+                    if base is None:
+                        base = st["handoff_objects_moved"], st["handoff_bytes_moved"]
+                    objs = st["handoff_objects_moved"] - base[0]
+                    done = st["handoff_bytes_moved"] - base[1]
+                    total = done + st["handoff_bytes_left"]
+                    bar.update(task, total=max(total, 1), completed=done if total else 1,
+                               objects=f"{objs:,}/{objs + st['handoff_objects_left']:,} objects",
+                               size=f"{format_size(done, approx=True)}/"
+                                    f"{format_size(total, approx=True)}")
+                if _drained(m, epoch):
+                    return st
+            if time.monotonic() + poll_s >= end:
+                left = st.get("handoff_objects_left")
+                raise click.ClickException(
+                    f"{member_id} is not drained yet: "
+                    + (f"{left:,} objects ({format_size(st.get('handoff_bytes_left', 0), approx=True)}) "
+                       f"left, {st.get('handoff_waiting', 0):,} waiting for their owners"
+                       if left is not None else "it reports no handoff progress (an older "
+                       "server, or no heartbeat yet)")
+                    + "; see gcache status, and wait again with a longer --timeout")
+            time.sleep(poll_s)

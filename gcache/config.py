@@ -235,6 +235,14 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "server"),
     Option("heartbeat_interval_ms", "duration_ms", 500, "Heartbeat period to the masters.",
            "server"),
+    Option("migrate_mbps", "float", 0.0, "Cap on the handoff worker's bytes (MB/s, 10^6 "
+           "bytes per second): what this server pushes to the new owners on a drain or a "
+           "join, so foreground IO keeps its latency. 0 = no cap.", "server"),
+    Option("handoff_on_join", "bool", False, "Also push, while this server stays in the "
+           "ring, the objects a join moved to another member (by key hash). Off by default: "
+           "the server does not know a key's placement group, so keys written with group= "
+           "(the SGLang plugin's chain placement) would move away from their group's owner. "
+           "Turn it on when no client uses group=. Drains always hand off.", "server"),
     Option("disk_dir", "str", "", "Directory of the NVMe tier's segment files (one "
            "gcache-<name> subdirectory per server); empty = memory only.", "server"),
     Option("disk_bytes", "size", 16 * _GIB, "Capacity of the NVMe tier (with --disk-dir).",
@@ -289,6 +297,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("verify_checksums", "bool", True, "Check every value read against the "
            "server's xxh3 checksum once its bytes landed; a mismatch is a CORRUPT miss, "
            "never a hit.", "client"),
+    Option("handoff_read_window_ms", "duration_ms", 120_000, "For this long after the "
+           "masters' ring changed, a get or exists that misses at a key's new owner asks "
+           "its previous owner too (if still up or draining), within the op's deadline; "
+           "deletes go to both. 0 = never.", "client"),
 ]}
 _SECRETS = frozenset({"token", "credential"})
 PROMOTE_POLICIES = ("never", "first", "second-hit")
@@ -329,10 +341,17 @@ def _show(opt: Option, value: Any) -> str:
     return str(value) or "''"
 
 
+_ZERO_OK = frozenset({"handoff_read_window_ms"})  # numeric options where 0 means "off"
+
+
 def _check(opt: Option, value: Any) -> str | None:
     """Range-check one parsed value; return the problem, or None if it is fine."""
+    if opt.name in _ZERO_OK and value == 0:
+        return None
     if opt.type in ("size", "int", "duration_ms") and value < 1:
         return "must be at least 1"
+    if opt.name == "migrate_mbps" and value < 0:
+        return "must be >= 0 (0 = no cap)"
     if opt.name.endswith("_watermark") and not 0 < value <= 1:
         return "must be in (0, 1]"
     if opt.type == "addr" and value == "" and opt.name != "metrics_listen":

@@ -121,8 +121,8 @@ class MasterClient:
     def admin(self, op: str, member_id: str) -> dict:
         return self.request("POST", "/admin", {"op": op, "id": member_id})
 
-    def status(self) -> dict:
-        return self.request("GET", "/status")
+    def status(self, deadline: float | None = None) -> dict:
+        return self.request("GET", "/status", deadline=deadline)
 
 
 class _DeadlineIO:

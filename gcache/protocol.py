@@ -427,6 +427,15 @@ def check_items(meta: Any, limits: Limits) -> list:
     return items
 
 
+def check_flag(meta: dict, name: str) -> bool:
+    """A 0/1 frame flag of the header map (``"ho"``, ``"ia"``): absent is 0. Anything but
+    0, 1 (or a boolean) is BAD_REQUEST."""
+    v = meta.get(name, 0)
+    if v is not True and v is not False and (type(v) is not int or v not in (0, 1)):
+        raise ProtocolError(f"{name!r} must be 0 or 1, got {v!r}", Status.BAD_REQUEST)
+    return bool(v)
+
+
 class PutItem(NamedTuple):
     """One validated PUT / ALLOC item. ``checksum``: the writer's xxh3_64 of the whole
     value (every slice of a sliced value carries the same one), or None if not sent."""

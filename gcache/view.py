@@ -8,7 +8,7 @@ feeds the same type. SDK and servers compute identical owners from identical
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from gcache.ring import Member, Ring
@@ -25,8 +25,13 @@ class MemberState(str, enum.Enum):
 
 @dataclass(frozen=True)
 class View:
+    """``members``: the ring (UP members). ``holders``: the addresses of every member
+    that still serves what it holds (UP and DRAINING; a master view only): where a
+    client may re-ask a key's previous owner after a membership change."""
+
     epoch: int
     members: tuple[Member, ...]
+    holders: frozenset[str] = field(default=frozenset(), compare=False)
 
     @cached_property
     def ring(self) -> Ring:
@@ -54,4 +59,6 @@ def view_from_wire(doc: dict) -> View:
         Member(id=m["id"], address=m["address"],
                weight=max(0.05, int(m.get("capacity_bytes") or 0) / top) if top else 1.0)
         for m in sorted(ups, key=lambda m: m["id"]))
-    return View(int(doc.get("epoch", 0)), members)
+    holders = frozenset(m["address"] for m in doc.get("members", [])
+                        if m.get("state") in (MemberState.UP, MemberState.DRAINING))
+    return View(int(doc.get("epoch", 0)), members, holders)

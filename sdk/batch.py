@@ -7,6 +7,9 @@ folds what comes back. Every frame of the batch completes through ``frame_done``
 
 * hands items a server answered ``NOT_OWNER`` to the sender's ``reroute`` (the
   router refreshes its view and sends them once more, or folds NOT_OWNER);
+* with a ``handoff`` hook (``Router.handoff_for``: only shortly after the ring
+  changed), lets it take the items to re-ask at their previous owner (misses of a
+  get or exists, deletes of keys that moved); without one nothing is checked;
 * for a byte get, learns the object's size from its first slice and sends the
   remaining slices to the same server (the key's part count grows first);
 * folds everything else.
@@ -86,7 +89,7 @@ class Batch:
 
     __slots__ = ("op", "keys", "deadline", "sender", "results", "left", "parts", "versions",
                  "totals", "sums", "hashes", "remaining", "lock", "future", "callback",
-                 "on_key")
+                 "on_key", "flags", "handoff")
 
     def __init__(self, op: int, keys: list[bytes], deadline: float, sender: Sender,
                  callback: BatchCallback | None, on_key: KeyCallback | None) -> None:
@@ -103,6 +106,9 @@ class Batch:
         self.lock = threading.Lock()
         self.future: Future = Future()
         self.callback, self.on_key = callback, on_key
+        self.flags: dict | None = None  # header flags of every frame (``"ia"``, ``"ho"``)
+        # Router.handoff while a membership change is recent (see the module docstring)
+        self.handoff: Callable | None = None
         if n == 0:
             self.future.set_result([])
 
@@ -129,6 +135,8 @@ class Batch:
             keep = [k for k, r in enumerate(results) if r.status != Status.NOT_OWNER]
             items = [items[k] for k in keep]
             results = [results[k] for k in keep]
+        if self.handoff is not None:
+            items, results = self.handoff(self, work, items, results)
         self.fold_frame(work, items, results)
 
     def fail(self, items: Iterable, status: Status) -> None:
@@ -191,15 +199,18 @@ class Batch:
 
 class PutBatch(Batch):
     """``put_batch_from``: one Status per key; values larger than ``max_value_bytes``
-    are TOO_LARGE without being sent."""
+    are TOO_LARGE without being sent. ``if_absent``: every frame carries ``"ia": 1``
+    (each key is published only if the server holds none)."""
 
     __slots__ = ("views", "max_value_bytes")
 
     def __init__(self, keys: list[bytes], views: list, limits: Limits, deadline: float,
                  sender: Sender, callback: BatchCallback | None,
-                 on_key: KeyCallback | None) -> None:
+                 on_key: KeyCallback | None, if_absent: bool = False) -> None:
         super().__init__(Op.PUT, keys, deadline, sender, callback, on_key)
         self.views, self.max_value_bytes = views, limits.max_value_bytes
+        if if_absent:
+            self.flags = {"ia": 1}
 
     def route(self, owners: list[str], slice_bytes: int) -> Routed:
         routed: Routed = {}
@@ -349,7 +360,10 @@ class BytesBatch(Batch):
                     for off in range(r.nbytes, r.total_len, step)]
             with self.lock:
                 self.parts[i] += len(rest)
-            self.sender.send(self, {work.address: rest})
+            if work.extra is not None and work.extra.get("ho"):  # a previous owner's copy
+                self.sender.send(self, {work.address: rest}, flags={"ho": 1})
+            else:
+                self.sender.send(self, {work.address: rest})
         self.fold(((i, r.status, r.version, r.total_len, r.checksum),))
 
     def finalize(self, i: int, st: Status) -> bytes | None:

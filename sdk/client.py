@@ -94,6 +94,11 @@ class Client:
         tls_ca_file: PEM CA bundle that signed the servers' and masters' certificates.
         tls_cert_file, tls_key_file: this client's certificate and key, for servers
             that require client certificates (mTLS).
+        handoff_read_window_ms: for this long after the masters' ring changed (a server
+            joined, drained, left), a get or exists that misses at a key's new owner asks
+            its previous owner too, if that one is still up or draining, within the op's
+            deadline; deletes go to both (default 120000; 0 = never). Counted in
+            ``counters`` (``handoff_reads``, ``handoff_read_hits``).
         config_file: TOML file with ``[client]`` keys; env ``GCACHE_*`` overrides it,
             and explicit arguments override both.
 
@@ -112,7 +117,8 @@ class Client:
                  nixl_bounce_bytes: int | None = None,
                  verify_checksums: bool | None = None,
                  tls: bool | ssl.SSLContext | None = None, tls_ca_file: str | None = None,
-                 tls_cert_file: str | None = None, tls_key_file: str | None = None) -> None:
+                 tls_cert_file: str | None = None, tls_key_file: str | None = None,
+                 handoff_read_window_ms: int | None = None) -> None:
         if isinstance(servers, str):
             servers = servers.split(",")
         if isinstance(masters, str):
@@ -127,7 +133,7 @@ class Client:
             "connect_timeout_ms": connect_timeout_ms, "transport": transport,
             "nixl_bounce_bytes": nixl_bounce_bytes, "verify_checksums": verify_checksums,
             "tls_ca_file": tls_ca_file, "tls_cert_file": tls_cert_file,
-            "tls_key_file": tls_key_file})
+            "tls_key_file": tls_key_file, "handoff_read_window_ms": handoff_read_window_ms})
         cfg = self.config = s.config
         self.namespace, self.limits, self.transport = s.namespace, s.limits, s.transport
         self.timeout = s.timeout_s
@@ -136,7 +142,8 @@ class Client:
         self.conns = int(cfg.conns_per_server)
         self.verify = bool(cfg.verify_checksums)
         self._checks = Checksums(self.verify)
-        self.counters = self._checks.counters  # reads refused by verify_checksums
+        # reads refused by verify_checksums; the router adds handoff_reads/_read_hits
+        self.counters = self._checks.counters
         self._streams = StreamCallbacks()  # the stream= forms (CUDA), made on first use
         self._closed = False
         self._dispatcher = Dispatcher(
@@ -152,7 +159,9 @@ class Client:
                                   timeout_s=max(0.5, s.connect_timeout_s), tls=s.tls)
         self._router = Router(s.namespace, list(servers or []), master, self._dispatcher,
                               Framing(self.slice, self.frame_target, self.conns,
-                                      s.limits.max_batch_items))
+                                      s.limits.max_batch_items),
+                              handoff_window_s=cfg.handoff_read_window_ms / 1000.0,
+                              counters=self.counters)
         self._router.start()
 
     # ------------------------------------------------------------------ registration
@@ -244,7 +253,8 @@ class Client:
     def put_batch_from_async(self, keys: Sequence[Key], buffers: Sequence[Any], *,
                              group: Any = None, timeout_ms: int | None = None,
                              callback: BatchCallback | None = None,
-                             on_key: KeyCallback | None = None, stream: Any = None) -> Future:
+                             on_key: KeyCallback | None = None, stream: Any = None,
+                             if_absent: bool = False) -> Future:
         """Store ``buffers[i]`` under ``keys[i]``, reading the buffers in place.
 
         The buffers must stay unchanged until the future completes.
@@ -261,6 +271,10 @@ class Client:
             stream: a torch.cuda.Stream: start only once the stream has reached this
                 call, so the caller need not synchronize the work that fills the
                 buffers (TIMEOUT for every key if it does not by the deadline).
+            if_absent: store each key only if its server holds no object for it when the
+                put commits (memory or disk); a key skipped that way is still OK. A put
+                without it that commits first always wins (handoff copies use this).
+                On nixl connections such puts go as plain PUTs (no one-sided ALLOC).
 
         Returns:
             A Future of ``list[Status]``, one per key: OK, or a miss.
@@ -273,12 +287,12 @@ class Client:
             raise ValueError("keys and buffers differ in length")
         if stream is not None:
             return self._put_after_stream(keys, buffers, stream, group, timeout_ms, callback,
-                                          on_key)
+                                          on_key, if_absent)
         device = self._settings.device_buffers
         ks = [self._key(k) for k in keys]
         views = [as_view(b, writable=False, device=device) for b in buffers]
         return self._start(PutBatch(ks, views, self.limits, self._deadline(timeout_ms),
-                                    self._router, callback, on_key), group)
+                                    self._router, callback, on_key, if_absent), group)
 
     def put_batch_from(self, keys: Sequence[Key], buffers: Sequence[Any], **kw: Any
                        ) -> list[Status]:
@@ -579,6 +593,7 @@ class Client:
         if batch.keys:
             router = self._router
             batch.hashes = hashes = router.hashes(batch.keys, group)
+            batch.handoff = router.handoff_for(batch)
             router.send(batch, batch.route(router.owners(hashes), self.slice))
         return batch.future
 
@@ -590,14 +605,15 @@ class Client:
 
     def _put_after_stream(self, keys: Sequence[Key], buffers: Sequence[Any], stream: Any,
                           group: Any, timeout_ms: int | None, callback: BatchCallback | None,
-                          on_key: KeyCallback | None) -> Future:
+                          on_key: KeyCallback | None, if_absent: bool) -> Future:
         device = self._settings.device_buffers
         for b in buffers:  # argument errors raise now, not in the watcher thread
             as_view(b, writable=False, device=device)
 
         def start(left_ms: int) -> Future:
             return self.put_batch_from_async(keys, buffers, group=group, timeout_ms=left_ms,
-                                             callback=callback, on_key=on_key)
+                                             callback=callback, on_key=on_key,
+                                             if_absent=if_absent)
 
         def missed() -> list:
             res = [Status.TIMEOUT] * len(keys)

@@ -24,6 +24,22 @@ the one copy of that rule; the ring maps hashes to members. Requests routed by a
 ``send`` cuts each owner's items into frames (``Framing``, by the lane's data path)
 and hands them to the dispatcher.
 
+Previous-owner fallback (reads keep hitting while a membership change moves data).
+When a master view changes the ring, the router keeps the ring it replaced and, for
+``handoff_read_window_ms`` after that, gives the batches it starts (``handoff_for``)
+a ``handoff`` hook: a GET or EXISTS item that answered MISS, whose owner in the
+previous ring is another server still UP or DRAINING (``View.holders``), is asked
+there again with ``"ho": 1`` (the server then serves what it holds, skipping its
+NOT_OWNER check), within the op's original deadline: a key whose deadline passed
+stays a MISS, and an answer other than OK from the previous owner leaves the MISS.
+DELETE items of keys that moved are sent to the previous owner too (OK if either
+deleted), so the fallback cannot bring a deleted key back. Outside the window, or
+for a static view, batches carry no hook and nothing is checked: hits never pay,
+and misses pay one extra round trip only inside the window. Counted in
+``counters`` (``handoff_reads``: items re-asked, ``handoff_read_hits``: found there).
+One previous ring is kept: a view that changes no ring member (a state change of a
+member out of the ring) keeps it; a later ring change replaces it.
+
 Threads. ``hashes``, ``owners``, ``send`` and ``view`` run on user threads (and on
 dispatch threads, for a byte get's remaining slices) and never block: they read one
 snapshot of (view, ring). ``update`` runs on any thread and takes a short lock.
@@ -36,14 +52,16 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 from gcache.discovery import MasterClient, MasterError, MasterUnavailable
 from gcache.hashing import placement_hash
+from gcache.protocol import Op
+from gcache.ring import Ring
 from gcache.status import Status
 from gcache.view import View, view_from_wire
 from gcache.sdk.dispatcher import Dispatcher
-from gcache.sdk.transports.base import Framing, Work
+from gcache.sdk.transports.base import Framing, ItemResult, Work
 
 if TYPE_CHECKING:
     from gcache.sdk.batch import Batch, Routed
@@ -52,6 +70,15 @@ log = logging.getLogger("gcache.sdk")
 
 WATCH_WAIT_MS = 5000  # one long-poll of the masters' view
 WATCH_RETRY_S = 0.5  # pause after a failed long-poll (every master down)
+HANDOFF_READ = {"ho": 1}  # the header flag of a read (or delete) at a previous owner
+_HANDOFF_OPS = frozenset({Op.GET, Op.EXISTS, Op.DELETE})
+
+
+class _Previous(NamedTuple):
+    """The ring a master view replaced, and until when its owners are asked again."""
+
+    ring: Ring
+    until: float  # the dispatcher's clock
 
 
 def placement_hashes(namespace: bytes, keys: Sequence[bytes], group: Any = None) -> list[int]:
@@ -89,13 +116,21 @@ class Router:
     """The view a client routes by, and the path from a batch's items to its lanes."""
 
     def __init__(self, namespace: bytes, servers: Sequence[str], master: MasterClient | None,
-                 dispatcher: Dispatcher, framing: Framing) -> None:
+                 dispatcher: Dispatcher, framing: Framing, *,
+                 handoff_window_s: float = 0.0, counters: dict | None = None) -> None:
         """``servers``: the static view (or, with ``master``, the bootstrap until a
-        master answers). With ``master`` the first refresh runs here, once."""
+        master answers). With ``master`` the first refresh runs here, once.
+        ``handoff_window_s``: how long after a ring change misses ask the previous owner
+        (0: never); ``counters``: where ``handoff_reads``/``handoff_read_hits`` count."""
         self.namespace = namespace
         self._master = master
         self._dispatcher = dispatcher
         self._framing = framing
+        self._window = handoff_window_s
+        self._previous: _Previous | None = None
+        self.counters = counters if counters is not None else {}
+        self.counters.update(handoff_reads=0, handoff_read_hits=0)
+        self._count_lock = threading.Lock()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         # NOT_OWNER items awaiting the re-route thread: (batch, held work), None = stop
@@ -143,17 +178,24 @@ class Router:
         with self._lock:
             if self._master is not None and view.epoch <= self.view.epoch:
                 return
-            for m in view.members:
-                self._dispatcher.lane(m.address)
-            self._snapshot = (view, view.ring)
+            self.do_swap(view)
         log.info("routing by view epoch %d (%d servers)", view.epoch, len(view.members))
 
     def install(self, view: View) -> None:
         """Route by ``view`` whatever its epoch (tests simulate a missed epoch)."""
         with self._lock:
-            for m in view.members:
-                self._dispatcher.lane(m.address)
-            self._snapshot = (view, view.ring)
+            self.do_swap(view)
+
+    def do_swap(self, view: View) -> None:
+        """Route by ``view`` (caller holds ``_lock``). A master view that changes the
+        ring keeps the ring it replaces for the previous-owner fallback."""
+        for m in view.members:
+            self._dispatcher.lane(m.address)
+        old, ring = self._snapshot
+        if (self._master is not None and self._window > 0 and old.epoch > 0
+                and old.members != view.members):
+            self._previous = _Previous(ring, self._dispatcher.clock.monotonic() + self._window)
+        self._snapshot = (view, view.ring)
 
     def refresh(self, wait_ms: int, deadline: float | None = None) -> bool:
         """Fetch the masters' view (long-poll past our epoch when wait_ms > 0), giving up
@@ -185,21 +227,88 @@ class Router:
         return [m.address for m in ring.owners(hashes)]
 
     # ------------------------------------------------------------------ sending
-    def send(self, batch: Batch, routed: Routed, retried: bool = False) -> None:
-        """Frame each owner's items and queue them on its lane ('' owner: UNAVAILABLE)."""
+    def send(self, batch: Batch, routed: Routed, retried: bool = False,
+             flags: dict | None = None, on_done: Callable | None = None) -> None:
+        """Frame each owner's items and queue them on its lane ('' owner: UNAVAILABLE).
+        ``flags``: header flags for these frames on top of the batch's; ``on_done``:
+        instead of ``batch.frame_done``."""
         dispatcher, framing, op = self._dispatcher, self._framing, batch.op
+        flags = {**batch.flags, **flags} if flags and batch.flags else flags or batch.flags
+        done = on_done or batch.frame_done
         for addr, items in routed.items():
             if not addr:  # empty view: no server to ask
                 batch.fail(items, Status.UNAVAILABLE)
                 continue
             lane = dispatcher.lane(addr)
             for frame in framing.frames(lane.kind, op, items):
-                extra = None
+                extra = flags
                 if self._master is not None:
                     hashes = batch.hashes
-                    extra = {"ep": self.view.epoch, "ph": [hashes[it.index] for it in frame]}
+                    extra = {"ep": self.view.epoch, "ph": [hashes[it.index] for it in frame],
+                             **(extra or {})}
                 dispatcher.submit(lane, Work(op, self.namespace, frame, batch.deadline,
-                                             batch.frame_done, extra, retried, addr))
+                                             done, extra, retried, addr))
+
+    # ------------------------------------------------------------------ previous owners
+    def handoff_for(self, batch: Batch) -> Callable | None:
+        """The hook a GET/EXISTS/DELETE batch started now carries: ``handoff`` while the
+        previous ring's window is open, else None (and nothing is ever checked)."""
+        prev = self._previous
+        if prev is None or batch.op not in _HANDOFF_OPS:
+            return None
+        if self._dispatcher.clock.monotonic() >= prev.until:
+            self._previous = None  # the window closed
+            return None
+        return self.handoff
+
+    def handoff(self, batch: Batch, work: Work, items: list, results: list[ItemResult]
+                ) -> tuple[list, list[ItemResult]]:
+        """Of a frame's answered items, send those to re-ask at their previous owner
+        (see the module docstring) and return the rest, to fold now."""
+        prev = self._previous
+        if prev is None or (work.extra is not None and work.extra.get("ho")):
+            return items, results  # no window, or already an answer of a previous owner
+        delete = batch.op == Op.DELETE
+        if delete:
+            ask = [k for k, r in enumerate(results) if r.status in (Status.OK, Status.MISS)]
+        else:
+            ask = [k for k, r in enumerate(results) if r.status == Status.MISS]
+        if not ask or self._dispatcher.clock.monotonic() >= batch.deadline:
+            return items, results
+        hashes, holders, here = batch.hashes, self.view.holders, work.address
+        routed: dict[str, list] = {}
+        originals: dict[str, list[ItemResult]] = {}
+        taken = set()
+        for k, m in zip(ask, prev.ring.owners([hashes[items[k].index] for k in ask])):
+            addr = m.address
+            if addr != here and addr in holders:
+                routed.setdefault(addr, []).append(items[k])
+                originals.setdefault(addr, []).append(results[k])
+                taken.add(k)
+        if not taken:
+            return items, results
+        if not delete:
+            with self._count_lock:
+                self.counters["handoff_reads"] += len(taken)
+        for addr, moved in routed.items():
+            orig = dict(zip((id(it) for it in moved), originals[addr]))
+            self.send(batch, {addr: moved}, True, HANDOFF_READ,
+                      lambda w, res, orig=orig: self._handoff_done(batch, w, res, orig))
+        keep = [k for k in range(len(items)) if k not in taken]
+        return [items[k] for k in keep], [results[k] for k in keep]
+
+    def _handoff_done(self, batch: Batch, work: Work, results: list[ItemResult],
+                      originals: dict[int, ItemResult]) -> None:
+        """A previous owner's answer: its OK stands, anything else leaves the answer
+        the key's owner gave (MISS for a read)."""
+        out = [r if r.status == Status.OK else originals[id(it)]
+               for it, r in zip(work.items, results)]
+        if batch.op != Op.DELETE:
+            hits = sum(1 for r in results if r.status == Status.OK)
+            if hits:
+                with self._count_lock:
+                    self.counters["handoff_read_hits"] += hits
+        batch.fold_frame(work, work.items, out)
 
     def reroute(self, batch: Batch, work: Work, moved: list) -> None:
         """The items ``moved`` of ``work`` got NOT_OWNER: this client's view is stale.
@@ -240,6 +349,8 @@ class Router:
                 if self._stop.is_set():
                     self._closed(batch, held)
                 elif self._dispatcher.take(held):
+                    if batch.handoff is None:  # the refresh may have just changed the ring
+                        batch.handoff = self.handoff_for(batch)
                     hashes = batch.hashes
                     owners = self.owners([hashes[it.index] for it in held.items])
                     routed: dict[str, list] = {}

@@ -15,6 +15,9 @@ blocks; ``join`` waits for them until its deadline (the heartbeat thread ends wi
 one master request, the view thread may sit in a long poll until that poll's own
 deadline and is then left to end alone: it is a daemon and holds no port of ours).
 ``not_owned`` runs on connection threads, reads the current ring and never blocks.
+``on_view`` (given at construction: the server's handoff worker) is called with each
+view the agent adopts, on the thread that adopted it (registration or the view watcher);
+it must not block.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Callable, Sequence
 
 from gcache.discovery import MasterClient, MasterError, MasterUnavailable, view_from_wire
 from gcache.ring import Ring
+from gcache.view import View
 
 log = logging.getLogger("gcache.server.agent")
 
@@ -35,8 +39,8 @@ log = logging.getLogger("gcache.server.agent")
 class MembershipAgent:
     def __init__(self, masters: Sequence[str] | str, token: str, member_id: str, address: str,
                  capacity_bytes: int, stats_fn: Callable[[], dict],
-                 heartbeat_interval_ms: int = 500, tls: ssl.SSLContext | None = None
-                 ) -> None:
+                 heartbeat_interval_ms: int = 500, tls: ssl.SSLContext | None = None,
+                 on_view: Callable[[View], None] | None = None) -> None:
         # short per-try timeouts: a paused master must not delay a heartbeat past the
         # masters' heartbeat timeout; the client moves on to the next master instead.
         # ``tls``: a dialer context, the masters speak https
@@ -45,6 +49,7 @@ class MembershipAgent:
         self.member_id, self.address = member_id, address
         self.capacity_bytes = capacity_bytes
         self.stats_fn = stats_fn
+        self.on_view = on_view
         self.interval = heartbeat_interval_ms / 1000.0
         self.boot_id = uuid.uuid4().hex
         self.incarnation = 0
@@ -128,6 +133,8 @@ class MembershipAgent:
         self.ring = view.ring
         self.epoch = view.epoch
         log.info("view epoch %d: %d routable servers", view.epoch, len(view.members))
+        if self.on_view is not None:
+            self.on_view(view)
 
     def _warn(self, msg: str) -> None:
         if not self._warned:

@@ -22,7 +22,10 @@ already built, logs why and raises ``ServerStartError`` with what to fix):
  8. ``nixl``: the arena registered with a NIXL agent (per ``--nixl``; off under TLS).
  9. ``listener``: the data socket, bound and listening, so ``address`` is known (the
     kernel's port when ``--listen`` asked for port 0).
-10. ``agent``: the membership agent (``--masters`` only), told the advertised address.
+10. ``handoff`` and ``agent`` (``--masters`` only): the handoff worker (``handoff.py``:
+    pushes what this server holds but no longer owns to the owners, through the SDK), and
+    the membership agent, told the advertised address and, as its ``on_view``, the
+    handoff's ``view_changed``.
 11. ``service``: accept loop, deadlines, connections; gets the listener, the agent (for
     NOT_OWNER checks), the nixl registration and the shm registry.
 12. ``metrics_endpoint``: /metrics and /healthz (``--metrics-listen`` only), bound here,
@@ -30,20 +33,22 @@ already built, logs why and raises ``ServerStartError`` with what to fix):
 
 ``start()`` starts, in order: the shm reaper, the agent (registers and heartbeats in
 the background: serving never waits for the masters), the metrics endpoint, the tiers'
-background threads, and last the service's accept loop, so no client is served before
-everything behind it runs. ``stop()`` undoes it: signals the agent, stops the service
+background threads, the handoff worker, and last the service's accept loop, so no client
+is served before everything behind it runs. ``stop()`` undoes it: signals the handoff
+worker (its SDK clients closed, so a put in flight ends) and the agent, stops the service
 (listening socket closed, connections shut down and released), the metrics endpoint
-(port closed) and the reaper, joins the agent, closes nixl (explicitly: an agent left to
-interpreter exit can crash it), then closes the tier clean: the arena is marked clean and
-the disk index written. The arena *file* stays, by design (a restart under the same
-name finds every acknowledged object), unless ``--remove-arena-on-exit``.
+(port closed) and the reaper, joins the handoff worker (it holds pins on the tier) and
+the agent, closes nixl (explicitly: an agent left to interpreter exit can crash it),
+then closes the tier clean: the arena is marked clean and the disk index written. The
+arena *file* stays, by design (a restart under the same name finds every acknowledged
+object), unless ``--remove-arena-on-exit``.
 
 Threads:
  * ``__init__``, ``start``, ``stop``: the owner's thread. ``start`` and ``stop`` are
    idempotent and serialised; ``stop`` works whether or not ``start`` ran, and is
    bounded (the service about 5 s, the metrics endpoint and the reaper one tick, the
-   agent 1 s), except that closing the disk tier writes its index, which takes time in
-   proportion to it. A stopped server cannot be started again: build a new one.
+   handoff worker 5 s, the agent 1 s), except that closing the disk tier writes its
+   index, which takes time in proportion to it. A stopped server cannot be started again: build a new one.
  * ``run``: the main thread only (it installs the SIGTERM / SIGINT / SIGHUP handlers);
    blocks until SIGTERM or SIGINT, then stops.
  * ``stats``, ``health``: any thread (scrapes, heartbeats, tests); never block.
@@ -74,6 +79,7 @@ from gcache.server import nixl_ops
 from gcache.server.agent import MembershipAgent
 from gcache.server.arena import Arena, arena_path, header_len
 from gcache.server.eviction import make_policy
+from gcache.server.handoff import Handoff
 from gcache.server.memory_tier import MemoryTier
 from gcache.server.metrics import MetricsEndpoint, ServerMetrics
 from gcache.server.shm_ops import ShmRegistry
@@ -176,7 +182,14 @@ class Server:
             raise _refused(f"cannot listen on {cfg.listen}: {exc}",
                            "cannot listen on %s: %s", cfg.listen, exc) from None
         try:
-            self.agent = self._agent()
+            advertise = self._advertise()
+            self.handoff = (
+                Handoff(self.tier, cfg.name, advertise, masters=cfg.masters,
+                        credential=cfg.credential, token=cfg.token, tls=self.tls.dialer,
+                        limits=self.limits, migrate_mbps=cfg.migrate_mbps,
+                        on_join=cfg.handoff_on_join)
+                if cfg.masters else None)
+            self.agent = self._agent(advertise)
             self.service = Service(
                 self.tier, listener=self.listener, name=cfg.name, token=cfg.token,
                 limits=self.limits, metrics=self.metrics, max_connections=cfg.max_connections,
@@ -200,19 +213,25 @@ class Server:
         self._life = threading.Lock()  # serialises start and stop
         self._started = self._stopped = False
 
-    def _agent(self) -> MembershipAgent | None:
+    def _advertise(self) -> str:
+        """The address clients reach this server at (``--advertise``, else the bound
+        listener with a wildcard host replaced by this host's name)."""
+        advertise = self.cfg.advertise or self.listener.address
+        if advertise.rsplit(":", 1)[0].strip("[]") in ("0.0.0.0", "::"):
+            advertise = f"{socket.getfqdn()}:{advertise.rsplit(':', 1)[1]}"
+        return advertise
+
+    def _agent(self, advertise: str) -> MembershipAgent | None:
         """The membership agent when masters are configured (not started)."""
         cfg = self.cfg
         if not cfg.masters:
             return None
-        advertise = cfg.advertise or self.listener.address
-        if advertise.rsplit(":", 1)[0].strip("[]") in ("0.0.0.0", "::"):
-            advertise = f"{socket.getfqdn()}:{advertise.rsplit(':', 1)[1]}"
         # the masters take the server's credential (one with server = true), else the token
         # stats: read by heartbeats, which run only after start(), once the service exists
         return MembershipAgent(cfg.masters, cfg.credential or cfg.token, cfg.name, advertise,
                                self.tier.capacity, self.stats, cfg.heartbeat_interval_ms,
-                               tls=self.tls.dialer)
+                               tls=self.tls.dialer,
+                               on_view=self.handoff.view_changed if self.handoff else None)
 
     def _close_storage(self) -> None:
         if self.nixl is not None:
@@ -239,6 +258,8 @@ class Server:
         s = self.tier.stats()
         s["connections"] = self.service.connections
         s.update(self.shm.stats(self.nixl is not None))
+        if self.handoff is not None:
+            s.update(self.handoff.stats())
         return s
 
     def health(self) -> dict:
@@ -267,6 +288,8 @@ class Server:
                     log.info("metrics on %s://%s:%d/metrics", self.metrics_endpoint.scheme,
                              *self.metrics_endpoint.address)
                 self.tier.start()
+                if self.handoff is not None:
+                    self.handoff.start()
                 self.service.start()
             except BaseException:
                 self._do_stop()
@@ -289,12 +312,16 @@ class Server:
             return
         self._stopped = True
         log.info("stopping: closing connections and marking the arena clean")
+        if self.handoff is not None:
+            self.handoff.stop()
         if self.agent is not None:
             self.agent.stop()
         self.service.stop()
         self.shm.stop()
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.stop()
+        if self.handoff is not None and not self.handoff.join(5.0):  # it pins the tier
+            log.error("the handoff worker did not stop within 5 s; closing the tier anyway")
         if self.agent is not None:
             self.agent.join(1.0)  # before the tier closes: a heartbeat reads its stats
         self._close_storage()

@@ -70,7 +70,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 from gcache.errors import WiringError
 from gcache.hashing import checksum
@@ -79,7 +79,7 @@ from gcache.status import Status
 from gcache.server.arena import Arena, HDR_FIXED, header_len, size_class
 from gcache.server.eviction import LRU, EvictionPolicy
 from gcache.server.movement import ColdObject, LockRank, MemoryHooks, ranked_lock
-from gcache.server.tier import Pinned, PutSlot, Tier
+from gcache.server.tier import HeldObject, Pinned, PutSlot, Tier, held_snapshot
 
 log = logging.getLogger("gcache.server.memory")
 
@@ -136,6 +136,7 @@ class _Pending:
     deadline: float = 0.0
     failed: bool = False
     expect: int | None = None  # the writer's checksum of the whole value
+    if_absent: bool = False  # a slice asked to publish only if the key is absent
     key: tuple = ()  # (ns, key, put_id) of a sliced put
     holders: set = field(default_factory=set)  # holders that contributed slices
     ranges: list = field(default_factory=list)  # claimed [start, end), sorted, disjoint
@@ -203,10 +204,13 @@ class MemoryTier(Tier):
                          "torn_dropped": 0, "recovered": 0, "pending_expired": 0,
                          "no_space": 0, "clean_dropped": 0, "put_checksum_mismatch": 0,
                          "reservations_refused": 0, "pending_released": 0,
-                         "quarantined": 0, "quota_refused": 0, "quota_evictions": 0}
+                         "quarantined": 0, "quota_refused": 0, "quota_evictions": 0,
+                         "put_if_absent_skipped": 0}
         self._on_publish: Callable[[bytes, bytes, int], object] | None = None  # attach()
         self._on_delete: Callable[[bytes, bytes], bool] | None = None
         self._is_clean: Callable[[bytes, bytes, int], bool] | None = None
+        self._exists_below: Callable[[bytes, bytes], bool] | None = None
+        self._on_delete_version: Callable[[bytes, bytes, int], bool] | None = None
         self._stop = threading.Event()
         self.pressure = threading.Event()  # set when live bytes pass the high watermark
         self._evictor: threading.Thread | None = None
@@ -261,7 +265,8 @@ class MemoryTier(Tier):
         if self._on_publish is not None:
             raise WiringError("the memory tier's hooks are attached already; build one "
                               "TieredStore per MemoryTier")
-        self._on_publish, self._on_delete, self._is_clean = hooks
+        (self._on_publish, self._on_delete, self._is_clean, self._exists_below,
+         self._on_delete_version) = hooks
 
     def start(self) -> None:
         self._evictor = threading.Thread(target=self._evict_loop, name="gcache-evictor",
@@ -674,13 +679,18 @@ class MemoryTier(Tier):
         holder.no_wait_until = now + self.reserve_wait_s
         return False
 
-    def finish_put(self, slot: PutSlot) -> Status:
+    def finish_put(self, slot: PutSlot, *, if_absent: bool = False) -> Status:
+        """Commit the slot's slice; the last slice publishes. ``if_absent`` (on any slice
+        of the put): publish only if the key has no current object here or below, checked
+        in the same lock hold as the publish (the arena commit flag too, so a skipped put
+        never survives a restart); a skipped put answers OK and is counted."""
         pend: _Pending = slot.token
         slot.view.release()
         o = pend.obj
         with self._lock:
             o.pins -= 1
             pend.received += slot.extra["len"]
+            pend.if_absent = pend.if_absent or if_absent
             if pend.failed:
                 if o.pins == 0 and not o.quarantined:
                     self.do_free(o)
@@ -700,8 +710,19 @@ class MemoryTier(Tier):
             log.warning("refused a put whose bytes do not match the writer's checksum",
                         extra={"fields": {"ns": o.ns, "key": o.key, "bytes": o.length}})
             return Status.CORRUPT
-        self.arena.commit(o.offset, csum)
+        if_absent = pend.if_absent
+        if not if_absent:
+            self.arena.commit(o.offset, csum)
         with self._lock:
+            if if_absent:
+                k = (o.ns, o.key)
+                if k in self._index or (self._exists_below is not None
+                                        and self._exists_below(*k)):
+                    self.counters["put_if_absent_skipped"] += 1
+                    if o.pins == 0 and not o.quarantined:
+                        self.do_free(o)
+                    return Status.OK
+                self.arena.commit(o.offset, csum)  # under the lock: the check still holds
             o.committed = True
             self.uncommitted_bytes -= o.chunk
             self.do_uncharge(o)
@@ -914,14 +935,25 @@ class MemoryTier(Tier):
         with self._lock:
             return {k: o.version for k, o in self._index.items()}
 
-    def delete_version(self, ns: bytes, key: bytes, version: int) -> bool:
+    def delete_if_version(self, ns: bytes, key: bytes, version: int) -> bool:
+        """Drop ``key`` if its current object is ``version``: from memory, and below
+        (``on_delete_version``, in the same lock hold). True if either dropped it."""
         with self._lock:
             o = self._index.get((ns, key))
-            if o is None or o.version != version:
-                return False
+            if o is not None and o.version != version:
+                return False  # memory holds another (newer) object: nothing below is current
+            below = (self._on_delete_version is not None
+                     and self._on_delete_version(ns, key, version))
+            if o is None:
+                return below
             self.do_unindex(o)
             self.do_unlink(o)
             return True
+
+    def held(self) -> Iterator[HeldObject]:
+        """The committed objects, a chunked snapshot (``tier.held_snapshot``)."""
+        return held_snapshot(self._lock, self._index,
+                             lambda k, o: HeldObject(o.ns, o.key, o.length, o.version))
 
     def quota_event(self, event: str, ns: bytes, n: int) -> None:
         """Count a quota event for ``ns`` (the tier below's, e.g. ``disk_evicted``)."""

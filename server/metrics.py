@@ -5,7 +5,9 @@ counters are read from the tier's ``stats()`` at scrape time (the same dict the
 STATS reply and the master heartbeat carry): ``gcache_memory_*`` for the
 memory tier, ``gcache_disk_*`` for the NVMe tier, ``gcache_tier_*`` for
 movement between them, and ``gcache_tier_{capacity,used}_bytes{tier=...}``
-side by side.
+side by side. ``gcache_handoff_*`` (servers with masters) are the handoff worker's:
+counters of objects and bytes moved, objects lost and passes run, and gauges of the
+current pass (objects and bytes left, objects waiting for a retry, active).
 
 Per-namespace counters (``gcache_namespace_{hits,misses,bytes}_total``) carry a
 ``namespace`` label. Namespaces are client-chosen strings, so the label set is
@@ -188,7 +190,7 @@ class _TierCollector:
                "connections")
     _COUNTERS = ("evictions", "evicted_bytes", "corrupt_dropped", "torn_dropped",
                  "pending_expired", "no_space", "clean_dropped", "quota_refused",
-                 "quota_evictions")
+                 "quota_evictions", "put_if_absent_skipped")
     _DISK_GAUGES = ("capacity_bytes", "used_bytes", "allocated_bytes", "objects", "segments",
                     "degraded", "direct_io")
     _DISK_COUNTERS = ("hits", "read_bytes", "written_bytes", "corrupt_dropped", "read_errors",
@@ -200,11 +202,23 @@ class _TierCollector:
               ("promoted_bytes", "bytes promoted disk -> memory"),
               ("promote_skipped", "promotions skipped (no free memory, or changed meanwhile)"))
 
+    _HANDOFF_COUNTERS = (("objects_moved", "objects the handoff worker put to their owners"),
+                         ("bytes_moved", "bytes the handoff worker put to their owners"),
+                         ("lost", "objects dropped in a handoff (their bytes failed the "
+                          "checksum)"),
+                         ("passes", "handoff passes finished"))
+    _HANDOFF_GAUGES = (("objects_left", "objects the current handoff pass has still to move"),
+                       ("bytes_left", "bytes the current handoff pass has still to move"),
+                       ("waiting", "objects kept for the next pass (a put failed, or "
+                        "no owner)"),
+                       ("active", "1 while a handoff pass runs"))
+
     def __init__(self, stats_fn: Callable[[], dict]) -> None:
         self.stats_fn = stats_fn
 
     def collect(self):
         s = self.stats_fn()
+        yield from self._handoff(s)
         for name in self._GAUGES:
             if name in s:
                 g = GaugeMetricFamily(f"gcache_memory_{name}", f"memory tier {name}")
@@ -243,6 +257,18 @@ class _TierCollector:
             g = GaugeMetricFamily(f"gcache_tier_{what}", f"{what} per tier", labels=["tier"])
             g.add_metric(["memory"], s.get(what, 0))
             g.add_metric(["disk"], s.get(f"disk_{what}", 0))
+            yield g
+
+    def _handoff(self, s: dict):
+        if "handoff_passes" not in s:
+            return
+        for name, text in self._HANDOFF_COUNTERS:
+            c = CounterMetricFamily(f"gcache_handoff_{name}", text)
+            c.add_metric([], s.get(f"handoff_{name}", 0))
+            yield c
+        for name, text in self._HANDOFF_GAUGES:
+            g = GaugeMetricFamily(f"gcache_handoff_{name}", text)
+            g.add_metric([], s.get(f"handoff_{name}", 0))
             yield g
 
 

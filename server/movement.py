@@ -20,7 +20,9 @@ of theirs. Records crossing the seam:
 * ``MemoryHooks`` — what memory calls on the tier below, with its own lock held, so
   the index change and the disk change are one step: ``on_publish`` (a put
   replaced the key: kill older disk copies), ``on_delete`` (delete the disk copy
-  too), ``is_clean`` (an identical disk copy exists: evicting it loses nothing).
+  too), ``is_clean`` (an identical disk copy exists: evicting it loses nothing),
+  ``exists`` (any disk copy: an if-absent put is skipped), ``on_delete_version``
+  (delete the disk copy if it is that version: the handoff's delete-if-version).
   Given once, by ``MemorySide.attach`` (the mover builds them from the disk side:
   ``disk_hooks``), never assigned attribute by attribute.
 
@@ -43,12 +45,12 @@ import enum
 import mmap
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, NamedTuple, Protocol
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Protocol
 
 from gcache.errors import WiringError
 from gcache.failpoints import failpoint
 from gcache.quotas import QuotaStore
-from gcache.server.tier import Pinned, PutSlot
+from gcache.server.tier import HeldObject, Pinned, PutSlot
 from gcache.status import Status
 
 __all__ = ["ColdObject", "DemoteItem", "ReadLease", "MemoryHooks", "MemorySide", "DiskSide",
@@ -99,12 +101,15 @@ class MemoryHooks(NamedTuple):
     on_publish: Callable[[bytes, bytes, int], object]  # (ns, key, version) now current
     on_delete: Callable[[bytes, bytes], bool]  # (ns, key) deleted; True if below had it
     is_clean: Callable[[bytes, bytes, int], bool]  # an identical copy exists below
+    exists: Callable[[bytes, bytes], bool]  # any copy exists below (if-absent puts)
+    on_delete_version: Callable[[bytes, bytes, int], bool]  # delete below if that version
 
 
 def disk_hooks(disk: DiskSide) -> MemoryHooks:
     """The hooks that keep one authoritative copy per key across memory and ``disk``."""
     return MemoryHooks(on_publish=disk.invalidate_below, on_delete=disk.delete,
-                       is_clean=disk.has)
+                       is_clean=disk.has, exists=disk.exists,
+                       on_delete_version=disk.delete_version)
 
 
 # ---------------------------------------------------------------- lock order
@@ -180,8 +185,9 @@ class MemorySide(Protocol):
     def versions(self) -> dict[tuple[bytes, bytes], int]:
         """The version of every resident key."""
 
-    def delete_version(self, ns: bytes, key: bytes, version: int) -> bool:
-        """Drop the key if it is still at ``version`` (True if dropped)."""
+    def delete_if_version(self, ns: bytes, key: bytes, version: int) -> bool:
+        """Drop the key if its current object is ``version``, in memory and (through
+        ``on_delete_version``, same lock hold) below (True if dropped). Also startup."""
 
     def bump_version(self, at_least: int) -> None:
         """Never hand out a version below ``at_least``."""
@@ -198,8 +204,9 @@ class MemorySide(Protocol):
         """``evict=False``: NO_SPACE instead of evicting (``extra["quota"]``: the
         namespace's quota is what is full), so the mover can demote first."""
 
-    def finish_put(self, slot: PutSlot) -> Status:
-        """Commit; runs ``on_publish`` under the memory lock."""
+    def finish_put(self, slot: PutSlot, *, if_absent: bool = False) -> Status:
+        """Commit; runs ``on_publish`` under the memory lock. ``if_absent``: publish
+        only if neither memory nor ``exists`` below has the key (same lock hold)."""
 
     def abort_put(self, slot: PutSlot, quarantine: Any = None) -> None: ...
 
@@ -228,6 +235,10 @@ class MemorySide(Protocol):
         """Promotion (connection thread after a reply, or the mover): copy a verified
         object in under its own version, into free space only. ``still_valid`` runs
         under the memory lock (it may take the disk's). Copies outside the lock."""
+
+    # -- the handoff worker
+    def held(self) -> Iterator[HeldObject]:
+        """Memory's committed objects, a chunked snapshot (``tier.held_snapshot``)."""
 
     # -- the mover
     def claim_cold(self, max_bytes: int, max_items: int = 4096,
@@ -305,6 +316,9 @@ class DiskSide(Protocol):
     def delete(self, ns: bytes, key: bytes) -> bool:
         """Kill the key's record, persisting its death (``on_delete``)."""
 
+    def delete_version(self, ns: bytes, key: bytes, version: int) -> bool:
+        """Kill the key's record if it is ``version`` (``on_delete_version``)."""
+
     def invalidate_below(self, ns: bytes, key: bytes, version: int) -> bool:
         """Kill the key's record if older than ``version`` (``on_publish``)."""
 
@@ -332,6 +346,10 @@ class DiskSide(Protocol):
 
     def namespace_bytes(self) -> dict[bytes, int]:
         """Live record bytes per namespace (any thread)."""
+
+    def held(self) -> Iterator[HeldObject]:
+        """The live records, a chunked snapshot (``tier.held_snapshot``; the handoff
+        worker, never blocks on IO)."""
 
     def probe(self) -> bool:
         """Try to leave the degraded state (IO)."""

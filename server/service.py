@@ -51,7 +51,7 @@ from gcache.errors import ProtocolError
 from gcache.logs import RateLimitedLog
 from gcache.network import check_bind, linger
 from gcache.protocol import (FLAG_RESPONSE, PREAUTH_MAX_HEADER_BYTES, PREFIX_SIZE,
-                             FrameHeader, Limits, Op, check_items, check_key,
+                             FrameHeader, Limits, Op, check_flag, check_items, check_key,
                              check_namespace, discard_views, encode_frame, parse_put_items,
                              decode_meta, read_header, read_prefix, recv_into_many,
                              self_contained, sendmsg_all)
@@ -544,12 +544,17 @@ class _Connection:
                                                         self.svc.metrics.namespace.limit)
         return s
 
-    def misplaced(self, meta: dict, n: int) -> list[bool]:
+    def misplaced(self, meta: dict, n: int, handoff: bool = False) -> list[bool]:
         """Items this server does not own in a newer epoch than the client's view.
 
         Clients routed by a master view send ``ep`` (their epoch) and ``ph`` (one placement
         hash per item); clients with a static server list send neither and are not checked.
+        ``handoff`` (GET, EXISTS, LEASE, DELETE): a frame with ``"ho": 1`` (the SDK asking a
+        key's previous owner) is not checked either: it is served from what this server
+        holds (a delete deletes it here, so a later re-ask cannot bring it back).
         """
+        if handoff and check_flag(meta, "ho"):
+            return [False] * n
         agent, ph = self.svc.ownership, meta.get("ph")
         if agent is None or ph is None:
             return [False] * n
@@ -597,6 +602,7 @@ class _Connection:
         # reserve every destination first, then receive the whole payload with scatter
         # reads straight into the arena (refused items drain into a shared scratch)
         tier = self.svc.tier
+        if_absent = check_flag(meta, "ia")
         allowed = self.may(Right.WRITE, ns, Op.PUT)
         wrong_owner = self.misplaced(meta, len(parsed))
         statuses: list[Status] = []
@@ -629,7 +635,7 @@ class _Connection:
                 tier.abort_put(slot)
             raise
         for i, slot in slots:
-            statuses[i] = tier.finish_put(slot)
+            statuses[i] = tier.finish_put(slot, if_absent=if_absent)
         m = self.svc.metrics
         m.bytes.labels("in").inc(plen)
         if allowed:
@@ -656,7 +662,7 @@ class _Connection:
             self.reply(Op.GET, rid,
                        {"items": [[int(Status.AUTH), 0, 0, 0, 0]] * len(parsed)})
             return
-        wrong_owner = self.misplaced(meta, len(parsed))
+        wrong_owner = self.misplaced(meta, len(parsed), handoff=True)
         out_meta, payload, budget = [], [], lim.max_frame_bytes
         # pin every owned item at once (a disk tier reads them in parallel), then cut the
         # views to the frame budget in item order
@@ -700,6 +706,6 @@ class _Connection:
             self.reply(op, rid, {"st": [int(Status.AUTH)] * len(keys)})
             return
         st = [Status.NOT_OWNER if wrong else Status.OK if fn(ns, k) else Status.MISS
-              for k, wrong in zip(keys, self.misplaced(meta, len(keys)))]
+              for k, wrong in zip(keys, self.misplaced(meta, len(keys), op != Op.TOUCH))]
         self.svc.metrics.items.labels(Op.NAMES[op].lower(), "all").inc(len(st))
         self.reply(op, rid, {"st": [int(s) for s in st]})

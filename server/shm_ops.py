@@ -97,8 +97,8 @@ from gcache import staging
 from gcache.credentials import Right
 from gcache.errors import ProtocolError
 from gcache.network import boot_id
-from gcache.protocol import (Op, check_items, check_key, check_namespace, parse_put_items,
-                             self_contained)
+from gcache.protocol import (Op, check_flag, check_items, check_key, check_namespace,
+                             parse_put_items, self_contained)
 from gcache.status import Status
 
 log = logging.getLogger("gcache.server.shm")
@@ -470,7 +470,7 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
         parsed.append((check_key(it[0], lim), it[1]))
     if not conn.may(Right.READ, ns, Op.LEASE):
         return [[int(Status.AUTH), 0, 0, 0, 0, 0]] * len(parsed)
-    wrong_owner = conn.misplaced(meta, len(parsed))
+    wrong_owner = conn.misplaced(meta, len(parsed), handoff=True)
     out = []
     now = time.monotonic()
     hits = 0
@@ -543,6 +543,9 @@ def _alloc(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
     # PUT's item shape, no payload. The checksum is required: the server never sees a
     # one-sided writer's bytes arrive, so it is the only proof they were written.
     parsed = parse_put_items(items, lim, "ALLOC", require_checksum=True)
+    if check_flag(meta, "ia"):  # COMMIT publishes with no frame to carry it
+        raise ProtocolError("'ia' (put if absent) is not supported on ALLOC: use PUT or "
+                            "PUT_STAGED", Status.BAD_REQUEST)
     if not conn.may(Right.WRITE, ns, Op.ALLOC):
         return [[int(Status.AUTH), 0, 0]] * len(parsed)
     wrong_owner = conn.misplaced(meta, len(parsed))
@@ -635,6 +638,7 @@ def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dic
     # the checksum is required: it is what proves the bytes are the writer's value
     parsed = parse_put_items(check_items(meta, lim), lim, "PUT_STAGED",
                              require_checksum=True)
+    if_absent = check_flag(meta, "ia")
     total = sum(p.length for p in parsed)
     if total > lim.max_frame_bytes:
         raise ProtocolError(f"PUT_STAGED items describe {total} bytes, over max_frame_bytes "
@@ -684,7 +688,7 @@ def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dic
         raise
     nbytes = 0
     for i, slot in slots:
-        statuses[i] = tier.finish_put(slot)
+        statuses[i] = tier.finish_put(slot, if_absent=if_absent)
         if statuses[i] == Status.OK:
             nbytes += parsed[i].length
     m = conn.svc.metrics

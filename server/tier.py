@@ -22,7 +22,21 @@ for bookkeeping only; data is copied *outside* the lock, protected by pins:
   incomplete sliced puts): they are bounded per holder and released by
   ``release_holder`` when its connection closes. A slot never becomes visible before commit,
   so a reader sees the old object or the new one, never a mix.
+  ``finish_put(slot, if_absent=True)`` (the ``"ia"`` put flag) publishes only if the
+  key has no current object in either tier at that moment, checked under the memory
+  lock in the same step as the publish; otherwise the bytes are dropped, the answer
+  is still OK (a value is there) and ``put_if_absent_skipped`` counts it.
 * ``exists``/``delete``/``touch`` never block on IO.
+* Handoff (the server's handoff worker thread, while connection threads serve):
+  ``held()`` iterates ``HeldObject``s, the committed objects of both tiers. It is a
+  snapshot taken in chunks: one C-level copy of the key list under the lock, then
+  ``HELD_CHUNK`` keys at a time re-read under it (the lock is never held for the walk,
+  and nothing blocks on IO). An object put after the walk started may be missed; one
+  deleted meanwhile is not yielded (unless its chunk was read before). A key held in
+  both tiers (a clean disk copy) is yielded once. ``delete_if_version`` deletes a key
+  only while its current object is ``version`` (both tiers, one step under the memory
+  lock), so a newer put is never lost; it never blocks on IO beyond the disk's death
+  record.
 
 The seams behind it: ``eviction.py`` (which objects memory gives up first),
 ``movement.py`` (what the tiered store's mover may call on memory and on disk,
@@ -33,9 +47,11 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterator, NamedTuple
 
 from gcache.status import Status
+
+HELD_CHUNK = 1024  # keys re-read per lock hold by ``held()``
 
 
 @dataclass(slots=True)
@@ -60,6 +76,30 @@ class PutSlot:
     extra: dict = field(default_factory=dict)
 
 
+class HeldObject(NamedTuple):
+    """One committed object, as ``Tier.held()`` saw it."""
+
+    ns: bytes
+    key: bytes
+    length: int  # value bytes
+    version: int
+
+
+def held_snapshot(lock: Any, index: dict, row: Callable[[Any, Any], HeldObject | None],
+                  chunk: int = HELD_CHUNK) -> Iterator[HeldObject]:
+    """Walk ``index`` (guarded by ``lock``) in chunks: copy its keys under the lock
+    once, then re-read ``chunk`` keys per lock hold; ``row(key, value)`` makes the record
+    (None: skip it). The generator holds no lock between the records it yields."""
+    with lock:
+        keys = list(index)
+    for a in range(0, len(keys), chunk):
+        with lock:
+            rows = [row(k, v) for k in keys[a:a + chunk] if (v := index.get(k)) is not None]
+        for r in rows:
+            if r is not None:
+                yield r
+
+
 class Tier(abc.ABC):
     @abc.abstractmethod
     def pin_read(self, ns: bytes, key: bytes, offset: int, max_len: int,
@@ -78,7 +118,8 @@ class Tier(abc.ABC):
                   put_id: int, *, csum: int | None = None, holder: Any = None) -> PutSlot: ...
 
     @abc.abstractmethod
-    def finish_put(self, slot: PutSlot) -> Status: ...
+    def finish_put(self, slot: PutSlot, *, if_absent: bool = False) -> Status:
+        """Commit (see the module docstring; ``if_absent``: only if the key is absent)."""
 
     @abc.abstractmethod
     def abort_put(self, slot: PutSlot, quarantine: Any = None) -> None: ...
@@ -95,6 +136,16 @@ class Tier(abc.ABC):
 
     @abc.abstractmethod
     def touch(self, ns: bytes, key: bytes) -> bool: ...
+
+    @abc.abstractmethod
+    def delete_if_version(self, ns: bytes, key: bytes, version: int) -> bool:
+        """Delete ``key`` only if its current object is ``version`` (True if deleted).
+        Handoff worker or connection threads; never blocks on IO."""
+
+    @abc.abstractmethod
+    def held(self) -> Iterator[HeldObject]:
+        """The committed objects of every tier, a chunked snapshot (module docstring).
+        Handoff worker thread, safe while serving; never blocks on IO."""
 
     @abc.abstractmethod
     def stats(self) -> dict[str, int | float]: ...

@@ -62,11 +62,11 @@ import time
 from collections import deque
 import itertools
 import queue
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from gcache.server.movement import (ColdObject, DemoteItem, DiskSide, MemorySide, ReadLease,
                                     disk_hooks)
-from gcache.server.tier import Pinned, PutSlot, Tier
+from gcache.server.tier import HeldObject, Pinned, PutSlot, Tier
 from gcache.server.tiering import CompactionPolicy, PromotePolicy, SecondChance
 from gcache.status import Status
 
@@ -133,7 +133,7 @@ class TieredStore(Tier):
         """After both tiers recovered: one version per key, versions never reused."""
         killed, stale_mem = self.disk.supersede(self.memory.versions())
         for ns, key, v in stale_mem:
-            self.memory.delete_version(ns, key, v)
+            self.memory.delete_if_version(ns, key, v)  # the disk's newer copy stays
         self.memory.bump_version(self.disk.max_version + 1)
         return {"disk_superseded": killed, "memory_superseded": len(stale_mem)}
 
@@ -234,6 +234,20 @@ class TieredStore(Tier):
     def delete(self, ns: bytes, key: bytes) -> bool:
         return self.memory.delete(ns, key)  # on_delete removes the disk copy in the same step
 
+    def delete_if_version(self, ns: bytes, key: bytes, version: int) -> bool:
+        return self.memory.delete_if_version(ns, key, version)  # and below, one step
+
+    def held(self) -> Iterator[HeldObject]:
+        """Memory's objects, then the disk's not seen in memory: walked in that order, an
+        object demoted or promoted meanwhile is still seen (at least) once."""
+        seen = set()
+        for h in self.memory.held():
+            seen.add((h.ns, h.key))
+            yield h
+        for h in self.disk.held():
+            if (h.ns, h.key) not in seen:
+                yield h
+
     # ------------------------------------------------------------------ writes
     def begin_put(self, ns: bytes, key: bytes, total_len: int, offset: int, length: int,
                   put_id: int, *, csum: int | None = None, holder: Any = None) -> PutSlot:
@@ -291,8 +305,9 @@ class TieredStore(Tier):
                 self.memory.pressure.set()
                 self._room.wait(min(left, 0.05))
 
-    def finish_put(self, slot: PutSlot) -> Status:
-        return self.memory.finish_put(slot)  # on_publish kills older disk copies
+    def finish_put(self, slot: PutSlot, *, if_absent: bool = False) -> Status:
+        # on_publish kills older disk copies; if_absent consults the disk's index (exists)
+        return self.memory.finish_put(slot, if_absent=if_absent)
 
     def abort_put(self, slot: PutSlot, quarantine: Any = None) -> None:
         self.memory.abort_put(slot, quarantine)

@@ -95,7 +95,8 @@ class DataPath(abc.ABC):
       arena; no copy starts past ``deadline`` or half the lease bound
       (``conn.copy_window``), and a transfer in flight is abandoned at ``deadline``.
     * ``put(conn, work)``: one PUT frame; by default ALLOC -> ``move_out`` -> COMMIT
-      (``conn.put_alloc``). Blocks until ``work.deadline`` at the latest.
+      (``conn.put_alloc``; an if-absent put goes as a plain PUT). Blocks until
+      ``work.deadline`` at the latest.
     * ``close()``: the connection closed: drop per-connection state. Never blocks.
     * ``release()``: the transport is gone: drop what outlives connections (mappings,
       registrations). Never blocks.
@@ -352,7 +353,10 @@ class OneSidedTransport(TcpTransport):
         return out  # type: ignore[return-value]
 
     def put_alloc(self, work: Work) -> list[ItemResult]:
-        """A PUT frame as ALLOC -> ``move_out`` -> COMMIT (the nixl path's)."""
+        """A PUT frame as ALLOC -> ``move_out`` -> COMMIT (the nixl path's). An if-absent
+        put (``"ia"``) goes as a plain PUT: COMMIT has no frame to carry the flag."""
+        if work.extra and work.extra.get("ia"):
+            return self.plain(work)
         items = work.items
         t0 = time.monotonic()
         rmeta = self.call(Op.ALLOC, {"ns": work.ns, "items": put_fields(items),

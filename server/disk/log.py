@@ -43,7 +43,7 @@ import os
 import struct
 import threading
 import time
-from typing import Mapping
+from typing import Iterator, Mapping
 
 from gcache.errors import DiskError
 from gcache.failpoints import failpoint, os_error
@@ -56,7 +56,7 @@ from gcache.server.disk.records import (BLOCK, DEAD, REC_FIXED, Entry, align, bu
                                         read_segment_header, record_geometry, segment_paths,
                                         tier_root, ZEROS)
 from gcache.server.movement import LockRank, ReadLease, ranked_lock
-from gcache.server.tier import Pinned
+from gcache.server.tier import HeldObject, Pinned, held_snapshot
 from gcache.server.tiering import CompactionPolicy, SealedSegment, SecondChance
 from gcache.status import Status
 
@@ -496,6 +496,11 @@ class SegmentLog:
                 return False
             self.do_kill(ns, key, e)
             return True
+
+    def held(self) -> Iterator[HeldObject]:
+        """The live records as ``HeldObject``s, a chunked snapshot (never blocks on IO)."""
+        return held_snapshot(self.lock, self.index,
+                             lambda k, e: HeldObject(k[0], k[1], e.length, e.version))
 
     def touch(self, ns: bytes, key: bytes) -> bool:
         e = self.index.get((ns, key))

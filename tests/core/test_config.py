@@ -241,6 +241,8 @@ def test_watermarks(high: str, low: str, ok: bool) -> None:
     ("disk_bytes", "512GiB", True), ("disk_direct_io", "off", True),
     ("disk_direct_io", "maybe", False), ("failpoints", "disk_write=eio:3x", True),
     ("failpoints", "disk_write=2.5", False), ("failpoints", "Disk", False),
+    ("migrate_mbps", "0", True), ("migrate_mbps", "250.5", True),
+    ("migrate_mbps", "-1", False), ("migrate_mbps", "fast", False),
 ])
 def test_option_validation(name: str, value: str, ok: bool) -> None:
     if ok:

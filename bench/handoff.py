@@ -1,0 +1,105 @@
+"""Handoff benchmark: drain a server holding ``--total`` bytes and time its handoff.
+
+``python -m gcache.bench.handoff --total 1GiB --size 1MiB`` starts 3 masters and 2
+servers, puts ``--total`` bytes of keys that the first server owns (timing the SDK's
+batch put of them, the same run's reference), drains the first server and reports the
+handoff's rate from its own log (a pass's start line to its done line), its objects and
+bytes moved, and whether the drained server ended empty. ``--migrate-mbps`` passes the
+cap to the servers.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import pathlib
+import re
+import tempfile
+import time
+
+import click
+
+from gcache.config import parse_size
+from gcache.discovery import MasterClient
+from gcache.sdk import Client, Status
+from gcache.testing.cluster import Cluster
+from gcache.testing.oracle import value_for
+from gcache.testing.waiting import wait_for
+
+_PASS = re.compile(r"^(\S+ \S+) INFO +gcache\.server\.handoff: handoff pass at epoch (\d+)"
+                   r"(?:: (\d+) objects \((\d+) bytes\)| done: (\d+) moved)", re.M)
+
+
+def pass_rates(log: str) -> list[dict]:
+    """The handoff passes a server's text log records: epoch, objects, bytes, seconds."""
+    starts: dict[str, tuple[float, int, int]] = {}
+    out = []
+    for m in _PASS.finditer(log):
+        t = datetime.datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        if m[3] is not None:
+            starts[m[2]] = (t, int(m[3]), int(m[4]))
+        elif m[2] in starts:
+            t0, n, b = starts.pop(m[2])
+            out.append({"epoch": int(m[2]), "objects": n, "bytes": b, "moved": int(m[5]),
+                        "seconds": round(t - t0, 3), "gb_per_s": round(b / (t - t0) / 1e9, 3)})
+    return out
+
+
+@click.command()
+@click.option("--total", default="1GiB", show_default=True, help="Bytes the drained server holds.")
+@click.option("--size", default="1MiB", show_default=True, help="Value size.")
+@click.option("--migrate-mbps", default="0", show_default=True, help="The servers' cap (MB/s).")
+@click.option("--json", "json_out", default=None, help="Also write the result here.")
+def main(total: str, size: str, migrate_mbps: str, json_out: str | None) -> None:
+    nbytes, vsize = parse_size(total), parse_size(size)
+    n = nbytes // vsize
+    memory = f"{(int(nbytes * 1.3) >> 20) + 64}MiB"  # 16 MiB slabs: little rounding
+    logs = tempfile.mkdtemp(prefix="gcache-bench-handoff-")
+    with Cluster(2, memory, slab="16MiB", masters=3, token="bench", log_dir=logs,
+                 server_extra=["--migrate-mbps", migrate_mbps]) as cl:
+        mc = MasterClient(cl.master_addresses, "bench")
+        wait_for(lambda: sum(m["state"] == "up" for m in mc.view()["members"]) == 2, 30)
+        first = cl.servers[0]
+        with Client(masters=cl.master_addresses, token="bench", timeout_ms=30_000,
+                    transport="tcp") as c:
+            cand = [f"h{i}".encode() for i in range(4 * n)]
+            keys = [k for k, a in zip(cand, c.owners(cand)) if a == first.address][:n]
+            per, put_s = max(1, (64 << 20) // vsize), 0.0
+            for i in range(0, len(keys), per):  # every value must stay: check below
+                ks = keys[i:i + per]
+                vs = [value_for(k, vsize) for k in ks]
+                t = time.perf_counter()
+                if c.put_batch(ks, vs) != [Status.OK] * len(ks):
+                    raise SystemExit("a put failed: give the servers more memory")
+                put_s += time.perf_counter() - t
+            if c.stats()[first.address]["evictions"]:
+                raise SystemExit("the first server evicted: give it more memory")
+        t0 = time.perf_counter()
+        mc.admin("drain", first.name)
+
+        def drained() -> dict | None:
+            m = next(m for m in mc.status()["members"] if m["id"] == first.name)
+            st = m.get("stats") or {}
+            done = (m["state"] == "draining" and st.get("objects", 1) == 0
+                    and not st.get("handoff_active", 1) and st.get("handoff_passes", 0) > 0)
+            return st if done else None
+
+        st = wait_for(drained, 600)
+        wall = time.perf_counter() - t0
+        passes = pass_rates(open(f"{logs}/{first.name}.log").read())
+    held = len(keys) * vsize
+    res = {"total_bytes": held, "value_bytes": vsize, "objects": len(keys),
+           "migrate_mbps": float(migrate_mbps),
+           "sdk_batch_put_gb_per_s": round(held / put_s / 1e9, 3),
+           "drain_wall_s (admin to empty, 200 ms heartbeats)": round(wall, 2),
+           "handoff_objects_moved": st["handoff_objects_moved"],
+           "handoff_bytes_moved": st["handoff_bytes_moved"], "handoff_lost": st["handoff_lost"],
+           "passes": passes}
+    text = json.dumps(res, indent=2)
+    click.echo(text)
+    if json_out:
+        pathlib.Path(json_out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
