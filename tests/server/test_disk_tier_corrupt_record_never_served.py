@@ -10,6 +10,7 @@ import pytest
 from gcache.sdk import Client, Status
 from gcache.server.disk.records import BLOCK, REC_HDR, REC_MAGIC, segment_paths, tier_root
 from gcache.testing.oracle import check_value, value_for
+from gcache.testing.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(120)]
 
@@ -21,6 +22,9 @@ def _fill(c: Client, n: int) -> list[bytes]:
     for s in range(0, n, 20):
         ks = keys[s:s + 20]
         assert c.put_batch(ks, [value_for(k, SIZE) for k in ks]) == [Status.OK] * len(ks)
+        # pace the writer to the mover (a put that outwaits it may evict to nothing)
+        wait_for(lambda: all(st["used_bytes"] <= 0.95 * st["capacity_bytes"]
+                             for st in c.stats().values()), 10)
     return keys
 
 
