@@ -160,6 +160,15 @@ class ServerProc(_Daemon):
             pass
 
 
+def free_port() -> int:
+    """A port free on 127.0.0.1 when asked (for listeners a test names up front)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def free_port_pair() -> int:
     """A port p with p and p+1 both free on 127.0.0.1 (a master's API and Raft ports)."""
     import socket

@@ -9,7 +9,6 @@ certificate. Certificates come from trustme (tests/conftest.py).
 from __future__ import annotations
 
 import json
-import socket
 import ssl
 import subprocess
 import sys
@@ -21,19 +20,13 @@ import pytest
 
 from gcache.discovery import MasterClient, MasterUnavailable
 from gcache.sdk import Client, Status
-from gcache.testing.cluster import Cluster
+from gcache.testing.cluster import Cluster, free_port
 from gcache.tls import client_context
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 TOKEN = "tok"
 GCACHE = [sys.executable, "-m", "gcache.cli"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_up(mc: MasterClient, n: int, timeout: float = 30.0) -> dict:
@@ -52,7 +45,7 @@ def _wait_up(mc: MasterClient, n: int, timeout: float = 30.0) -> dict:
 
 @pytest.fixture(scope="module")
 def https_cluster(tls_files, tmp_path_factory):
-    port = _free_port()
+    port = free_port()
     c = Cluster(1, "32MiB", slab="1MiB", masters=3, token=TOKEN, tls=tls_files,
                 log_dir=str(tmp_path_factory.mktemp("https-logs")),
                 server_extra=["--metrics-listen", f"127.0.0.1:{port}"]).start()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import urllib.request
 
 import pytest
@@ -25,6 +24,7 @@ from gcache.protocol import Op, encode_frame
 from gcache.sdk import Client
 from gcache.status import Status
 from gcache.testing.waiting import wait_for as _wait_for
+from gcache.testing.cluster import free_port
 
 from rawwire import RawConn, server_log
 
@@ -66,17 +66,11 @@ def _clean_env(monkeypatch):
             monkeypatch.delenv(var)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def scoped(make_cluster, tmp_path):
     path = tmp_path / "credentials.toml"
     path.write_text(creds_toml())
-    port = _free_port()
+    port = free_port()
     cl = make_cluster(1, "32MiB", token=TOKEN,
                       extra=["--credentials-file", str(path),
                              "--metrics-listen", f"127.0.0.1:{port}",
@@ -260,7 +254,7 @@ def test_sighup_narrows_and_extends_scope_of_live_connections(scoped):
 
 
 def test_per_namespace_metrics_are_bounded(make_cluster, tmp_path):
-    port = _free_port()
+    port = free_port()
     cl = make_cluster(1, "32MiB", extra=["--metrics-listen", f"127.0.0.1:{port}",
                                          "--metrics-max-namespaces", "3"])
     cl.metrics_url = f"http://127.0.0.1:{port}/metrics"

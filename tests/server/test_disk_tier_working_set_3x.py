@@ -3,7 +3,6 @@ tier: nothing lost, nothing wrong, clients see one store. Plus per-tier stats an
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 
 import numpy as np
@@ -13,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gcache.sdk import Client, Status
 from gcache.testing.oracle import check_value, value_for
 from gcache.testing.waiting import wait_for
+from gcache.testing.cluster import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -23,14 +23,8 @@ def _size(key: bytes) -> int:
     return SIZES[int(key.rsplit(b"-", 1)[1]) % len(SIZES)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_working_set_3x_memory_round_trips_with_no_wrong_values(make_cluster, tmp_path):
-    port = _free_port()
+    port = free_port()
     cl = make_cluster(1, "48MiB", slab="4MiB", extra=[
         "--disk-dir", str(tmp_path / "disk"), "--disk", "512MiB", "--segment-bytes", "16MiB",
         "--promote-policy", "never", "--metrics-listen", f"127.0.0.1:{port}"])

@@ -4,14 +4,13 @@ metrics/health endpoints and config precedence — against real server processes
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import urllib.request
 
 import pytest
 
 from gcache.sdk import Client, Status
-from gcache.testing.cluster import ServerProc
+from gcache.testing.cluster import ServerProc, free_port
 from gcache.testing.oracle import check_value, value_for
 
 pytestmark = pytest.mark.integration
@@ -65,14 +64,8 @@ def test_replace_during_reads_never_mixes_versions(make_cluster):
     assert bad == []
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_metrics_and_health_endpoints(tmp_path):
-    port = _free_port()
+    port = free_port()
     srv = ServerProc(f"metrics-{port}", "16MiB", slab="1MiB", log_dir=str(tmp_path),
                      extra=["--metrics-listen", f"127.0.0.1:{port}", "--log-format", "json"])
     srv.start()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import time
 import urllib.request
 
@@ -24,6 +23,7 @@ from gcache.sdk import Client
 from gcache.status import Status
 from gcache.testing.oracle import value_for
 from gcache.testing.waiting import wait_for as _wait_for
+from gcache.testing.cluster import free_port
 
 pytestmark = [pytest.mark.integration]
 
@@ -36,12 +36,6 @@ def _clean_env(monkeypatch):
     for var in list(os.environ):
         if var.startswith("GCACHE_"):
             monkeypatch.delenv(var)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def quota_toml(a_memory: str = "2MiB", a_disk: str | None = None) -> str:
@@ -60,7 +54,7 @@ memory_bytes = "256KiB"
 def start(make_cluster, tmp_path, memory: str, toml: str, extra: list[str] = ()):
     path = tmp_path / "quotas.toml"
     path.write_text(toml)
-    port = _free_port()
+    port = free_port()
     cl = make_cluster(1, memory, extra=["--quota-file", str(path),
                                         "--metrics-listen", f"127.0.0.1:{port}", *extra])
     cl.quota_path, cl.metrics_url = path, f"http://127.0.0.1:{port}/metrics"

@@ -31,6 +31,7 @@ import pytest
 from gcache.protocol import PREFIX_SIZE
 from gcache.sdk import Client
 from gcache.status import Status
+from gcache.testing.cluster import free_port
 
 from rawwire import server_log
 
@@ -40,15 +41,9 @@ TOKEN = "s3cret"
 HANDSHAKE_MS = 1500
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def guarded(make_cluster):
-    port = _free_port()
+    port = free_port()
     cl = make_cluster(1, "32MiB", token=TOKEN, extra=[
         "--max-connections", "24", "--max-preauth-connections", "12",
         "--max-preauth-per-ip", "4", "--handshake-timeout-ms", str(HANDSHAKE_MS),
