@@ -76,12 +76,14 @@ def main(total: str, size: str, migrate_mbps: str, json_out: str | None) -> None
                 raise SystemExit("the first server evicted: give it more memory")
         t0 = time.perf_counter()
         mc.admin("drain", first.name)
+        epoch = mc.view()["epoch"]  # the drain's epoch (or later)
 
         def drained() -> dict | None:
             m = next(m for m in mc.status()["members"] if m["id"] == first.name)
             st = m.get("stats") or {}
             done = (m["state"] == "draining" and st.get("objects", 1) == 0
-                    and not st.get("handoff_active", 1) and st.get("handoff_passes", 0) > 0)
+                    and not st.get("handoff_active", 1) and st.get("handoff_epoch", -1) >= epoch)
+            # a heartbeat from before the drain (empty server, a finished pass) must not count
             return st if done else None
 
         st = wait_for(drained, 600)
