@@ -17,7 +17,11 @@ deadline and is then left to end alone: it is a daemon and holds no port of ours
 ``not_owned`` runs on connection threads, reads the current ring and never blocks.
 ``on_view`` (given at construction: the server's handoff worker) is called with each
 view the agent adopts, on the thread that adopted it (registration or the view watcher);
-it must not block.
+it must not block. ``reconcile`` (the server's ``Freshness.adopt``) is called with each
+view *before* the agent routes by it (``ring``/``epoch``), with the master's epoch just
+before our registration for a view a registration returned; it may block (it walks the
+tier). Adoptions are serialised (one lock), and the watcher adopts nothing before the
+first registration: the first view adopted is the one registration returns.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ class MembershipAgent:
     def __init__(self, masters: Sequence[str] | str, token: str, member_id: str, address: str,
                  capacity_bytes: int, stats_fn: Callable[[], dict],
                  heartbeat_interval_ms: int = 500, tls: ssl.SSLContext | None = None,
-                 on_view: Callable[[View], None] | None = None) -> None:
+                 on_view: Callable[[View], None] | None = None,
+                 reconcile: Callable[[View, int | None], None] | None = None) -> None:
         # short per-try timeouts: a paused master must not delay a heartbeat past the
         # masters' heartbeat timeout; the client moves on to the next master instead.
         # ``tls``: a dialer context, the masters speak https
@@ -50,6 +55,8 @@ class MembershipAgent:
         self.capacity_bytes = capacity_bytes
         self.stats_fn = stats_fn
         self.on_view = on_view
+        self.reconcile = reconcile
+        self._adopt_lock = threading.Lock()  # one adoption at a time (two threads adopt)
         self.interval = heartbeat_interval_ms / 1000.0
         self.boot_id = uuid.uuid4().hex
         self.incarnation = 0
@@ -93,9 +100,12 @@ class MembershipAgent:
     def _register(self) -> None:
         res = self.client.register(self.member_id, self.address, self.capacity_bytes,
                                    self.boot_id)
-        self.incarnation = int(res["member"]["incarnation"]) if res.get("member") else \
+        member = res.get("member") or {}
+        self.incarnation = int(member["incarnation"]) if member else \
             int(res.get("incarnation", self.incarnation))
-        self._adopt(res.get("view"))
+        # every op bumps the epoch by one: the state before our registration's
+        before = int(member["changed_epoch"]) - 1 if "changed_epoch" in member else None
+        self._adopt(res.get("view"), before)
         self.registered.set()
         log.info("registered with the masters", extra={"fields": {
             "id": self.member_id, "incarnation": self.incarnation, "epoch": self.epoch}})
@@ -120,21 +130,27 @@ class MembershipAgent:
 
     def _watch_loop(self) -> None:
         while not self._stop.is_set():
+            if not self.registered.is_set():  # the first view is registration's
+                self._stop.wait(0.05)
+                continue
             try:
                 doc = self.watcher.view(since=self.epoch, wait_ms=5000)
                 self._adopt(doc)
             except (MasterUnavailable, MasterError, OSError, ValueError):
                 self._stop.wait(1.0)  # keep serving on the last view
 
-    def _adopt(self, doc: dict | None) -> None:
-        if not doc or int(doc.get("epoch", -1)) <= self.epoch:
-            return
-        view = view_from_wire(doc)
-        self.ring = view.ring
-        self.epoch = view.epoch
-        log.info("view epoch %d: %d routable servers", view.epoch, len(view.members))
-        if self.on_view is not None:
-            self.on_view(view)
+    def _adopt(self, doc: dict | None, registered_before: int | None = None) -> None:
+        with self._adopt_lock:
+            if not doc or int(doc.get("epoch", -1)) <= self.epoch:
+                return
+            view = view_from_wire(doc)
+            if self.reconcile is not None:
+                self.reconcile(view, registered_before)
+            self.ring = view.ring
+            self.epoch = view.epoch
+            log.info("view epoch %d: %d routable servers", view.epoch, len(view.members))
+            if self.on_view is not None:
+                self.on_view(view)
 
     def _warn(self, msg: str) -> None:
         if not self._warned:
