@@ -3,8 +3,9 @@
 Design. Runs in background threads and never blocks serving: with every
 master down the server keeps serving on the last view it saw. It registers
 under its ``--name`` with a fresh ``boot_id`` per process start (so the
-master gives a restart a new incarnation; the shared-memory data stays valid
-because keys are content-addressed), heartbeats every
+master gives a restart a new incarnation; the shared-memory data of content
+namespaces stays valid because their keys are content-addressed, that of mutable
+namespaces is reconciled by ``reconcile``, see ``freshness.py``), heartbeats every
 ``heartbeat_interval_ms`` with its usage, re-registers when told its
 incarnation is stale, and long-polls the view so it can answer ``NOT_OWNER``
 for keys placed by a client with an older view.
