@@ -6,6 +6,7 @@ are never blocked. The wire flag is driven directly, as a handoff worker sends i
 from __future__ import annotations
 
 import time
+import urllib.request
 
 import pytest
 
@@ -17,7 +18,7 @@ from gcache.sdk.transports.base import GetItem, KeyItem, PutItem, Work
 from gcache.sdk.transports.tcp import TcpTransport
 from gcache.server.handoff import PUT_TIMEOUT_MS
 from gcache.server.tombstones import Tombstones
-from gcache.testing.cluster import Cluster
+from gcache.testing.cluster import Cluster, free_port
 from gcache.testing.oracle import value_for
 from gcache.testing.waiting import wait_for
 
@@ -47,8 +48,10 @@ def _delete(t: TcpTransport, key: bytes) -> Status:
 @pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_if_absent_put_after_a_delete_is_skipped_until_the_tombstone_expires(tmp_path):
+    mport = free_port()
     with Cluster(1, "16MiB", slab="1MiB", log_dir=str(tmp_path),
-                 extra=["--request-timeout-ms", str(REQUEST_TIMEOUT_MS)]) as cl:
+                 extra=["--request-timeout-ms", str(REQUEST_TIMEOUT_MS),
+                        "--metrics-listen", f"127.0.0.1:{mport}"]) as cl:
         t = TcpTransport(cl.addresses[0], "", Limits(), 5.0)
         c = Client(cl.addresses, timeout_ms=5000)
         try:
@@ -68,6 +71,10 @@ def test_if_absent_put_after_a_delete_is_skipped_until_the_tombstone_expires(tmp
             st = c.stats()[cl.addresses[0]]
             assert st["put_if_absent_tombstoned"] == 2
             assert st["tombstones"] == 2
+            body = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics",
+                                          timeout=5).read().decode()
+            assert "gcache_put_if_absent_tombstoned_total 2.0" in body
+            assert "gcache_tombstones 2.0" in body
             # a plain put after a delete is never blocked, and the tombstone outlives it
             assert _delete(t, b"p") == Status.MISS
             assert _put(t, b"p", old) == Status.OK
