@@ -132,9 +132,11 @@ class Service:
 
     Built from a ``Listener`` (``listen_on``, which the owner binds first so it knows the
     address before anything else is built), the ownership check (``ownership``: the
-    ``MembershipAgent`` when masters are configured, else None) and the arena's NIXL
-    registration (``nixl_info``, sent in the AUTH reply). ``start`` / ``stop`` run on the
-    owner's thread; ``stop`` is bounded (about 5 s) and closes the listening socket.
+    ``MembershipAgent`` when masters are configured, else None), the arena's NIXL
+    registration (``nixl_info``, sent in the AUTH reply), with masters the freshness rule
+    (``freshness``: which reads of mutable namespaces answer MISS, ``read_refusals``), and
+    the recent deletes (``tombstones``) that if-absent puts skip. ``start`` / ``stop`` run
+    on the owner's thread; ``stop`` is bounded (about 5 s) and closes the listening socket.
     """
 
     def __init__(self, tier: Tier, *, listener: Listener, name: str, token: str,
