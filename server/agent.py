@@ -21,8 +21,10 @@ view the agent adopts, on the thread that adopted it (registration or the view w
 it must not block. ``reconcile`` (the server's ``Freshness.adopt``) is called with each
 view *before* the agent routes by it (``ring``/``epoch``), with the master's epoch just
 before our registration for a view a registration returned; it may block (it walks the
-tier). Adoptions are serialised (one lock), and the watcher adopts nothing before the
-first registration: the first view adopted is the one registration returns.
+tier). Every view is adopted on the view thread, the one a registration returned too (the
+heartbeat thread hands it over), so a long reconcile never delays a heartbeat; the view
+thread adopts nothing before the first registration, whose view is the first adopted.
+Adoptions are serialised (one lock).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import ssl
 import threading
 import time
 import uuid
+from collections import deque
 from typing import Callable, Sequence
 
 from gcache.discovery import MasterClient, MasterError, MasterUnavailable, view_from_wire
@@ -57,7 +60,10 @@ class MembershipAgent:
         self.stats_fn = stats_fn
         self.on_view = on_view
         self.reconcile = reconcile
-        self._adopt_lock = threading.Lock()  # one adoption at a time (two threads adopt)
+        self._adopt_lock = threading.Lock()  # one adoption at a time
+        # a registration's (view document, epoch before it), for the view thread to adopt
+        # (append and popleft are atomic: the heartbeat thread hands over, the view takes)
+        self._registration: deque[tuple[dict | None, int | None]] = deque(maxlen=1)
         self.interval = heartbeat_interval_ms / 1000.0
         self.boot_id = uuid.uuid4().hex
         self.incarnation = 0
@@ -106,10 +112,12 @@ class MembershipAgent:
             int(res.get("incarnation", self.incarnation))
         # every op bumps the epoch by one: the state before our registration's
         before = int(member["changed_epoch"]) - 1 if "changed_epoch" in member else None
-        self._adopt(res.get("view"), before)
+        view = res.get("view")
+        self._registration.append((view, before))  # adopted by the view thread
         self.registered.set()
         log.info("registered with the masters", extra={"fields": {
-            "id": self.member_id, "incarnation": self.incarnation, "epoch": self.epoch}})
+            "id": self.member_id, "incarnation": self.incarnation,
+            "epoch": int((view or {}).get("epoch", -1))}})
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.is_set():
@@ -133,6 +141,9 @@ class MembershipAgent:
         while not self._stop.is_set():
             if not self.registered.is_set():  # the first view is registration's
                 self._stop.wait(0.05)
+                continue
+            if self._registration:
+                self._adopt(*self._registration.popleft())
                 continue
             try:
                 doc = self.watcher.view(since=self.epoch, wait_ms=5000)

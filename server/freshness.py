@@ -45,10 +45,10 @@ Which key a held object belongs to: ``placement_hash(ns, key)`` (the server does
 know an object's placement group; keys written with ``group=`` are judged by their key
 hash, which may drop more or fewer of them than their group's owner would).
 
-Threads. ``adopt`` runs on the membership agent's adopting thread (registration on the
-heartbeat thread, the view watcher), serialised by the agent, before the agent routes
-by the view; it walks ``Tier.held()`` and may take time in proportion to the objects
-held (only when mutable namespaces are configured). ``readable`` and ``is_mutable`` run
+Threads. ``adopt`` runs on the membership agent's view thread (which also adopts the
+view a registration returned), serialised by the agent, before the agent routes by the
+view; it walks ``Tier.held()`` and may take time in proportion to the objects held
+(only when mutable namespaces are configured); heartbeats go on meanwhile. ``readable`` and ``is_mutable`` run
 on connection threads and never block. ``stats`` runs on any thread.
 """
 
