@@ -23,6 +23,8 @@ masters keep it across restarts until ``gcache admin undrain ID``.
   ``disk_degraded_after_s`` (writes failing with EIO or ENOSPC: the tier already serves
   from memory only; 0 = never). One log line per decision; ``stats`` says why
   (``self_drain``: the reason, '' when none).
+* Neither drains the last server in the ring (the clients would have no server at all):
+  the stop then stops at once, the monitor waits for another server to join.
 
 Threads. ``start`` / ``stop`` / ``join`` and ``drain`` / ``deregister`` run on the
 owner's thread; ``drain`` blocks until its budget at most, ``deregister`` until its
@@ -119,10 +121,16 @@ class SelfDrain:
         end = start + budget_s
         log.info("draining before the stop: budget %.1f s (a second SIGTERM stops at once)",
                  budget_s)
-        epoch, why = self._request(DrainReason.STOP, end, abort)
+        epoch, why = ((None, "this server is the only one in the ring: no one to hand off "
+                             "to") if self._alone()
+                      else self._request(DrainReason.STOP, end, abort))
         while epoch is not None and not self.drained(epoch):
             if abort.is_set():
                 why = "a second signal"
+                break
+            ring = self.agent.ring
+            if self.agent.epoch >= epoch and ring is not None and len(ring) == 0:
+                why = "no server is left in the ring to hand off to"
                 break
             if self.clock.monotonic() >= end:
                 why = f"the budget of {budget_s:.1f} s ran out"
@@ -170,6 +178,12 @@ class SelfDrain:
             return {"self_drain": self._reason.value if self._reason else ""}
 
     # ------------------------------------------------------------------ internals
+    def _alone(self) -> bool:
+        """True when this server is the only one in the ring: draining it would leave
+        the clients no server at all."""
+        ring = self.agent.ring
+        return ring is not None and len(ring) == 1 and self.agent.member_id in ring
+
     def _request(self, reason: DrainReason, deadline: float, stop: threading.Event
                  ) -> tuple[int | None, str]:
         """Ask the masters to drain this member (waiting first for the agent's
@@ -221,7 +235,11 @@ class SelfDrain:
 
     def _auto(self, reason: DrainReason, why: str, now: float) -> bool:
         """Drain for ``reason``; True once the masters took it."""
-        epoch, refused = self._request(reason, now + REQUEST_S, self._stop)
+        if self._alone():
+            epoch, refused = None, ("not drained: this server is the only one in the ring "
+                                    "(it keeps serving; it drains once another server joins)")
+        else:
+            epoch, refused = self._request(reason, now + REQUEST_S, self._stop)
         if epoch is None:
             if not self._failed_once:
                 log.error("self-drain (%s): %s; retrying every %.0f s", why, refused, TICK_S)

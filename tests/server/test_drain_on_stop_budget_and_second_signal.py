@@ -61,3 +61,15 @@ def test_over_budget_stops_at_budget_naming_what_was_left(make_cluster):
     assert code == 0 and gone.returncode == 0
     assert took < 10 and time.monotonic() - t0 < 20, f"took {took:.1f} s"
     assert "stopping undrained after" in log_of(again) and "(a second signal)" in log_of(again)
+
+
+def test_last_server_in_the_ring_stops_at_once_undrained(make_cluster):
+    cl = start_cluster(make_cluster, 1, "16MiB", slab="1MiB",
+                       server_extra=["--drain-on-stop", "60"])
+    last = cl.servers[0]
+    with Client([last.address], token=TOKEN) as c:
+        wait_for(lambda: c.stats()[last.address].get("handoff_passes", 0) >= 1, 10)
+    code, took = sigterm_and_wait(last, 30)
+    assert code == 0 and took < 10, f"took {took:.1f} s"
+    assert "the only one in the ring" in log_of(last)
+    assert states(cl)[last.name] in ("up", "down")  # never drained
