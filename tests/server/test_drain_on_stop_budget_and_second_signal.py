@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from drainops import add_own_server, log_of, sigterm_and_wait
+from drainops import add_own_server, log_of, routed_client, sigterm_and_wait
 from gcache.sdk import Client
 from gcache.testing.waiting import wait_for
-from handoffops import TOKEN, masters, put_all, start_cluster, up_members
+from handoffops import TOKEN, masters, put_all, start_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -32,10 +32,8 @@ def test_over_budget_stops_at_budget_naming_what_was_left(make_cluster):
     cl = start_cluster(make_cluster, 1, "32MiB", slab="1MiB")
     slow = add_own_server(cl, "slow", SLOW + ["--drain-on-stop", str(BUDGET_S)])
     again = add_own_server(cl, "again", SLOW + ["--drain-on-stop", "60"])
-    wait_for(lambda: len(up_members(cl)) == 3, 30)
     keys = [f"b-{i}".encode() for i in range(N)]
-    with Client(masters=cl.master_addresses, token=TOKEN, timeout_ms=5000) as c:
-        wait_for(lambda: len(c.view.members) == 3, 10)
+    with routed_client(cl) as c:
         put_all(c, keys, SIZE, batch=16)
         st = c.stats()
         assert st[slow.address]["objects"] > 20 and st[again.address]["objects"] > 20

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from drainops import add_own_server, log_of, sigterm_and_wait
+from drainops import add_own_server, log_of, routed_client, sigterm_and_wait
 from gcache.sdk import Client
 from gcache.testing.waiting import wait_for
-from handoffops import OracleLoad, TOKEN, masters, put_all, read_back, start_cluster, up_members
+from handoffops import OracleLoad, TOKEN, masters, put_all, read_back, start_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -25,10 +25,8 @@ def test_sigterm_drains_both_tiers_deregisters_and_exits_within_budget(make_clus
             "--segment-bytes", "4MiB"]
     cl = start_cluster(make_cluster, 2, "8MiB", slab="1MiB", extra=disk)
     gone = add_own_server(cl, "leaver", ["--drain-on-stop", str(BUDGET_S)])
-    wait_for(lambda: len(up_members(cl)) == 3, 30)
     keys = [f"k-{i}".encode() for i in range(N)]
-    with Client(masters=cl.master_addresses, token=TOKEN, timeout_ms=5000) as c:
-        wait_for(lambda: len(c.view.members) == 3, 10)
+    with routed_client(cl) as c:
         put_all(c, keys, SIZE)
         with Client([gone.address], token=TOKEN) as direct:
             held = wait_for(lambda: (lambda st: st if st["objects"] > 50

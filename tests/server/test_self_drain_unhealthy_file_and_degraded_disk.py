@@ -17,11 +17,11 @@ import urllib.request
 
 import pytest
 
-from drainops import add_own_server, log_of
+from drainops import add_own_server, log_of, routed_client
 from gcache.sdk import Client
 from gcache.testing.oracle import check_value
 from gcache.testing.waiting import wait_for
-from handoffops import TOKEN, masters, put_all, read_back, start_cluster, up_members
+from handoffops import TOKEN, masters, put_all, read_back, start_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -37,10 +37,8 @@ def test_touching_the_unhealthy_file_drains_the_server(make_cluster, tmp_path):
     hook = tmp_path / "unhealthy"
     sick = add_own_server(cl, "sick", ["--unhealthy-file", str(hook),
                                        "--metrics-listen", "127.0.0.1:0"])
-    wait_for(lambda: len(up_members(cl)) == 3, 30)
     keys = [f"u-{i}".encode() for i in range(600)]
-    with Client(masters=cl.master_addresses, token=TOKEN, timeout_ms=5000) as c:
-        wait_for(lambda: len(c.view.members) == 3, 10)
+    with routed_client(cl) as c:
         put_all(c, keys, SIZE)
         with Client([sick.address], token=TOKEN) as direct:
             held = direct.stats()[sick.address]
@@ -72,11 +70,9 @@ def test_degraded_disk_tier_drains_the_server(make_cluster, tmp_path):
     cl = start_cluster(make_cluster, 2, "16MiB", slab="1MiB", extra=disk)
     bad = add_own_server(cl, "baddisk", ["--failpoints", "disk_full",
                                          "--auto-drain-after-ms", "1s"])
-    wait_for(lambda: len(up_members(cl)) == 3, 30)
     # 48 MB over 3 servers of 16 MiB: each must demote, and baddisk's disk refuses
     keys = [f"d-{i}".encode() for i in range(3000)]
-    with Client(masters=cl.master_addresses, token=TOKEN, timeout_ms=5000) as c:
-        wait_for(lambda: len(c.view.members) == 3, 10)
+    with routed_client(cl) as c:
         put_all(c, keys, SIZE)
         with Client([bad.address], token=TOKEN) as direct:
             wait_for(lambda: direct.stats()[bad.address]["disk_degraded"] == 1, 20)
