@@ -31,7 +31,8 @@ def tier_cells(stats: dict) -> tuple[str, str]:
 
 def handoff_cell(stats: dict) -> str:
     """The status table's handoff cell: what the member's handoff worker has left (and
-    whether a pass runs), what it moved, what it lost; "-" when it reports nothing."""
+    whether a pass runs), what it moved, what it lost, and why it drained itself if it
+    did; "-" when it reports nothing."""
     if not stats or "handoff_passes" not in stats:
         return "-"
     left, moved = stats.get("handoff_objects_left", 0), stats.get("handoff_objects_moved", 0)
@@ -46,6 +47,9 @@ def handoff_cell(stats: dict) -> str:
         cell = "-"
     if stats.get("handoff_lost"):
         cell += f", [red]{stats['handoff_lost']:,} lost[/]"
+    if stats.get("self_drain"):  # the server drained itself (server/self_drain.py)
+        why = f"[yellow]self-drained: {stats['self_drain']}[/]"
+        cell = why if cell == "-" else f"{cell}, {why}"
     return cell
 
 

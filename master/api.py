@@ -14,9 +14,18 @@ healed partition); one from a stale incarnation is told to re-register (409).
 
 Auth. Every route needs a credential (``Authorization: Bearer id:secret``) or the
 legacy token (``Bearer <token>``), unless the master runs with neither: 401
-otherwise. ``/register`` and ``/heartbeat`` need a credential with
+otherwise. ``/register``, ``/heartbeat`` and ``/self`` need a credential with
 ``server = true``; ``/admin`` and ``/status`` need a cluster admin (``admin`` on
-namespaces ``"*"``): 403 otherwise. ``/view`` and ``/healthz`` take any valid
+namespaces ``"*"``): 403 otherwise.
+
+``/self`` is a server acting on its own membership (``op`` ``drain``: the server
+drains itself, on SIGTERM with ``--drain-on-stop`` or when it finds itself unhealthy;
+``remove``: a drained server deregisters). The body names the member and the
+``boot_id`` the member registered with: a different boot is another process, 403, so a
+server credential drains or removes only the member it runs as. (This guards against a
+server acting on the wrong id by mistake, not against a hostile holder of a server
+credential: boot ids are in ``/view``, and such a holder may ``/register`` any id.)
+``remove`` is refused (409) unless the member is draining, or drained. ``/view`` and ``/healthz`` take any valid
 credential (every client routes by the view). A follower forwards the caller's
 own Authorization header, so the leader decides with the same credential.
 
@@ -194,8 +203,8 @@ class _BoundedHTTPServer(HTTPServer):
 
 def _denied(cred: Credential, path: str) -> str:
     """Why ``cred`` may not call ``path`` ('' when it may). Unknown paths answer 404 later."""
-    if path in ("/register", "/heartbeat") and not cred.server:
-        return (f"credential {cred.id!r} may not register or heartbeat servers: give "
+    if path in ("/register", "/heartbeat", "/self") and not cred.server:
+        return (f"credential {cred.id!r} may not register, heartbeat or drain servers: give "
                 "gcache-server a credential with server = true")
     if path in ("/admin", "/status") and not cred.cluster_admin:
         return (f"credential {cred.id!r} may not call {path}: it needs admin on "
@@ -312,7 +321,8 @@ class MasterService:
                     return self._send(h, 400, {"error": "body must be a JSON object"})
             route = {("GET", "/view"): self.view, ("GET", "/status"): self.status,
                      ("POST", "/register"): self.register, ("POST", "/heartbeat"): self.heartbeat,
-                     ("POST", "/admin"): self.admin, ("GET", "/healthz"): self.health}
+                     ("POST", "/admin"): self.admin, ("POST", "/self"): self.self_op,
+                     ("GET", "/healthz"): self.health}
             fn = route.get((method, url.path))
             if fn is None:
                 return self._send(h, 404, {"error": f"no route {method} {url.path}"})
@@ -417,6 +427,28 @@ class MasterService:
         if op == "undrain":
             self.detector.seen(str(body["id"]))
         return 200, res
+
+    def self_op(self, q: dict, body: dict, method: str, path: str) -> tuple[int, dict]:
+        """A server drains or removes itself: the member ``id`` registered with
+        ``boot_id`` (see Auth in the module docstring)."""
+        if not self.node.is_leader:
+            return self._forward(method, path, body)
+        op, mid, boot = str(body["op"]), str(body["id"]), str(body["boot_id"])
+        if op not in ("drain", "remove"):
+            return 400, {"error": f"unknown self op {op!r}: use drain or remove"}
+        rec = self.node.membership.get(mid)
+        if rec is None:
+            return 404, {"error": f"no member {mid!r}"}
+        if rec.boot_id != boot:
+            return 403, {"error": f"member {mid!r} is another process (its boot id differs): "
+                                  "a server credential may drain or remove only the member "
+                                  "it runs as; use gcache admin with a cluster admin "
+                                  "credential"}
+        if op == "remove" and not (rec.drained or rec.state is MemberState.DRAINING):
+            return 409, {"error": f"member {mid!r} is {rec.state.value}, not draining: a "
+                                  "server removes itself only after its drain"}
+        log.info("member %r asks to %s itself", mid, op)
+        return 200, self.node.submit({"op": op, "id": mid})
 
     def status(self, q: dict, body: dict, method: str, path: str) -> tuple[int, dict]:
         if not self.node.is_leader:

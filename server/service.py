@@ -43,7 +43,7 @@ import socket
 import ssl
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from gcache import tls as tlslib
 from gcache.credentials import Credential, CredentialStore, Right
@@ -120,7 +120,8 @@ class Service:
     Built from a ``Listener`` (``listen_on``, which the owner binds first so it knows the
     address before anything else is built), the ownership check (``ownership``: the
     ``MembershipAgent`` when masters are configured, else None) and the arena's NIXL
-    registration (``nixl_info``, sent in the AUTH reply). ``start`` / ``stop`` run on the
+    registration (``nixl_info``, sent in the AUTH reply); ``extra_stats`` adds the owner's
+    numbers (the handoff's) to STATS. ``start`` / ``stop`` run on the
     owner's thread; ``stop`` is bounded (about 5 s) and closes the listening socket.
     """
 
@@ -133,7 +134,8 @@ class Service:
                  request_timeout_ms: int = 10000, tls: ssl.SSLContext | None = None,
                  quotas: Any = None, shm_trusted_writers: bool = False,
                  shm: shm_ops.ShmRegistry, ownership: Any = None,
-                 nixl_info: dict | None = None) -> None:
+                 nixl_info: dict | None = None,
+                 extra_stats: Callable[[], dict] | None = None) -> None:
         self.tier, self.name, self.token, self.limits = tier, name, token, limits
         self.shm = shm  # the connections' shm leases and slots (its owner runs the reaper)
         self.quotas = quotas  # gcache.quotas.QuotaStore: per-namespace rows in STATS
@@ -148,6 +150,9 @@ class Service:
         self.request_s = request_timeout_ms / 1000.0
         self.ownership = ownership  # MembershipAgent when --masters is set: NOT_OWNER checks
         self.nixl_info = nixl_info  # arena registration, sent in the AUTH reply
+        # the owner's numbers STATS also carries (the handoff's, the self-drain's); any
+        # connection thread, must not block
+        self.extra_stats = extra_stats
         # same-host peers may ALLOC (write the arena themselves); see shm_ops.alloc_refusal
         self.shm_trusted_writers = shm_trusted_writers
         self.sock, self.address = listener
@@ -540,6 +545,8 @@ class _Connection:
         s.update(name=self.svc.name, address=self.svc.address,
                  connections=self.svc.connections, uptime_s=time.time() - self.svc.started,
                  **self.svc.shm.stats(bool(self.svc.nixl_info)))
+        if self.svc.extra_stats is not None:
+            s.update(self.svc.extra_stats())
         s["namespaces"] = self.svc.tier.namespace_stats(self.svc.quotas,
                                                         self.svc.metrics.namespace.limit)
         return s
