@@ -18,23 +18,11 @@ from gcache.clock import VirtualClock
 from gcache.master.detector import FailureDetector
 from gcache.master.joiner import JoinDriver
 from gcache.master.raft_node import RaftNode
-from gcache.testing.cluster import free_port_pair
-from gcache.testing.waiting import wait_for
 from gcache.view import MemberState
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
 RAMP_S, TIMEOUT_S = 6.0, 60.0  # steps every 2 s: 0.25 at 0, 0.5 at 2, 0.75 at 4, 1.0 at 6
-
-
-@pytest.fixture
-def leader(tmp_path):
-    node = RaftNode(f"127.0.0.1:{free_port_pair()}", [], str(tmp_path / "raft"), "test-secret")
-    try:
-        wait_for(lambda: node.is_leader, 20.0)
-        yield node
-    finally:
-        node.close()
 
 
 def _register(node: RaftNode, mid: str, ramp: float | None, boot: str = "") -> None:
