@@ -40,7 +40,7 @@ deleted key back. Outside the window, or for a static view, batches carry no hoo
 nothing is checked: hits never pay, and misses pay one extra round trip only inside
 the window. Counted in ``counters`` (``handoff_reads``: items re-asked,
 ``handoff_read_hits``: found there). A view that changes no ring member (a state
-change of a member out of the ring) keeps no ring.
+change of a member out of the ring) adds nothing to the kept rings.
 
 Threads. ``hashes``, ``owners``, ``send`` and ``view`` run on user threads (and on
 dispatch threads, for a byte get's remaining slices) and never block: they read one
