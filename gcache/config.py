@@ -317,7 +317,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "never a hit.", "client"),
     Option("handoff_read_window_ms", "duration_ms", 120_000, "For this long after the "
            "masters' ring changed, a get or exists that misses at a key's new owner asks "
-           "its previous owner too (if still up or draining), within the op's deadline; "
+           "its previous owner too (its most recent other owner that still holds data: up, "
+           "joining or draining), within the op's deadline; "
            "deletes go to both. 0 = never.", "client"),
 ]}
 _SECRETS = frozenset({"token", "credential"})

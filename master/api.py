@@ -12,6 +12,11 @@ silent for ``heartbeat_timeout_ms`` ``down``; its monitor thread runs here. A
 heartbeat from a member that is ``down`` with the same boot re-registers it (a
 healed partition); one from a stale incarnation is told to re-register (409).
 
+Joins: ``/register`` asks for a ramped join (``join_ramp_s`` > 0: the op carries the
+join driver's initial ramp; ``Membership`` decides whether the id joins JOINING), and
+the join driver (``master/joiner.py``, on the same clock) ramps the newcomer and ends
+its join; its thread runs here too.
+
 Auth. Every route needs a credential (``Authorization: Bearer id:secret``) or the
 legacy token (``Bearer <token>``), unless the master runs with neither: 401
 otherwise. ``/register``, ``/heartbeat`` and ``/self`` need a credential with
@@ -66,6 +71,7 @@ from gcache.credentials import Credential, CredentialStore
 from gcache.discovery import http_json
 from gcache.logs import RateLimitedLog
 from gcache.master.detector import FailureDetector
+from gcache.master.joiner import DEFAULT_JOIN_RAMP_S, DEFAULT_JOIN_TIMEOUT_S, JoinDriver
 from gcache.master.raft_node import RaftNode
 from gcache.protocol import arm
 from gcache.tls import HTTPServer
@@ -219,12 +225,15 @@ class MasterService:
                  request_deadline_ms: int = DEFAULT_REQUEST_DEADLINE_MS,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  max_connections_per_ip: int = DEFAULT_MAX_CONNECTIONS_PER_IP,
+                 join_ramp_s: float = DEFAULT_JOIN_RAMP_S,
+                 join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S,
                  clock: Clock = SYSTEM) -> None:
         self.node, self.token = node, token
         self.credentials = credentials or CredentialStore(token=token)
         # tls: serve https; peer_tls: the dialer context for forwarding to the leader
         self.peer_tls = peer_tls
         self.detector = FailureDetector(node, heartbeat_timeout_ms / 1000.0, clock)
+        self.joiner = JoinDriver(node, self.detector, join_ramp_s, join_timeout_s, clock)
         self.request_deadline = request_deadline_ms / 1000.0
         self.raft_to_api = raft_to_api
         self._stop = threading.Event()
@@ -270,6 +279,8 @@ class MasterService:
                          daemon=True).start()
         threading.Thread(target=self.detector.run, args=(self._stop,),
                          name="gcache-master-monitor", daemon=True).start()
+        threading.Thread(target=self.joiner.run, args=(self._stop,),
+                         name="gcache-master-join", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -398,6 +409,8 @@ class MasterService:
             return self._forward(method, path, body)
         op = {"op": "register", "id": str(body["id"]), "address": str(body["address"]),
               "capacity_bytes": int(body["capacity_bytes"]), "boot_id": str(body["boot_id"])}
+        if self.joiner.initial_ramp is not None:  # a newcomer joins JOINING, ramping
+            op["ramp"] = self.joiner.initial_ramp
         res = self.node.submit(op)
         self.detector.seen(op["id"])
         return 200, {**res, "view": self.node.membership.view()}
