@@ -6,6 +6,12 @@ batch put of them, the same run's reference), drains the first server and report
 handoff's rate from its own log (a pass's start line to its done line), its objects and
 bytes moved, and whether the drained server ended empty. ``--migrate-mbps`` passes the
 cap to the servers.
+
+``--foreground`` also measures what the handoff costs foreground IO: a second client
+batch-gets ``--fg-batch`` values of ``--fg-size`` that the *other* server owns (the
+handoff's target, whose memory and connections the handoff shares) back to back, for
+``--quiet-s`` seconds before the drain and again after it (quiet) and while the drain
+runs, and reports both p50/p99 and their ratio, measured in the same run.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import json
 import pathlib
 import re
 import tempfile
+import threading
 import time
 
 import click
@@ -45,12 +52,47 @@ def pass_rates(log: str) -> list[dict]:
     return out
 
 
+def percentile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
+
+
+class Foreground:
+    """Batch gets back to back on its own client; ``window`` collects latencies (s)."""
+
+    def __init__(self, client: Client, keys: list[bytes], values: dict[bytes, bytes]) -> None:
+        self.client, self.keys, self.values = client, keys, values
+        self.lat: list[float] = []
+        self.wrong = self.misses = 0
+
+    def window(self, until) -> list[float]:
+        """Run until ``until()`` is true; the latencies of that window."""
+        self.lat = []
+        while not until():
+            t = time.perf_counter()
+            got = self.client.get_batch(self.keys)
+            self.lat.append(time.perf_counter() - t)
+            for k, v in zip(self.keys, got):
+                if v is None:
+                    self.misses += 1
+                elif bytes(v) != self.values[k]:
+                    self.wrong += 1
+        return self.lat
+
+
 @click.command()
 @click.option("--total", default="1GiB", show_default=True, help="Bytes the drained server holds.")
 @click.option("--size", default="1MiB", show_default=True, help="Value size.")
 @click.option("--migrate-mbps", default="0", show_default=True, help="The servers' cap (MB/s).")
+@click.option("--foreground", is_flag=True,
+              help="Also time foreground batch gets quiet vs during the drain.")
+@click.option("--fg-size", default="64KiB", show_default=True, help="Foreground value size.")
+@click.option("--fg-batch", default=16, show_default=True, help="Foreground keys per get.")
+@click.option("--quiet-s", default=3.0, show_default=True,
+              help="Seconds of quiet foreground gets before the drain.")
 @click.option("--json", "json_out", default=None, help="Also write the result here.")
-def main(total: str, size: str, migrate_mbps: str, json_out: str | None) -> None:
+def main(total: str, size: str, migrate_mbps: str, foreground: bool, fg_size: str,
+         fg_batch: int, quiet_s: float, json_out: str | None) -> None:
     nbytes, vsize = parse_size(total), parse_size(size)
     n = nbytes // vsize
     memory = f"{(int(nbytes * 1.3) >> 20) + 64}MiB"  # 16 MiB slabs: little rounding
@@ -74,6 +116,20 @@ def main(total: str, size: str, migrate_mbps: str, json_out: str | None) -> None
                 put_s += time.perf_counter() - t
             if c.stats()[first.address]["evictions"]:
                 raise SystemExit("the first server evicted: give it more memory")
+            fg = None
+            if foreground:
+                other = cl.servers[1].address
+                fcand = [f"fg{i}".encode() for i in range(8 * fg_batch)]
+                fkeys = [k for k, a in zip(fcand, c.owners(fcand)) if a == other][:fg_batch]
+                fvals = {k: value_for(k, parse_size(fg_size)) for k in fkeys}
+                if c.put_batch(fkeys, list(fvals.values())) != [Status.OK] * len(fkeys):
+                    raise SystemExit("a foreground put failed")
+        fc = (Client(masters=cl.master_addresses, token="bench", timeout_ms=5_000,
+                     transport="tcp") if foreground else None)
+        if fc is not None:
+            fg = Foreground(fc, fkeys, fvals)
+            end = time.perf_counter() + quiet_s
+            quiet = list(fg.window(lambda: time.perf_counter() > end))
         t0 = time.perf_counter()
         mc.admin("drain", first.name)
         epoch = mc.view()["epoch"]  # the drain's epoch (or later)
@@ -86,8 +142,21 @@ def main(total: str, size: str, migrate_mbps: str, json_out: str | None) -> None
             # a heartbeat from before the drain (empty server, a finished pass) must not count
             return st if done else None
 
+        if fg is not None:
+            box: list = []
+            box_done = threading.Event()
+            fg_thread = threading.Thread(target=lambda: box.append(fg.window(box_done.is_set)),
+                                         daemon=True)
+            fg_thread.start()
         st = wait_for(drained, 600)
         wall = time.perf_counter() - t0
+        if fg is not None:
+            box_done.set()
+            fg_thread.join(30)
+            during = box[0] if box else []
+            end = time.perf_counter() + quiet_s  # quiet again: noise hits both sides
+            quiet += fg.window(lambda: time.perf_counter() > end)
+            fc.close()
         passes = pass_rates(open(f"{logs}/{first.name}.log").read())
     held = len(keys) * vsize
     res = {"total_bytes": held, "value_bytes": vsize, "objects": len(keys),
@@ -97,6 +166,17 @@ def main(total: str, size: str, migrate_mbps: str, json_out: str | None) -> None
            "handoff_objects_moved": st["handoff_objects_moved"],
            "handoff_bytes_moved": st["handoff_bytes_moved"], "handoff_lost": st["handoff_lost"],
            "passes": passes}
+    if fg is not None:
+        ms = 1e3
+        res["foreground"] = {
+            "batch": f"{fg_batch} x {fg_size}",
+            "quiet": {"gets": len(quiet), "p50_ms": round(percentile(quiet, .5) * ms, 3),
+                      "p99_ms": round(percentile(quiet, .99) * ms, 3)},
+            "during_drain": {"gets": len(during),
+                             "p50_ms": round(percentile(during, .5) * ms, 3),
+                             "p99_ms": round(percentile(during, .99) * ms, 3)},
+            "p99_ratio": round(percentile(during, .99) / percentile(quiet, .99), 2),
+            "wrong": fg.wrong, "misses": fg.misses}
     text = json.dumps(res, indent=2)
     click.echo(text)
     if json_out:

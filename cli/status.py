@@ -1,6 +1,8 @@
 """``gcache status`` and ``gcache admin``: the operator's view of, and actions on, the
 members, through the masters' API (``gcache.discovery.MasterClient``).
 
+A joining member's state cell shows how far its capacity ramp is (``joining 50%``).
+
 Each member's handoff progress (its ``handoff_*`` stats, carried to the masters by its
 heartbeats) is the status table's ``handoff`` column, and what ``gcache admin drain ID
 --wait`` follows until the member is empty."""
@@ -29,9 +31,23 @@ def tier_cells(stats: dict) -> tuple[str, str]:
     return disk, f"{stats.get('demoted', 0):,}↓ {stats.get('promoted', 0):,}↑"
 
 
+def state_cell(m: dict) -> str:
+    """The status table's state cell of member ``m`` (a /status row), colored: a joining
+    member with its ramp ("joining 50%"), a down member that was drained "(drained)"."""
+    colors = {MemberState.UP: "green", MemberState.DRAINING: "yellow",
+              MemberState.DOWN: "red", MemberState.JOINING: "cyan"}
+    label = m["state"]
+    if m["state"] == MemberState.JOINING:
+        label += f" {float(m.get('ramp', 1.0)):.0%}"
+    elif m.get("drained") and m["state"] == MemberState.DOWN:
+        label += " (drained)"
+    return f"[{colors.get(m['state'], 'white')}]{label}[/]"
+
+
 def handoff_cell(stats: dict) -> str:
     """The status table's handoff cell: what the member's handoff worker has left (and
-    whether a pass runs), what it moved, what it lost; "-" when it reports nothing."""
+    whether a pass runs), what it moved, what it lost, and why it drained itself if it
+    did; "-" when it reports nothing."""
     if not stats or "handoff_passes" not in stats:
         return "-"
     left, moved = stats.get("handoff_objects_left", 0), stats.get("handoff_objects_moved", 0)
@@ -46,6 +62,9 @@ def handoff_cell(stats: dict) -> str:
         cell = "-"
     if stats.get("handoff_lost"):
         cell += f", [red]{stats['handoff_lost']:,} lost[/]"
+    if stats.get("self_drain"):  # the server drained itself (server/self_drain.py)
+        why = f"[yellow]self-drained: {stats['self_drain']}[/]"
+        cell = why if cell == "-" else f"{cell}, {why}"
     return cell
 
 
@@ -108,14 +127,10 @@ def status(masters: str, token: str, credential: str, as_json: bool, **tls: obje
                 "moved", "nixl", "leases", "handoff", "heartbeat"):
         t.add_column(col, justify="right" if col in ("inc", "capacity", "used", "objects", "disk",
                                                       "moved", "leases") else "left")
-    colors = {MemberState.UP: "green", MemberState.DRAINING: "yellow", MemberState.DOWN: "red",
-              MemberState.JOINING: "cyan"}
     for m in doc["members"]:
         st = m.get("stats") or {}
         hb = m.get("last_heartbeat_s")
-        drained = m.get("drained") and m["state"] == MemberState.DOWN
-        label = m["state"] + (" (drained)" if drained else "")
-        t.add_row(m["id"], m["address"], f"[{colors.get(m['state'], 'white')}]{label}[/]",
+        t.add_row(m["id"], m["address"], state_cell(m),
                   str(m["incarnation"]), format_size(m.get("capacity_bytes", 0), approx=True),
                   format_size(st.get("used_bytes", 0), approx=True) if st else "-",
                   f"{st.get('objects', 0):,}" if st else "-", *tier_cells(st),

@@ -252,6 +252,24 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "others are content namespaces (the key names its value, like KV-cache page "
            "hashes): kept across every change. Give every server the same list.",
            "server"),
+    Option("drain_on_stop_ms", "duration_ms", 0, "On SIGTERM (or SIGINT), first drain "
+           "this server for at most this long: the masters stop placing keys on it, it keeps "
+           "serving while it pushes what it holds (both tiers) to the new owners, and once "
+           "nothing is left it deregisters; then it stops. Over budget it stops anyway, "
+           "logs what was left and stays draining (a restart under the same name hands off "
+           "the rest). A second SIGTERM stops at once. Needs --masters. The service "
+           "manager's stop timeout (systemd TimeoutStopSec, Kubernetes "
+           "terminationGracePeriodSeconds) must exceed it by about 30 s. 0 = stop at once.",
+           "server"),
+    Option("unhealthy_file", "str", "", "Platform hook: while this file exists (touched by a "
+           "hardware detector, say), the server is unhealthy; checked every second, it then "
+           "asks the masters to drain it (once; the drain sticks until gcache admin undrain, "
+           "and removing the file undoes nothing). Needs --masters. Empty = off.", "server"),
+    Option("auto_drain_after_ms", "duration_ms", 60_000, "With --disk-dir and --masters: "
+           "when the disk tier has been degraded (writes failing with EIO or ENOSPC; the "
+           "server then serves from memory only) for this long, the server asks the "
+           "masters to drain it (once; undone by gcache admin undrain). 0 = never.",
+           "server"),
     Option("disk_dir", "str", "", "Directory of the NVMe tier's segment files (one "
            "gcache-<name> subdirectory per server); empty = memory only.", "server"),
     Option("disk_bytes", "size", 16 * _GIB, "Capacity of the NVMe tier (with --disk-dir).",
@@ -308,7 +326,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "never a hit.", "client"),
     Option("handoff_read_window_ms", "duration_ms", 120_000, "For this long after the "
            "masters' ring changed, a get or exists that misses at a key's new owner asks "
-           "its previous owner too (if still up or draining), within the op's deadline; "
+           "its previous owner too (its most recent other owner that still holds data: up, "
+           "joining or draining), within the op's deadline; "
            "deletes go to both. 0 = never.", "client"),
 ]}
 _SECRETS = frozenset({"token", "credential"})
@@ -350,7 +369,8 @@ def _show(opt: Option, value: Any) -> str:
     return str(value) or "''"
 
 
-_ZERO_OK = frozenset({"handoff_read_window_ms"})  # numeric options where 0 means "off"
+# numeric options where 0 means "off"
+_ZERO_OK = frozenset({"handoff_read_window_ms", "drain_on_stop_ms", "auto_drain_after_ms"})
 
 
 def _check(opt: Option, value: Any) -> str | None:

@@ -121,6 +121,13 @@ class MasterClient:
     def admin(self, op: str, member_id: str) -> dict:
         return self.request("POST", "/admin", {"op": op, "id": member_id})
 
+    def self_op(self, op: str, member_id: str, boot_id: str,
+                deadline: float | None = None) -> dict:
+        """A server's ``drain`` or ``remove`` of itself: the member registered with
+        ``boot_id`` (a server credential may act only on its own member)."""
+        return self.request("POST", "/self", {"op": op, "id": member_id, "boot_id": boot_id},
+                            deadline=deadline)
+
     def status(self, deadline: float | None = None) -> dict:
         return self.request("GET", "/status", deadline=deadline)
 

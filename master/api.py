@@ -12,11 +12,25 @@ silent for ``heartbeat_timeout_ms`` ``down``; its monitor thread runs here. A
 heartbeat from a member that is ``down`` with the same boot re-registers it (a
 healed partition); one from a stale incarnation is told to re-register (409).
 
+Joins: ``/register`` asks for a ramped join (``join_ramp_s`` > 0: the op carries the
+join driver's initial ramp; ``Membership`` decides whether the id joins JOINING), and
+the join driver (``master/joiner.py``, on the same clock) ramps the newcomer and ends
+its join; its thread runs here too.
+
 Auth. Every route needs a credential (``Authorization: Bearer id:secret``) or the
 legacy token (``Bearer <token>``), unless the master runs with neither: 401
-otherwise. ``/register`` and ``/heartbeat`` need a credential with
+otherwise. ``/register``, ``/heartbeat`` and ``/self`` need a credential with
 ``server = true``; ``/admin`` and ``/status`` need a cluster admin (``admin`` on
-namespaces ``"*"``): 403 otherwise. ``/view`` and ``/healthz`` take any valid
+namespaces ``"*"``): 403 otherwise.
+
+``/self`` is a server acting on its own membership (``op`` ``drain``: the server
+drains itself, on SIGTERM with ``--drain-on-stop`` or when it finds itself unhealthy;
+``remove``: a drained server deregisters). The body names the member and the
+``boot_id`` the member registered with: a different boot is another process, 403, so a
+server credential drains or removes only the member it runs as. (This guards against a
+server acting on the wrong id by mistake, not against a hostile holder of a server
+credential: boot ids are in ``/view``, and such a holder may ``/register`` any id.)
+``remove`` is refused (409) unless the member is draining, or drained. ``/view`` and ``/healthz`` take any valid
 credential (every client routes by the view). A follower forwards the caller's
 own Authorization header, so the leader decides with the same credential.
 
@@ -57,6 +71,7 @@ from gcache.credentials import Credential, CredentialStore
 from gcache.discovery import http_json
 from gcache.logs import RateLimitedLog
 from gcache.master.detector import FailureDetector
+from gcache.master.joiner import DEFAULT_JOIN_RAMP_S, DEFAULT_JOIN_TIMEOUT_S, JoinDriver
 from gcache.master.raft_node import RaftNode
 from gcache.protocol import arm
 from gcache.tls import HTTPServer
@@ -194,8 +209,8 @@ class _BoundedHTTPServer(HTTPServer):
 
 def _denied(cred: Credential, path: str) -> str:
     """Why ``cred`` may not call ``path`` ('' when it may). Unknown paths answer 404 later."""
-    if path in ("/register", "/heartbeat") and not cred.server:
-        return (f"credential {cred.id!r} may not register or heartbeat servers: give "
+    if path in ("/register", "/heartbeat", "/self") and not cred.server:
+        return (f"credential {cred.id!r} may not register, heartbeat or drain servers: give "
                 "gcache-server a credential with server = true")
     if path in ("/admin", "/status") and not cred.cluster_admin:
         return (f"credential {cred.id!r} may not call {path}: it needs admin on "
@@ -210,12 +225,15 @@ class MasterService:
                  request_deadline_ms: int = DEFAULT_REQUEST_DEADLINE_MS,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  max_connections_per_ip: int = DEFAULT_MAX_CONNECTIONS_PER_IP,
+                 join_ramp_s: float = DEFAULT_JOIN_RAMP_S,
+                 join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S,
                  clock: Clock = SYSTEM) -> None:
         self.node, self.token = node, token
         self.credentials = credentials or CredentialStore(token=token)
         # tls: serve https; peer_tls: the dialer context for forwarding to the leader
         self.peer_tls = peer_tls
         self.detector = FailureDetector(node, heartbeat_timeout_ms / 1000.0, clock)
+        self.joiner = JoinDriver(node, self.detector, join_ramp_s, join_timeout_s, clock)
         self.request_deadline = request_deadline_ms / 1000.0
         self.raft_to_api = raft_to_api
         self._stop = threading.Event()
@@ -261,6 +279,8 @@ class MasterService:
                          daemon=True).start()
         threading.Thread(target=self.detector.run, args=(self._stop,),
                          name="gcache-master-monitor", daemon=True).start()
+        threading.Thread(target=self.joiner.run, args=(self._stop,),
+                         name="gcache-master-join", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -312,7 +332,8 @@ class MasterService:
                     return self._send(h, 400, {"error": "body must be a JSON object"})
             route = {("GET", "/view"): self.view, ("GET", "/status"): self.status,
                      ("POST", "/register"): self.register, ("POST", "/heartbeat"): self.heartbeat,
-                     ("POST", "/admin"): self.admin, ("GET", "/healthz"): self.health}
+                     ("POST", "/admin"): self.admin, ("POST", "/self"): self.self_op,
+                     ("GET", "/healthz"): self.health}
             fn = route.get((method, url.path))
             if fn is None:
                 return self._send(h, 404, {"error": f"no route {method} {url.path}"})
@@ -388,6 +409,8 @@ class MasterService:
             return self._forward(method, path, body)
         op = {"op": "register", "id": str(body["id"]), "address": str(body["address"]),
               "capacity_bytes": int(body["capacity_bytes"]), "boot_id": str(body["boot_id"])}
+        if self.joiner.initial_ramp is not None:  # a newcomer joins JOINING, ramping
+            op["ramp"] = self.joiner.initial_ramp
         res = self.node.submit(op)
         self.detector.seen(op["id"])
         return 200, {**res, "view": self.node.membership.view()}
@@ -417,6 +440,28 @@ class MasterService:
         if op == "undrain":
             self.detector.seen(str(body["id"]))
         return 200, res
+
+    def self_op(self, q: dict, body: dict, method: str, path: str) -> tuple[int, dict]:
+        """A server drains or removes itself: the member ``id`` registered with
+        ``boot_id`` (see Auth in the module docstring)."""
+        if not self.node.is_leader:
+            return self._forward(method, path, body)
+        op, mid, boot = str(body["op"]), str(body["id"]), str(body["boot_id"])
+        if op not in ("drain", "remove"):
+            return 400, {"error": f"unknown self op {op!r}: use drain or remove"}
+        rec = self.node.membership.get(mid)
+        if rec is None:
+            return 404, {"error": f"no member {mid!r}"}
+        if rec.boot_id != boot:
+            return 403, {"error": f"member {mid!r} is another process (its boot id differs): "
+                                  "a server credential may drain or remove only the member "
+                                  "it runs as; use gcache admin with a cluster admin "
+                                  "credential"}
+        if op == "remove" and not (rec.drained or rec.state is MemberState.DRAINING):
+            return 409, {"error": f"member {mid!r} is {rec.state.value}, not draining: a "
+                                  "server removes itself only after its drain"}
+        log.info("member %r asks to %s itself", mid, op)
+        return 200, self.node.submit({"op": op, "id": mid})
 
     def status(self, q: dict, body: dict, method: str, path: str) -> tuple[int, dict]:
         if not self.node.is_leader:

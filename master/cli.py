@@ -113,6 +113,19 @@ def resolve_raft_secret(listen: str, peers: list[str], secret: str, secret_file:
 @click.option("--heartbeat-timeout-ms", default=3000, show_default=True, type=click.IntRange(100),
               envvar="GCACHE_HEARTBEAT_TIMEOUT_MS",
               help="A server silent this long is marked down (epoch moves).")
+@click.option("--join-ramp-s", default=8.0, show_default=True, type=click.FloatRange(0),
+              envvar="GCACHE_MASTER_JOIN_RAMP_S",
+              help="A new server (an id never seen, while another member is up) joins "
+                   "JOINING: in the ring from its first view, at 1/4 of its capacity weight, "
+                   "raised in steps to full over this many seconds, so a cold server does not "
+                   "take every new write at once; it turns UP once every other member has "
+                   "handed it its keys. 0: a new server is UP at full weight at once. "
+                   "[env GCACHE_MASTER_JOIN_RAMP_S]")
+@click.option("--join-timeout-s", default=120.0, show_default=True,
+              type=click.FloatRange(0, min_open=True), envvar="GCACHE_MASTER_JOIN_TIMEOUT_S",
+              help="A join still waiting for the other members' handoff this long after it "
+                   "started is marked UP anyway (logged with the members still handing "
+                   "off). [env GCACHE_MASTER_JOIN_TIMEOUT_S]")
 @click.option("--request-deadline-ms", default=5000, show_default=True,
               type=click.IntRange(100), envvar="GCACHE_MASTER_REQUEST_DEADLINE_MS",
               help="A request's line, headers and body must all arrive within this (one "
@@ -149,7 +162,7 @@ def resolve_raft_secret(listen: str, peers: list[str], secret: str, secret_file:
               show_default=True, envvar="GCACHE_LOG_FORMAT")
 def main(listen: str, peers: str, data_dir: str, token: str, raft_secret: str,
          raft_secret_file: str | None, credentials_file: str, heartbeat_timeout_ms: int,
-         request_deadline_ms: int, max_connections: int, max_connections_per_ip: int,
+         join_ramp_s: float, join_timeout_s: float, request_deadline_ms: int, max_connections: int, max_connections_per_ip: int,
          raft_compaction_min_entries: int,
          tls_cert_file: str, tls_key_file: str,
          tls_ca_file: str, tls_require_client_cert: str, log_level: str, log_format: str
@@ -187,12 +200,14 @@ def main(listen: str, peers: str, data_dir: str, token: str, raft_secret: str,
                         heartbeat_timeout_ms=heartbeat_timeout_ms, raft_to_api=raft_to_api,
                         tls=tls, peer_tls=peer_tls, request_deadline_ms=request_deadline_ms,
                         max_connections=max_connections,
-                        max_connections_per_ip=max_connections_per_ip)
+                        max_connections_per_ip=max_connections_per_ip,
+                        join_ramp_s=join_ramp_s, join_timeout_s=join_timeout_s)
     svc.start()
     log.info("gcache-master serving", extra={"fields": {
         "listen": svc.address, "raft": raft_address(listen), "peers": peer_list,
         "data_dir": os.path.abspath(data_dir), "epoch": node.membership.epoch,
         "tls": "mtls" if require else "on" if tls is not None else "off",
+        "join_ramp_s": join_ramp_s, "join_timeout_s": join_timeout_s,
         "raft_secret": secret_source}})
     stop, hup = threading.Event(), threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

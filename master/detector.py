@@ -8,8 +8,9 @@ came back meanwhile). A master that becomes leader starts every member's clock a
 so a failover never marks healthy servers down. Only UP, DRAINING and JOINING members
 are watched.
 
-Threads. ``seen`` and ``annotate`` are called by the master API's request threads and
-only take the detector's lock. ``step`` is called by the monitor thread (``run``, every
+Threads. ``seen`` and ``annotate`` are called by the master API's request threads,
+``last_stats`` by the join driver's (``master/joiner.py``); they only take the
+detector's lock. ``step`` is called by the monitor thread (``run``, every
 ``period_s`` on the clock) or by a test on a ``VirtualClock``; it may block on one Raft
 write (``RaftNode.submit``, a few seconds at most) per member it marks down.
 """
@@ -53,6 +54,11 @@ class FailureDetector:
             self._last_seen[member_id] = now
             if stats is not None:
                 self._stats[member_id] = stats
+
+    def last_stats(self, member_id: str) -> dict | None:
+        """The stats of ``member_id``'s last heartbeat to this leader (None: none yet)."""
+        with self._lock:
+            return self._stats.get(member_id)
 
     def annotate(self, members: list[dict[str, Any]]) -> None:
         """Add ``last_heartbeat_s`` (None if never seen) and ``stats`` to each member

@@ -9,8 +9,8 @@ out and retried, so every op is written as "make it so" rather than "do this":
 
 * Each op checks the state it expects and is a no-op (``changed`` False, epoch
   unchanged) when the state has already moved there or past it. Unknown ids are no-ops
-  for ``mark_down`` / ``drain`` / ``undrain`` / ``remove``, never errors, so a re-applied
-  entry after a ``remove`` cannot raise on one node and not on another.
+  for every op but ``register``, never errors, so a re-applied entry after a ``remove``
+  cannot raise on one node and not on another.
 * ``mark_down`` carries the incarnation the failure detector saw and only fires if it
   is still current. The incarnation goes up on every restart (new ``boot_id``) *and*
   whenever a member leaves DOWN (a healed partition or an admin ``undrain``), so a
@@ -31,10 +31,21 @@ Every state-changing op bumps ``epoch`` by exactly 1 and stamps the touched reco
 (if any) in one atomic synced batch *before* the in-memory state is updated, so a
 failed write leaves memory and disk at the old state.
 
-Routing: the ring is built from UP members only (``gcache.view.view_from_wire``, the one
-copy of that rule). DRAINING members keep
-serving reads of what they already hold but take no new placements; DOWN and JOINING
+Routing: the ring is built from UP and JOINING members (``gcache.view.view_from_wire``,
+the one copy of that rule), a JOINING member's weight scaled by its ``ramp``. DRAINING
+members keep serving reads of what they already hold but take no new placements; DOWN
 members are skipped.
+
+Joins. A ``register`` may carry ``ramp`` (the master's API adds it when its
+``join_ramp_s`` > 0): the first registration of an id then enters JOINING at that ramp
+fraction if another member is UP (otherwise, bootstrapping a cluster, UP at once). The
+leader's join driver (``master/joiner.py``) raises it with ``ramp`` ops (only upwards: a
+lower or equal ramp is a no-op, so keys only ever move toward the newcomer) and ends the
+join with ``joined`` (JOINING -> UP, ramp 1.0). Both carry the incarnation the driver saw
+and are no-ops for any other. A known id that registers again (a restart, a healed
+partition) comes back UP or DRAINING as before, at ramp 1.0, never JOINING. Every other
+op treats a JOINING member as it treats an UP one. Records and snapshots written before
+the field existed read as ramp 1.0.
 
 Drain intent. ``drain`` sets the record's ``drained`` flag, which only ``undrain``
 clears: a drained member that goes DOWN (crash, partition) and comes back, under the
@@ -72,6 +83,8 @@ class OpKind(str, enum.Enum):
     DRAIN = "drain"
     UNDRAIN = "undrain"
     REMOVE = "remove"
+    RAMP = "ramp"
+    JOINED = "joined"
 
 
 # ------------------------------------------------------------------ validation
@@ -86,6 +99,13 @@ def _check_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
+
+
+def _check_ramp(value: object) -> float:
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not 0.0 < value <= 1.0):  # NaN fails the comparison too
+        raise ValueError(f"ramp must be a number in (0, 1], got {value!r}")
+    return float(value)
 
 
 def _check_address(value: object) -> str:
@@ -108,16 +128,19 @@ def _check_keys(what: str, doc: Mapping[str, Any], required: tuple[str, ...],
 
 
 _RECORD_FIELDS = ("id", "address", "capacity_bytes", "incarnation", "state", "boot_id",
-                  "changed_epoch", "drained")
-_RECORD_OPTIONAL = ("drained",)  # absent in records written by older masters
+                  "changed_epoch", "drained", "ramp")
+_RECORD_OPTIONAL = ("drained", "ramp")  # absent in records written by older masters
 
 _OP_FIELDS: dict[OpKind, tuple[str, ...]] = {
-    OpKind.REGISTER: ("op", "id", "address", "capacity_bytes", "boot_id"),
+    OpKind.REGISTER: ("op", "id", "address", "capacity_bytes", "boot_id", "ramp"),
     OpKind.MARK_DOWN: ("op", "id", "incarnation"),
     OpKind.DRAIN: ("op", "id"),
     OpKind.UNDRAIN: ("op", "id"),
     OpKind.REMOVE: ("op", "id"),
+    OpKind.RAMP: ("op", "id", "incarnation", "ramp"),
+    OpKind.JOINED: ("op", "id", "incarnation"),
 }
+_OP_OPTIONAL = {OpKind.REGISTER: ("ramp",)}  # register: absent = join UP at once
 
 
 def validate_op(op: object) -> dict[str, Any]:
@@ -133,14 +156,18 @@ def validate_op(op: object) -> dict[str, Any]:
     except ValueError:
         raise ValueError(f"unknown op {op.get('op')!r}; expected one of "
                          f"{[k.value for k in OpKind]}") from None
-    _check_keys(f"op {kind.value!r}", op, _OP_FIELDS[kind])
+    _check_keys(f"op {kind.value!r}", op, _OP_FIELDS[kind], _OP_OPTIONAL.get(kind, ()))
     out: dict[str, Any] = {"op": kind.value, "id": _check_text("id", op["id"], MAX_ID_LEN)}
     if kind is OpKind.REGISTER:
         out["address"] = _check_address(op["address"])
         out["capacity_bytes"] = _check_int("capacity_bytes", op["capacity_bytes"], 0)
         out["boot_id"] = _check_text("boot_id", op["boot_id"], MAX_BOOT_ID_LEN)
-    elif kind is OpKind.MARK_DOWN:
+        if "ramp" in op:
+            out["ramp"] = _check_ramp(op["ramp"])
+    elif kind in (OpKind.MARK_DOWN, OpKind.RAMP, OpKind.JOINED):
         out["incarnation"] = _check_int("incarnation", op["incarnation"], 0)
+        if kind is OpKind.RAMP:
+            out["ramp"] = _check_ramp(op["ramp"])
     return out
 
 
@@ -157,6 +184,7 @@ class MemberRecord:
     boot_id: str
     changed_epoch: int
     drained: bool = False  # an admin drain not yet undone (survives down and restarts)
+    ramp: float = 1.0  # a JOINING member's share of its capacity weight, in (0, 1]
 
     def __post_init__(self) -> None:
         _check_text("id", self.id, MAX_ID_LEN)
@@ -169,6 +197,7 @@ class MemberRecord:
         _check_int("changed_epoch", self.changed_epoch, 0)
         if not isinstance(self.drained, bool):
             raise ValueError(f"drained must be a bool, got {self.drained!r}")
+        object.__setattr__(self, "ramp", _check_ramp(self.ramp))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -180,6 +209,7 @@ class MemberRecord:
             "boot_id": self.boot_id,
             "changed_epoch": self.changed_epoch,
             "drained": self.drained,
+            "ramp": self.ramp,
         }
 
     @classmethod
@@ -193,7 +223,8 @@ class MemberRecord:
             raise ValueError(f"unknown member state {doc['state']!r}") from None
         return cls(id=doc["id"], address=doc["address"], capacity_bytes=doc["capacity_bytes"],
                    incarnation=doc["incarnation"], state=state, boot_id=doc["boot_id"],
-                   changed_epoch=doc["changed_epoch"], drained=doc.get("drained", False))
+                   changed_epoch=doc["changed_epoch"], drained=doc.get("drained", False),
+                   ramp=doc.get("ramp", 1.0))
 
 
 # ------------------------------------------------------------------ state machine
@@ -328,9 +359,17 @@ class Membership:
                 return None
             inc = cur.incarnation + (1 if cur.state is MemberState.DOWN else 0)
             return _Change(replace(cur, state=MemberState.UP, incarnation=inc, drained=False,
-                                   changed_epoch=new_epoch))
+                                   changed_epoch=new_epoch, ramp=1.0))
         if kind is OpKind.REMOVE:
             return _Change(None, removed=cur)
+        if cur.state is not MemberState.JOINING or cur.incarnation != op["incarnation"]:
+            return None  # RAMP, JOINED: only the join the driver saw
+        if kind is OpKind.RAMP:
+            if op["ramp"] <= cur.ramp:  # only upwards: keys only move toward the newcomer
+                return None
+            return _Change(replace(cur, ramp=op["ramp"], changed_epoch=new_epoch))
+        if kind is OpKind.JOINED:
+            return _Change(replace(cur, state=MemberState.UP, ramp=1.0, changed_epoch=new_epoch))
         raise ValueError(f"unhandled op {kind.value!r}")  # unreachable: validate_op checked
 
     def _plan_register(self, op: dict[str, Any], cur: MemberRecord | None,
@@ -338,19 +377,24 @@ class Membership:
         address, capacity, boot_id = op["address"], op["capacity_bytes"], op["boot_id"]
         if cur is None:
             inc = self._fences.get(op["id"], 0) + 1
+            ramp = op.get("ramp", 1.0)
+            joins = ramp < 1.0 and any(m.state is MemberState.UP
+                                       for m in self._members.values())
             return _Change(MemberRecord(id=op["id"], address=address, capacity_bytes=capacity,
-                                        incarnation=inc, state=MemberState.UP,
-                                        boot_id=boot_id, changed_epoch=new_epoch))
+                                        incarnation=inc,
+                                        state=MemberState.JOINING if joins else MemberState.UP,
+                                        boot_id=boot_id, changed_epoch=new_epoch,
+                                        ramp=ramp if joins else 1.0))
         back = (MemberState.DRAINING if cur.drained or cur.state is MemberState.DRAINING
                 else MemberState.UP)  # the state a returning member takes
         if cur.boot_id != boot_id:  # the server restarted
             return _Change(replace(cur, address=address, capacity_bytes=capacity,
                                    incarnation=cur.incarnation + 1, state=back,
-                                   boot_id=boot_id, changed_epoch=new_epoch))
+                                   boot_id=boot_id, changed_epoch=new_epoch, ramp=1.0))
         if cur.state is MemberState.DOWN:  # same process back from a partition
             return _Change(replace(cur, address=address, capacity_bytes=capacity,
                                    incarnation=cur.incarnation + 1, state=back,
-                                   changed_epoch=new_epoch))
+                                   changed_epoch=new_epoch, ramp=1.0))
         if cur.address != address or cur.capacity_bytes != capacity:
             return _Change(replace(cur, address=address, capacity_bytes=capacity,
                                    changed_epoch=new_epoch))

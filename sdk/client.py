@@ -96,7 +96,8 @@ class Client:
             that require client certificates (mTLS).
         handoff_read_window_ms: for this long after the masters' ring changed (a server
             joined, drained, left), a get or exists that misses at a key's new owner asks
-            its previous owner too, if that one is still up or draining, within the op's
+            its previous owner too (the most recent other owner of the key within the
+            window that still holds data: up, joining or draining), within the op's
             deadline; deletes go to both (default 120000; 0 = never). Counted in
             ``counters`` (``handoff_reads``, ``handoff_read_hits``).
         config_file: TOML file with ``[client]`` keys; env ``GCACHE_*`` overrides it,

@@ -25,20 +25,22 @@ the one copy of that rule; the ring maps hashes to members. Requests routed by a
 and hands them to the dispatcher.
 
 Previous-owner fallback (reads keep hitting while a membership change moves data).
-When a master view changes the ring, the router keeps the ring it replaced and, for
-``handoff_read_window_ms`` after that, gives the batches it starts (``handoff_for``)
-a ``handoff`` hook: a GET or EXISTS item that answered MISS, whose owner in the
-previous ring is another server still UP or DRAINING (``View.holders``), is asked
-there again with ``"ho": 1`` (the server then serves what it holds, skipping its
-NOT_OWNER check), within the op's original deadline: a key whose deadline passed
-stays a MISS, and an answer other than OK from the previous owner leaves the MISS.
-DELETE items of keys that moved are sent to the previous owner too (OK if either
-deleted), so the fallback cannot bring a deleted key back. Outside the window, or
-for a static view, batches carry no hook and nothing is checked: hits never pay,
-and misses pay one extra round trip only inside the window. Counted in
-``counters`` (``handoff_reads``: items re-asked, ``handoff_read_hits``: found there).
-One previous ring is kept: a view that changes no ring member (a state change of a
-member out of the ring) keeps it; a later ring change replaces it.
+When a master view changes the ring, the router keeps the ring it replaced, each for
+``handoff_read_window_ms`` after it was replaced, and at most ``HISTORY`` of them (a
+join's ramp changes the ring a few times: a key may have moved several views ago).
+While any is kept, the batches it starts (``handoff_for``) carry a ``handoff`` hook: a
+GET or EXISTS item that answered MISS is asked again, with ``"ho": 1`` (the server then
+serves what it holds, skipping its NOT_OWNER check), at its *previous owner*: its
+owner in the most recent kept ring where that owner is not the server that missed and
+still holds data (UP, JOINING or DRAINING: ``View.holders``). One extra round trip at
+most, within the op's original deadline: a key whose deadline passed stays a MISS, and
+an answer other than OK from the previous owner leaves the MISS. DELETE items are sent
+to the same previous owner too (OK if either deleted), so the fallback cannot bring a
+deleted key back. Outside the window, or for a static view, batches carry no hook and
+nothing is checked: hits never pay, and misses pay one extra round trip only inside
+the window. Counted in ``counters`` (``handoff_reads``: items re-asked,
+``handoff_read_hits``: found there). A view that changes no ring member (a state
+change of a member out of the ring) adds nothing to the kept rings.
 
 Threads. ``hashes``, ``owners``, ``send`` and ``view`` run on user threads (and on
 dispatch threads, for a byte get's remaining slices) and never block: they read one
@@ -71,6 +73,7 @@ log = logging.getLogger("gcache.sdk")
 WATCH_WAIT_MS = 5000  # one long-poll of the masters' view
 WATCH_RETRY_S = 0.5  # pause after a failed long-poll (every master down)
 HANDOFF_READ = {"ho": 1}  # the header flag of a read (or delete) at a previous owner
+HISTORY = 8  # replaced rings kept for the previous-owner fallback
 _HANDOFF_OPS = frozenset({Op.GET, Op.EXISTS, Op.DELETE})
 
 
@@ -127,7 +130,7 @@ class Router:
         self._dispatcher = dispatcher
         self._framing = framing
         self._window = handoff_window_s
-        self._previous: _Previous | None = None
+        self._previous: tuple[_Previous, ...] = ()  # most recent first; swapped whole
         self.counters = counters if counters is not None else {}
         self.counters.update(handoff_reads=0, handoff_read_hits=0)
         self._count_lock = threading.Lock()
@@ -194,7 +197,9 @@ class Router:
         old, ring = self._snapshot
         if (self._master is not None and self._window > 0 and old.epoch > 0
                 and old.members != view.members):
-            self._previous = _Previous(ring, self._dispatcher.clock.monotonic() + self._window)
+            now = self._dispatcher.clock.monotonic()
+            kept = [p for p in self._previous[:HISTORY - 1] if p.until > now]
+            self._previous = (_Previous(ring, now + self._window), *kept)
         self._snapshot = (view, view.ring)
 
     def refresh(self, wait_ms: int, deadline: float | None = None) -> bool:
@@ -253,11 +258,11 @@ class Router:
     def handoff_for(self, batch: Batch) -> Callable | None:
         """The hook a GET/EXISTS/DELETE batch started now carries: ``handoff`` while the
         previous ring's window is open, else None (and nothing is ever checked)."""
-        prev = self._previous
-        if prev is None or batch.op not in _HANDOFF_OPS:
+        prevs = self._previous
+        if not prevs or batch.op not in _HANDOFF_OPS:
             return None
-        if self._dispatcher.clock.monotonic() >= prev.until:
-            self._previous = None  # the window closed
+        if self._dispatcher.clock.monotonic() >= prevs[0].until:
+            self._previous = ()  # the window of the most recent ring closed: of all
             return None
         return self.handoff
 
@@ -265,26 +270,34 @@ class Router:
                 ) -> tuple[list, list[ItemResult]]:
         """Of a frame's answered items, send those to re-ask at their previous owner
         (see the module docstring) and return the rest, to fold now."""
-        prev = self._previous
-        if prev is None or (work.extra is not None and work.extra.get("ho")):
+        prevs = self._previous
+        if not prevs or (work.extra is not None and work.extra.get("ho")):
             return items, results  # no window, or already an answer of a previous owner
         delete = batch.op == Op.DELETE
         if delete:
             ask = [k for k, r in enumerate(results) if r.status in (Status.OK, Status.MISS)]
         else:
             ask = [k for k, r in enumerate(results) if r.status == Status.MISS]
-        if not ask or self._dispatcher.clock.monotonic() >= batch.deadline:
+        now = self._dispatcher.clock.monotonic()
+        if not ask or now >= batch.deadline:
             return items, results
         hashes, holders, here = batch.hashes, self.view.holders, work.address
         routed: dict[str, list] = {}
         originals: dict[str, list[ItemResult]] = {}
         taken = set()
-        for k, m in zip(ask, prev.ring.owners([hashes[items[k].index] for k in ask])):
-            addr = m.address
-            if addr != here and addr in holders:
-                routed.setdefault(addr, []).append(items[k])
-                originals.setdefault(addr, []).append(results[k])
-                taken.add(k)
+        for prev in prevs:  # most recent first: each item goes to one previous owner
+            if not ask or prev.until <= now:
+                break
+            rest = []
+            for k, m in zip(ask, prev.ring.owners([hashes[items[k].index] for k in ask])):
+                addr = m.address
+                if addr != here and addr in holders:
+                    routed.setdefault(addr, []).append(items[k])
+                    originals.setdefault(addr, []).append(results[k])
+                    taken.add(k)
+                else:
+                    rest.append(k)
+            ask = rest
         if not taken:
             return items, results
         if not delete:

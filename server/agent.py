@@ -16,9 +16,10 @@ blocks; ``join`` waits for them until its deadline (the heartbeat thread ends wi
 one master request, the view thread may sit in a long poll until that poll's own
 deadline and is then left to end alone: it is a daemon and holds no port of ours).
 ``not_owned`` runs on connection threads, reads the current ring and never blocks.
-``on_view`` (given at construction: the server's handoff worker) is called with each
-view the agent adopts, on the thread that adopted it (registration or the view watcher);
-it must not block. ``reconcile`` (the server's ``Freshness.adopt``) is called with each
+``leave`` (the server's self-drain: its monitor thread, or the owner's thread at a
+graceful stop) asks the masters to drain or remove this member, under the caller's
+deadline. ``on_view`` (given at construction: the server's handoff worker) is called with each
+view the agent adopts, on the view thread; it must not block. ``reconcile`` (the server's ``Freshness.adopt``) is called with each
 view *before* the agent routes by it (``ring``/``epoch``), with the master's epoch just
 before our registration for a view a registration returned; it may block (it walks the
 tier). Every view is adopted on the view thread, the one a registration returned too (the
@@ -84,12 +85,28 @@ class MembershipAgent:
         """Tell both loops to end (no wait; see ``join``)."""
         self._stop.set()
 
-    def join(self, timeout_s: float) -> None:
-        """Wait at most ``timeout_s`` in all for the loops (after ``stop``)."""
+    def join(self, timeout_s: float) -> bool:
+        """Wait at most ``timeout_s`` in all for the loops (after ``stop``); True when the
+        heartbeat loop ended (no register or heartbeat of ours can reach a master any more;
+        the view loop may still sit in its long poll)."""
         deadline = time.monotonic() + timeout_s
         for t in self._threads:
             if t.is_alive():
                 t.join(timeout=max(0.0, deadline - time.monotonic()))
+        return not self._threads[0].is_alive()
+
+    def leave(self, op: str, deadline: float) -> dict:
+        """Ask the masters to ``drain`` or ``remove`` this member (``POST /self``, proven by
+        this process's boot id), retrying while no master answers, until ``deadline``
+        (``time.monotonic()``). The masters' answer (``{"changed", "epoch", "member"}``);
+        MasterUnavailable when the deadline passes first, MasterError when refused."""
+        while True:
+            try:
+                return self.client.self_op(op, self.member_id, self.boot_id, deadline=deadline)
+            except MasterUnavailable:
+                if time.monotonic() + 0.2 >= deadline:
+                    raise
+                time.sleep(0.2)
 
     # ------------------------------------------------------------------ ownership
     def not_owned(self, client_epoch: int, hashes: Sequence[int]) -> list[bool] | None:

@@ -24,12 +24,14 @@ already built, logs why and raises ``ServerStartError`` with what to fix):
     kernel's port when ``--listen`` asked for port 0).
 10. ``freshness`` (``--masters`` only: the rule that drops or refuses objects of
     ``mutable_namespaces`` another server may have overwritten, ``freshness.py``; the
-    last ring epoch persists in ``<shm_dir>/gcache-<name>.epoch``), ``tombstones`` (recent
-    deletes an if-absent put must not undo, ``tombstones.py``), ``handoff`` and ``agent``
-    (``--masters`` only): the handoff worker (``handoff.py``: pushes what this server
-    holds but no longer owns to the owners, through the SDK), and the membership agent,
-    told the advertised address, as its ``on_view`` the handoff's ``view_changed`` and as
-    its ``reconcile`` the freshness rule's ``adopt``.
+    last ring epoch persists in ``<shm_dir>/gcache-<name>.epoch``) and ``tombstones``
+    (recent deletes an if-absent put must not undo, ``tombstones.py``).
+    ``handoff``, ``agent`` and ``self_drain`` (``--masters`` only): the handoff worker
+    (``handoff.py``: pushes what this server holds but no longer owns to the owners,
+    through the SDK), the membership agent, told the advertised address, as its
+    ``on_view`` the handoff's ``view_changed`` and as its ``reconcile`` the freshness
+    rule's ``adopt``, and the self-drain (``self_drain.py``: the drain before a graceful
+    stop, and the monitor that drains an unhealthy server).
 11. ``service``: accept loop, deadlines, connections; gets the listener, the agent (for
     NOT_OWNER checks), the freshness rule and the tombstones, the nixl registration and
     the shm registry.
@@ -38,8 +40,11 @@ already built, logs why and raises ``ServerStartError`` with what to fix):
 
 ``start()`` starts, in order: the shm reaper, the agent (registers and heartbeats in
 the background: serving never waits for the masters), the metrics endpoint, the tiers'
-background threads, the handoff worker, and last the service's accept loop, so no client
-is served before everything behind it runs. ``stop()`` undoes it: signals the handoff
+background threads, the handoff worker, the self-drain monitor, and last the service's
+accept loop, so no client is served before everything behind it runs. ``stop(drain_s)``
+with a budget (``run`` passes ``--drain-on-stop``) first drains the server while
+everything still runs (``SelfDrain.drain``) and, once nothing is left, removes it from
+the masters after its heartbeats stopped. ``stop()`` then undoes ``start``: signals the handoff
 worker (its SDK clients closed, so a put in flight ends) and the agent, stops the service
 (listening socket closed, connections shut down and released), the metrics endpoint
 (port closed) and the reaper, joins the handoff worker (it holds pins on the tier) and
@@ -52,10 +57,12 @@ Threads:
  * ``__init__``, ``start``, ``stop``: the owner's thread. ``start`` and ``stop`` are
    idempotent and serialised; ``stop`` works whether or not ``start`` ran, and is
    bounded (the service about 5 s, the metrics endpoint and the reaper one tick, the
-   handoff worker 5 s, the agent 1 s), except that closing the disk tier writes its
-   index, which takes time in proportion to it. A stopped server cannot be started again: build a new one.
+   handoff worker 5 s, the agent 3 s, the deregistration 3 s) after the drain's budget,
+   except that closing the disk tier writes its index, which takes time in proportion to
+   it. A stopped server cannot be started again: build a new one.
  * ``run``: the main thread only (it installs the SIGTERM / SIGINT / SIGHUP handlers);
-   blocks until SIGTERM or SIGINT, then stops.
+   blocks until SIGTERM or SIGINT, then stops (draining first for ``--drain-on-stop``;
+   a second SIGTERM or SIGINT ends the drain at once).
  * ``stats``, ``health``: any thread (scrapes, heartbeats, tests); never block.
  * ``reload``: the owner's thread (``run`` calls it on SIGHUP, outside the handler).
 
@@ -89,6 +96,7 @@ from gcache.server.freshness import EpochFile, Freshness
 from gcache.server.handoff import PUT_TIMEOUT_MS, Handoff
 from gcache.server.memory_tier import MemoryTier
 from gcache.server.metrics import MetricsEndpoint, ServerMetrics
+from gcache.server.self_drain import SelfDrain
 from gcache.server.shm_ops import ShmRegistry
 from gcache.server.tombstones import Tombstones
 from gcache.server.service import Service, listen_on
@@ -208,6 +216,12 @@ class Server:
                         on_join=cfg.handoff_on_join)
                 if cfg.masters else None)
             self.agent = self._agent(advertise)
+            self.self_drain = (
+                SelfDrain(self.agent, self.handoff, self.tier.stats,
+                          unhealthy_file=cfg.unhealthy_file,
+                          disk_degraded_after_s=cfg.auto_drain_after_ms / 1000.0
+                          if cfg.disk_dir else 0.0)
+                if self.agent is not None and self.handoff is not None else None)
             self.service = Service(
                 self.tier, listener=self.listener, name=cfg.name, token=cfg.token,
                 limits=self.limits, metrics=self.metrics, max_connections=cfg.max_connections,
@@ -219,7 +233,8 @@ class Server:
                 tls=self.tls.listener, quotas=self.quotas,
                 shm_trusted_writers=cfg.shm_trusted_writers, shm=self.shm,
                 ownership=self.agent, nixl_info=self.nixl.info if self.nixl else None,
-                freshness=self.freshness, tombstones=self.tombstones)
+                extra_stats=self._membership_stats, freshness=self.freshness,
+                tombstones=self.tombstones)
             self.metrics_endpoint = (
                 MetricsEndpoint(cfg.metrics_listen, self.metrics, stats_fn=self.stats,
                                 usage_fn=self.tier.namespace_usage, quotas=self.quotas,
@@ -279,8 +294,16 @@ class Server:
         s["connections"] = self.service.connections
         s.update(self.service.guard_stats())
         s.update(self.shm.stats(self.nixl is not None))
+        s.update(self._membership_stats())
+        return s
+
+    def _membership_stats(self) -> dict:
+        """The handoff's and the self-drain's numbers (also in the wire STATS)."""
+        s: dict = {}
         if self.handoff is not None:
             s.update(self.handoff.stats())
+        if self.self_drain is not None:
+            s.update(self.self_drain.stats())
         return s
 
     def health(self) -> dict:
@@ -311,6 +334,8 @@ class Server:
                 self.tier.start()
                 if self.handoff is not None:
                     self.handoff.start()
+                if self.self_drain is not None:
+                    self.self_drain.start()
                 self.service.start()
             except BaseException:
                 self._do_stop()
@@ -321,18 +346,33 @@ class Server:
             "tls": "mtls" if cfg.tls_require_client_cert
             else "on" if self.tls.listener is not None else "off"}})
 
-    def stop(self) -> None:
+    def stop(self, drain_s: float = 0.0, abort: threading.Event | None = None) -> None:
         """Stop serving and close everything, the tier clean (see the module docstring);
-        idempotent, bounded."""
+        idempotent, bounded. ``drain_s`` > 0 (a server with masters, started): first drain
+        it for at most that long (less once ``abort`` is set), serving meanwhile, and
+        deregister it when nothing is left."""
         with self._life:
-            self._do_stop()
+            drained = False
+            if (drain_s > 0 and self.self_drain is not None and self._started
+                    and not self._stopped):
+                try:
+                    drained = self.self_drain.drain(drain_s, abort or threading.Event()).done
+                except Exception:  # a bug must not keep the server from stopping
+                    log.exception("the drain before the stop failed; stopping")
+            elif drain_s > 0 and not self._stopped:
+                log.warning("--drain-on-stop: this server has no masters to drain it "
+                            "through; stopping at once")
+            self._do_stop(deregister=drained)
 
-    def _do_stop(self) -> None:
-        """``stop`` with ``_life`` held."""
+    def _do_stop(self, deregister: bool = False) -> None:
+        """``stop`` with ``_life`` held; ``deregister``: remove the member from the masters
+        once its heartbeats stopped (a full drain is done)."""
         if self._stopped:
             return
         self._stopped = True
         log.info("stopping: closing connections and marking the arena clean")
+        if self.self_drain is not None:
+            self.self_drain.stop()
         if self.handoff is not None:
             self.handoff.stop()
         if self.agent is not None:
@@ -343,8 +383,17 @@ class Server:
             self.metrics_endpoint.stop()
         if self.handoff is not None and not self.handoff.join(5.0):  # it pins the tier
             log.error("the handoff worker did not stop within 5 s; closing the tier anyway")
+        if self.self_drain is not None:
+            self.self_drain.join(1.0)  # its tick reads the tier's stats
         if self.agent is not None:
-            self.agent.join(1.0)  # before the tier closes: a heartbeat reads its stats
+            # before the tier closes: a heartbeat reads its stats; before a deregistration:
+            # a heartbeat after it would register the member again
+            beating = not self.agent.join(3.0 if deregister else 1.0)
+            if deregister and beating:
+                log.warning("drained, but not deregistered: a heartbeat was still in "
+                            "flight; gcache admin remove %s forgets the member", self.cfg.name)
+            elif deregister and self.self_drain is not None:
+                self.self_drain.deregister()
         self._close_storage()
         if self.cfg.remove_arena_on_exit:
             try:
@@ -358,9 +407,15 @@ class Server:
         """``start``, print ``GCACHE_LISTEN=host:port`` (and ``GCACHE_METRICS=``) on stdout,
         serve until SIGTERM or SIGINT (SIGHUP: ``reload``), then ``stop``. Main thread."""
         self.start()
-        stop, hup = threading.Event(), threading.Event()
+        stop, again, hup = threading.Event(), threading.Event(), threading.Event()
+
+        def on_stop(*_: Any) -> None:
+            if stop.is_set():
+                again.set()  # a second signal: end the drain at once
+            stop.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+            signal.signal(sig, on_stop)
         signal.signal(signal.SIGHUP, lambda *_: hup.set())  # reloaded below, not in the handler
         try:
             print(f"GCACHE_LISTEN={self.address}", flush=True)
@@ -371,7 +426,7 @@ class Server:
                     hup.clear()
                     self.reload()
         finally:
-            self.stop()
+            self.stop(self.cfg.drain_on_stop_ms / 1000.0, again)
             sys.stdout.flush()
 
 

@@ -2,9 +2,11 @@
 
 Prints ``GCACHE_LISTEN=host:port`` on stdout once it serves (so ``--listen
 127.0.0.1:0`` can pick a free port), logs structured lines on stderr, and stops
-cleanly on SIGTERM/SIGINT: connections are closed, the arena is marked clean,
-the disk tier (``--disk-dir``/``--disk``) writes its index, and a restart
-under the same ``--name`` finds every acknowledged object on both tiers.
+cleanly on SIGTERM/SIGINT (with ``--drain-on-stop SECONDS``, after first handing off
+what it holds to the other servers, within that budget; a second signal ends the
+drain): connections are closed, the arena is marked clean, the disk tier
+(``--disk-dir``/``--disk``) writes its index, and a restart under the same ``--name``
+finds every acknowledged object on both tiers.
 SIGHUP re-reads ``--credentials-file`` (a bad file keeps the old credentials and
 logs why); connections apply the new grants from their next frame. It also re-reads
 ``--quota-file`` (per-namespace memory/disk quotas, ``gcache.quotas``) the same way.
@@ -35,15 +37,21 @@ log = logging.getLogger("gcache.server")
               help="TOML config file ([server] table). Precedence: file < env < flags.")
 @click.option("--memory", "memory", default=None, help="Alias of --memory-bytes, e.g. 4GiB.")
 @click.option("--disk", "disk", default=None, help="Alias of --disk-bytes, e.g. 512GiB.")
+@click.option("--drain-on-stop", "drain_on_stop", default=None, metavar="SECONDS",
+              help="Alias of --drain-on-stop-ms in seconds, e.g. 60: on SIGTERM, drain "
+              "this server (hand off what it holds) for at most this long, then stop.")
 @click_options("server")
 def main(config_file: str | None, memory: str | None, disk: str | None,
-         **flags: object) -> None:
+         drain_on_stop: str | None, **flags: object) -> None:
     """Run a gcache-server: a shared-memory cache tier (and, with --disk-dir, an NVMe tier
     behind it) serving wire protocol v1."""
     if memory is not None:
         flags["memory_bytes"] = memory
     if disk is not None:
         flags["disk_bytes"] = disk
+    if drain_on_stop is not None:  # seconds; "90s", "2m" also work
+        flags["drain_on_stop_ms"] = (f"{drain_on_stop}s" if drain_on_stop.replace(".", "", 1)
+                                     .isdigit() else drain_on_stop)
     try:
         cfg = load_config("server", config_file, cli=flags)
         failpoints.configure(cfg.failpoints)

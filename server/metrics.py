@@ -7,7 +7,9 @@ memory tier, ``gcache_disk_*`` for the NVMe tier, ``gcache_tier_*`` for
 movement between them, and ``gcache_tier_{capacity,used}_bytes{tier=...}``
 side by side. ``gcache_handoff_*`` (servers with masters) are the handoff worker's:
 counters of objects and bytes moved, objects lost and passes run, and gauges of the
-current pass (objects and bytes left, objects waiting for a retry, active).
+current pass (objects and bytes left, objects waiting for a retry, active);
+``gcache_self_drain{reason}`` is 1 for the reason the server drained itself
+(``self_drain.py``: stop, unhealthy_file, disk_degraded), 0 for the others.
 ``gcache_stale_dropped`` (servers with masters) counts objects of mutable namespaces the
 freshness rule dropped; ``gcache_put_if_absent_tombstoned`` the if-absent put items
 skipped for a recent delete, ``gcache_tombstones`` the deletes remembered.
@@ -47,6 +49,7 @@ from typing import Any, Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, CounterMetricFamily
 
+from gcache.server.self_drain import DrainReason
 from gcache.tls import HTTPServer
 
 _LAT_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 2.0)
@@ -277,6 +280,13 @@ class _TierCollector:
             yield g
 
     def _handoff(self, s: dict):
+        if "self_drain" in s:
+            g = GaugeMetricFamily("gcache_self_drain", "1 for the reason this server drained "
+                                  "itself (stop, unhealthy_file, disk_degraded)",
+                                  labels=["reason"])
+            for reason in DrainReason:
+                g.add_metric([reason.value], int(s["self_drain"] == reason.value))
+            yield g
         if "handoff_passes" not in s:
             return
         for name, text in self._HANDOFF_COUNTERS:

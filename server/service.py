@@ -43,7 +43,7 @@ import socket
 import ssl
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from gcache import tls as tlslib
 from gcache.credentials import Credential, CredentialStore, Right
@@ -135,8 +135,9 @@ class Service:
     ``MembershipAgent`` when masters are configured, else None), the arena's NIXL
     registration (``nixl_info``, sent in the AUTH reply), with masters the freshness rule
     (``freshness``: which reads of mutable namespaces answer MISS, ``read_refusals``), and
-    the recent deletes (``tombstones``) that if-absent puts skip. ``start`` / ``stop`` run
-    on the owner's thread; ``stop`` is bounded (about 5 s) and closes the listening socket.
+    the recent deletes (``tombstones``) that if-absent puts skip; ``extra_stats`` adds the
+    owner's numbers (the handoff's) to STATS. ``start`` / ``stop`` run on the owner's
+    thread; ``stop`` is bounded (about 5 s) and closes the listening socket.
     """
 
     def __init__(self, tier: Tier, *, listener: Listener, name: str, token: str,
@@ -148,7 +149,8 @@ class Service:
                  request_timeout_ms: int = 10000, tls: ssl.SSLContext | None = None,
                  quotas: Any = None, shm_trusted_writers: bool = False,
                  shm: shm_ops.ShmRegistry, ownership: Any = None,
-                 nixl_info: dict | None = None, freshness: Any = None,
+                 nixl_info: dict | None = None,
+                 extra_stats: Callable[[], dict] | None = None, freshness: Any = None,
                  tombstones: Any = None) -> None:
         self.tier, self.name, self.token, self.limits = tier, name, token, limits
         self.shm = shm  # the connections' shm leases and slots (its owner runs the reaper)
@@ -164,6 +166,9 @@ class Service:
         self.request_s = request_timeout_ms / 1000.0
         self.ownership = ownership  # MembershipAgent when --masters is set: NOT_OWNER checks
         self.nixl_info = nixl_info  # arena registration, sent in the AUTH reply
+        # the owner's numbers STATS also carries (the handoff's, the self-drain's); any
+        # connection thread, must not block
+        self.extra_stats = extra_stats
         # freshness.Freshness (with masters): mutable namespaces' reads (read_refusals)
         self.freshness = freshness
         # tombstones.Tombstones: recent deletes, which if-absent puts do not bring back
@@ -569,6 +574,8 @@ class _Connection:
         s.update(name=self.svc.name, address=self.svc.address,
                  connections=self.svc.connections, uptime_s=time.time() - self.svc.started,
                  **self.svc.shm.stats(bool(self.svc.nixl_info)), **self.svc.guard_stats())
+        if self.svc.extra_stats is not None:
+            s.update(self.svc.extra_stats())
         s["namespaces"] = self.svc.tier.namespace_stats(self.svc.quotas,
                                                         self.svc.metrics.namespace.limit)
         return s

@@ -197,8 +197,10 @@ class MasterProc(_Daemon):
 
     def __init__(self, name: str, port: int, peers: list[str], data_dir: str, *,
                  token: str = "", raft_secret: str = "", log_dir: str | None = None,
-                 heartbeat_timeout_ms: int = 1500, extra: list[str] | None = None) -> None:
+                 heartbeat_timeout_ms: int = 1500, join_ramp_s: float = 0.0,
+                 extra: list[str] | None = None) -> None:
         self.name, self.port, self.peers, self.data_dir = name, port, peers, data_dir
+        self.join_ramp_s = join_ramp_s
         self.token, self.raft_secret, self.log_dir = token, raft_secret, log_dir
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.extra = list(extra or [])
@@ -208,7 +210,8 @@ class MasterProc(_Daemon):
     def argv(self) -> list[str]:
         a = [sys.executable, "-m", "gcache.master.cli", "--listen", self.address,
              "--peers", ",".join(self.peers), "--data-dir", self.data_dir, "--log-format", "text",
-             "--heartbeat-timeout-ms", str(self.heartbeat_timeout_ms)]
+             "--heartbeat-timeout-ms", str(self.heartbeat_timeout_ms),
+             "--join-ramp-s", str(self.join_ramp_s)]
         return a + (["--token", self.token] if self.token else []) + self.extra
 
     def env(self) -> dict[str, str]:
@@ -229,7 +232,8 @@ class Cluster:
     ``master_addresses`` for ``Client(masters=...)``. With ``tls`` (a ``TlsFiles`` from
     ``gcache.testing.certs``) servers and masters speak TLS only, and require client
     certificates when ``mtls``. The masters share ``raft_secret`` (a fresh random one
-    unless given). Use as a context manager."""
+    unless given). Their ``join_ramp_s`` is 0 unless given (a new server is UP at once,
+    as tests that are not about joins expect). Use as a context manager."""
 
     def __init__(self, n: int = 1, memory: str = "64MiB", *, slab: str | None = "1MiB",
                  token: str = "", shm_dir: str = "/dev/shm", extra: list[str] | None = None,
@@ -238,7 +242,7 @@ class Cluster:
                  data_dir: str | None = None, heartbeat_timeout_ms: int = 1500,
                  server_extra: list[str] | None = None, raft_secret: str | None = None,
                  master_extra: list[str] | None = None, tls: TlsFiles | None = None,
-                 mtls: bool = False) -> None:
+                 mtls: bool = False, join_ramp_s: float = 0.0) -> None:
         tag = prefix or f"t{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.tls = tls
         tls_flags = tls.server_flags(mtls) if tls is not None else []
@@ -261,7 +265,7 @@ class Cluster:
                                        os.path.join(data_dir, f"m{i}"), token=token,
                                        raft_secret=self.raft_secret, log_dir=log_dir,
                                        heartbeat_timeout_ms=heartbeat_timeout_ms,
-                                       extra=list(master_extra or []) + tls_flags)
+                                       join_ramp_s=join_ramp_s, extra=list(master_extra or []) + tls_flags)
                             for i, p in enumerate(ports)]
             extra = list(extra or []) + ["--masters", ",".join(addrs),
                                          "--heartbeat-interval-ms", "200"]

@@ -1,5 +1,6 @@
 """gcache.bench.handoff: drains a server holding --total bytes and reports the handoff's
-rate from the drained server's own log, every object moved and none lost."""
+rate from the drained server's own log, every object moved and none lost, and
+foreground reads during the drain stay correct."""
 
 from __future__ import annotations
 
@@ -33,10 +34,13 @@ def test_pass_rates_pairs_start_and_done_lines():
 def test_bench_handoff_drains_everything(tmp_path):
     out = tmp_path / "h.json"
     r = subprocess.run([sys.executable, "-m", "gcache.bench.handoff", "--total", "16MiB",
-                        "--size", "64KiB", "--json", str(out)],
+                        "--size", "64KiB", "--foreground", "--quiet-s", "0.5",
+                        "--json", str(out)],
                        capture_output=True, text=True, timeout=110)
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(out.read_text())
     assert res["handoff_objects_moved"] == res["objects"] == 256
     assert res["handoff_bytes_moved"] == res["total_bytes"] and res["handoff_lost"] == 0
     assert res["passes"] and res["passes"][-1]["gb_per_s"] > 0
+    fg = res["foreground"]  # foreground reads of the other server's keys: all hits
+    assert fg["quiet"]["gets"] > 0 and fg["wrong"] == 0 and fg["misses"] == 0

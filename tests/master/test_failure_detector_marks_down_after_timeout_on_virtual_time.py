@@ -13,23 +13,11 @@ import pytest
 from gcache.clock import VirtualClock
 from gcache.master.detector import FailureDetector
 from gcache.master.raft_node import RaftNode
-from gcache.testing.cluster import free_port_pair
-from gcache.testing.waiting import wait_for
 from gcache.view import MemberState
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
 TIMEOUT_S = 3.0
-
-
-@pytest.fixture
-def leader(tmp_path):
-    node = RaftNode(f"127.0.0.1:{free_port_pair()}", [], str(tmp_path / "raft"), "test-secret")
-    try:
-        wait_for(lambda: node.is_leader, 20.0)
-        yield node
-    finally:
-        node.close()
 
 
 def _register(node: RaftNode, mid: str) -> None:

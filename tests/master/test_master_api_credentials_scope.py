@@ -6,6 +6,9 @@
   and /heartbeat, at the leader and at a follower alike (a follower forwards the
   caller's own credential, never one of its own).
 * A cluster admin (admin on ``"*"``) may drain; a wrong secret is 401.
+* ``POST /self``: a server credential drains or removes only the member it runs as
+  (proven by the member's boot id; another boot is 403), and removes it only after
+  its drain (409 before).
 * SIGHUP on the masters makes a data credential a cluster admin without a restart.
 """
 
@@ -128,3 +131,31 @@ def test_sighup_on_masters_grants_admin(ccluster):
     for m in ccluster.masters:
         m.hup()
     wait_for(lambda: a.admin("drain", member), 10)
+
+
+def test_server_credential_drains_and_removes_only_its_own_member(ccluster):
+    ops = MasterClient(ccluster.master_addresses, f"ops:{SO}")
+    (me,) = ops.view()["members"]
+    for addr in leader_and_follower(ccluster):
+        fleet = MasterClient([addr], f"fleet:{SF}")
+        with pytest.raises(MasterError) as err:  # another process's boot: another member
+            fleet.self_op("drain", me["id"], "boot-of-another-server")
+        assert err.value.code == 403 and "only the member it runs as" in err.value.message
+        with pytest.raises(MasterError) as err:
+            fleet.self_op("remove", me["id"], me["boot_id"])  # not drained yet
+        assert err.value.code == 409 and "only after its drain" in err.value.message
+        with pytest.raises(MasterError) as err:
+            MasterClient([addr], f"team-a:{SA}").self_op("drain", me["id"], me["boot_id"])
+        assert err.value.code == 403
+        with pytest.raises(MasterError) as err:
+            fleet.self_op("leave", me["id"], me["boot_id"])
+        assert err.value.code == 400
+    assert [m["state"] for m in ops.view()["members"]] == ["up"]
+    # with its own boot id, through a follower too
+    _, follower = leader_and_follower(ccluster)
+    fleet = MasterClient([follower], f"fleet:{SF}")
+    assert fleet.self_op("drain", me["id"], me["boot_id"])["member"]["state"] == "draining"
+    wait_for(lambda: [m["state"] for m in ops.view()["members"]] == ["draining"], 10)
+    ccluster.servers[0].terminate()  # its heartbeats would register it again after a remove
+    assert fleet.self_op("remove", me["id"], me["boot_id"])["member"] is None
+    wait_for(lambda: ops.view()["members"] == [], 10)

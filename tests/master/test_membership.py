@@ -69,10 +69,10 @@ def test_register_new_member_is_up_at_incarnation_1():
     assert out["changed"] is True and out["epoch"] == 1 == m.epoch
     assert out["member"] == {"id": "s1", "address": "10.0.0.1:7400", "capacity_bytes": 1 << 30,
                              "incarnation": 1, "state": "up", "boot_id": "b1",
-                             "changed_epoch": 1, "drained": False}
+                             "changed_epoch": 1, "drained": False, "ramp": 1.0}
     assert m.get("s1") == MemberRecord.from_dict(out["member"])
-    # a record written by an older master (no "drained" field) still reads
-    old = {k: v for k, v in out["member"].items() if k != "drained"}
+    # a record written by an older master (no "drained" or "ramp" field) still reads
+    old = {k: v for k, v in out["member"].items() if k not in ("drained", "ramp")}
     assert MemberRecord.from_dict(old) == m.get("s1")
 
 
@@ -193,6 +193,108 @@ def test_drain_from_joining():
     m = Membership.restore(snap_doc(epoch=3, members=[joining.to_dict()]))
     assert m.apply(admin("drain"))["member"]["state"] == "draining"
     assert m.epoch == 4
+
+
+# ------------------------------------------------------------------ joins
+def ramp(member_id: str = "s2", incarnation: int = 1, value: float = 0.5) -> dict:
+    return {"op": "ramp", "id": member_id, "incarnation": incarnation, "ramp": value}
+
+
+def joined(member_id: str = "s2", incarnation: int = 1) -> dict:
+    return {"op": "joined", "id": member_id, "incarnation": incarnation}
+
+
+def test_first_member_bootstraps_up_even_when_asked_to_ramp():
+    m = Membership()
+    out = m.apply({**reg(), "ramp": 0.25})
+    assert out["member"]["state"] == "up" and out["member"]["ramp"] == 1.0
+
+
+def test_a_newcomer_joins_ramps_only_upwards_and_becomes_up():
+    m = Membership()
+    m.apply(reg("s1"))
+    out = m.apply({**reg("s2", address="10.0.0.2:7400"), "ramp": 0.25})
+    assert out["member"]["state"] == "joining" and out["member"]["ramp"] == 0.25
+    assert m.epoch == 2
+    assert m.apply(ramp(value=0.5))["changed"] and m.get("s2").ramp == 0.5 and m.epoch == 3
+    assert m.get("s2").changed_epoch == 3
+    for stale in (ramp(value=0.5), ramp(value=0.25), ramp(incarnation=9, value=0.75),
+                  ramp("ghost"), joined(incarnation=2), joined("ghost")):
+        assert m.apply(stale)["changed"] is False  # idempotent, monotone, this join only
+    assert m.epoch == 3
+    assert m.apply(ramp(value=1))["member"]["ramp"] == 1.0  # an int is stored as a float
+    out = m.apply(joined())
+    assert out["changed"] and out["member"]["state"] == "up" and out["member"]["ramp"] == 1.0
+    assert m.apply(joined())["changed"] is False and m.apply(ramp(value=1.0))["changed"] is False
+    assert m.epoch == 5
+
+
+def test_join_needs_another_member_up_and_a_ramp_below_one():
+    m = Membership()
+    m.apply(reg("s1"))
+    assert m.apply({**reg("s2"), "ramp": 1.0})["member"]["state"] == "up"
+    m.apply(down("s1"))
+    m.apply(down("s2"))
+    assert m.apply({**reg("s3"), "ramp": 0.25})["member"]["state"] == "up"  # nobody up
+
+
+@pytest.mark.parametrize("then, state", [
+    (admin("drain", "s2"), "draining"), (down("s2"), "down"),
+    (reg("s2", boot="b2"), "up"), (admin("remove", "s2"), None),
+])
+def test_a_joining_member_drains_goes_down_restarts_up_or_is_removed(then, state):
+    m = Membership()
+    m.apply(reg("s1"))
+    m.apply({**reg("s2"), "ramp": 0.25})
+    out = m.apply(then)
+    assert out["changed"]
+    assert (out["member"] or {}).get("state") == state
+    if state == "up":  # a restart of a known id comes back UP at full weight, not JOINING
+        assert out["member"]["ramp"] == 1.0 and out["member"]["incarnation"] == 2
+    assert m.apply(joined())["changed"] is False
+
+
+def test_undrain_after_a_drained_join_is_up_at_full_weight():
+    m = Membership()
+    m.apply(reg("s1"))
+    m.apply({**reg("s2"), "ramp": 0.25})
+    m.apply(admin("drain", "s2"))
+    out = m.apply(admin("undrain", "s2"))
+    assert out["member"]["state"] == "up" and out["member"]["ramp"] == 1.0
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -0.5, 1.5, float("nan"), True, "0.5", None])
+def test_bad_ramps_are_refused(bad):
+    with pytest.raises(ValueError):
+        validate_op(ramp(value=bad))
+    with pytest.raises(ValueError):
+        validate_op({**reg(), "ramp": bad})
+    with pytest.raises(ValueError):
+        MemberRecord("s1", "h:1", 1, 1, MemberState.JOINING, "b", 3, ramp=bad)
+    with pytest.raises(ValueError):
+        validate_op({"op": "joined", "id": "s1"})  # no incarnation
+
+
+def test_snapshot_round_trips_the_ramp_and_an_old_snapshot_reads_as_full(tmp_path):
+    src = Membership()
+    src.apply(reg("s1"))
+    src.apply({**reg("s2"), "ramp": 0.25})
+    src.apply(ramp(value=0.75))
+    data = src.snapshot()
+    back = Membership.restore(data)
+    assert back.snapshot() == data and back.get("s2").ramp == 0.75
+    assert back.get("s2").state is MemberState.JOINING
+    with Store(tmp_path / "db") as store:
+        Membership.restore(data, store)
+    with Store(tmp_path / "db") as store:
+        assert Membership(store).get("s2").ramp == 0.75
+    # a snapshot written before the field existed: every member at full weight
+    old = msgpack.unpackb(data)
+    for rec in old["members"]:
+        del rec["ramp"]
+    restored = Membership.restore(msgpack.packb(old))
+    assert {r.id: r.ramp for r in restored.members().values()} == {"s1": 1.0, "s2": 1.0}
+    assert restored.get("s2").state is MemberState.JOINING
 
 
 def test_remove_then_reregister_starts_above_the_old_incarnation():
@@ -516,15 +618,20 @@ class MembershipMachine(RuleBasedStateMachine):
         return f"boot-{self.next_boot}"
 
     # -------------------------------------------------------------- rules
-    @rule(member_id=IDS, address=ADDRS, capacity=CAPS)
-    def register(self, member_id: str, address: str, capacity: int) -> None:
+    @rule(member_id=IDS, address=ADDRS, capacity=CAPS, join=st.booleans())
+    def register(self, member_id: str, address: str, capacity: int, join: bool) -> None:
         boot = self.boots.setdefault(member_id, self.new_boot())
         before = self.m.get(member_id)
+        others_up = any(r.state is MemberState.UP for i, r in self.m.members().items()
+                        if i != member_id)
         self.do({"op": "register", "id": member_id, "address": address,
-                 "capacity_bytes": capacity, "boot_id": boot})
+                 "capacity_bytes": capacity, "boot_id": boot, **({"ramp": 0.25} if join else {})})
         rec = self.m.get(member_id)
         assert rec is not None and rec.boot_id == boot
         assert (rec.address, rec.capacity_bytes) == (address, capacity)
+        if before is None:
+            assert rec.state is (MemberState.JOINING if join and others_up else MemberState.UP)
+            assert rec.ramp == (0.25 if rec.state is MemberState.JOINING else 1.0)
         if before is not None and before.boot_id == boot and before.state is MemberState.DOWN:
             back = MemberState.DRAINING if before.drained else MemberState.UP
             assert rec.state is back and rec.incarnation == before.incarnation + 1
@@ -582,6 +689,29 @@ class MembershipMachine(RuleBasedStateMachine):
         else:
             assert after == before
 
+    @rule(member_id=IDS, value=st.sampled_from([0.25, 0.5, 1.0]), stale=st.booleans())
+    def ramp(self, member_id: str, value: float, stale: bool) -> None:
+        before = self.m.get(member_id)
+        inc = before.incarnation + stale if before is not None else 1
+        out = self.do({"op": "ramp", "id": member_id, "incarnation": inc, "ramp": value})
+        grows = (before is not None and not stale and before.state is MemberState.JOINING
+                 and value > before.ramp)
+        assert out["changed"] is grows
+        if grows:
+            assert self.m.get(member_id) == dataclasses.replace(
+                before, ramp=value, changed_epoch=self.m.epoch)
+
+    @rule(member_id=IDS, stale=st.booleans())
+    def joined(self, member_id: str, stale: bool) -> None:
+        before = self.m.get(member_id)
+        inc = before.incarnation + stale if before is not None else 1
+        out = self.do({"op": "joined", "id": member_id, "incarnation": inc})
+        ends = before is not None and not stale and before.state is MemberState.JOINING
+        assert out["changed"] is ends
+        if ends:
+            after = self.m.get(member_id)
+            assert after.state is MemberState.UP and after.ramp == 1.0
+
     @rule(member_id=IDS)
     def remove(self, member_id: str) -> None:
         self.do({"op": "remove", "id": member_id})
@@ -635,6 +765,7 @@ class MembershipMachine(RuleBasedStateMachine):
             rec = MemberRecord.from_dict(doc)
             assert rec.incarnation >= 1 and rec.changed_epoch <= epoch
             assert rec.incarnation == self.max_inc[rec.id]  # never goes backwards
+            assert rec.ramp == 1.0 or rec.state is not MemberState.UP  # UP: full weight
         assert self.store.applied >= 0
 
 
