@@ -243,6 +243,15 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "the server does not know a key's placement group, so keys written with group= "
            "(the SGLang plugin's chain placement) would move away from their group's owner. "
            "Turn it on when no client uses group=. Drains always hand off.", "server"),
+    Option("mutable_namespaces", "str", "", "Namespaces whose keys may be written again "
+           "with other bytes (comma-separated names or globs, as in the quota file; '*' = "
+           "all). A server never serves their objects from before a membership change that "
+           "may have given their keys another owner meanwhile: it drops them when it "
+           "restarts after such a change and when a range comes back to it, and answers a "
+           "reader only for keys it owns in a view at least as new as the reader's. The "
+           "others are content namespaces (the key names its value, like KV-cache page "
+           "hashes): kept across every change. Give every server the same list.",
+           "server"),
     Option("drain_on_stop_ms", "duration_ms", 0, "On SIGTERM (or SIGINT), first drain "
            "this server for at most this long: the masters stop placing keys on it, it keeps "
            "serving while it pushes what it holds (both tiers) to the new owners, and once "
@@ -395,6 +404,13 @@ def _check(opt: Option, value: Any) -> str | None:
 
         try:
             parse_client_credential(value)
+        except ConfigError as exc:
+            return str(exc)
+    if opt.name == "mutable_namespaces":
+        from gcache.namespace_kinds import parse_globs
+
+        try:
+            parse_globs(value)
         except ConfigError as exc:
             return str(exc)
     if opt.name == "failpoints":

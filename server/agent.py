@@ -3,8 +3,9 @@
 Design. Runs in background threads and never blocks serving: with every
 master down the server keeps serving on the last view it saw. It registers
 under its ``--name`` with a fresh ``boot_id`` per process start (so the
-master gives a restart a new incarnation; the shared-memory data stays valid
-because keys are content-addressed), heartbeats every
+master gives a restart a new incarnation; the shared-memory data of content
+namespaces stays valid because their keys are content-addressed, that of mutable
+namespaces is reconciled by ``reconcile``, see ``freshness.py``), heartbeats every
 ``heartbeat_interval_ms`` with its usage, re-registers when told its
 incarnation is stale, and long-polls the view so it can answer ``NOT_OWNER``
 for keys placed by a client with an older view.
@@ -18,8 +19,13 @@ deadline and is then left to end alone: it is a daemon and holds no port of ours
 ``leave`` (the server's self-drain: its monitor thread, or the owner's thread at a
 graceful stop) asks the masters to drain or remove this member, under the caller's
 deadline. ``on_view`` (given at construction: the server's handoff worker) is called with each
-view the agent adopts, on the thread that adopted it (registration or the view watcher);
-it must not block.
+view the agent adopts, on the view thread; it must not block. ``reconcile`` (the server's ``Freshness.adopt``) is called with each
+view *before* the agent routes by it (``ring``/``epoch``), with the master's epoch just
+before our registration for a view a registration returned; it may block (it walks the
+tier). Every view is adopted on the view thread, the one a registration returned too (the
+heartbeat thread hands it over), so a long reconcile never delays a heartbeat; the view
+thread adopts nothing before the first registration, whose view is the first adopted.
+Adoptions are serialised (one lock).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import ssl
 import threading
 import time
 import uuid
+from collections import deque
 from typing import Callable, Sequence
 
 from gcache.discovery import MasterClient, MasterError, MasterUnavailable, view_from_wire
@@ -42,7 +49,8 @@ class MembershipAgent:
     def __init__(self, masters: Sequence[str] | str, token: str, member_id: str, address: str,
                  capacity_bytes: int, stats_fn: Callable[[], dict],
                  heartbeat_interval_ms: int = 500, tls: ssl.SSLContext | None = None,
-                 on_view: Callable[[View], None] | None = None) -> None:
+                 on_view: Callable[[View], None] | None = None,
+                 reconcile: Callable[[View, int | None], None] | None = None) -> None:
         # short per-try timeouts: a paused master must not delay a heartbeat past the
         # masters' heartbeat timeout; the client moves on to the next master instead.
         # ``tls``: a dialer context, the masters speak https
@@ -52,6 +60,11 @@ class MembershipAgent:
         self.capacity_bytes = capacity_bytes
         self.stats_fn = stats_fn
         self.on_view = on_view
+        self.reconcile = reconcile
+        self._adopt_lock = threading.Lock()  # one adoption at a time
+        # a registration's (view document, epoch before it), for the view thread to adopt
+        # (append and popleft are atomic: the heartbeat thread hands over, the view takes)
+        self._registration: deque[tuple[dict | None, int | None]] = deque(maxlen=1)
         self.interval = heartbeat_interval_ms / 1000.0
         self.boot_id = uuid.uuid4().hex
         self.incarnation = 0
@@ -111,12 +124,17 @@ class MembershipAgent:
     def _register(self) -> None:
         res = self.client.register(self.member_id, self.address, self.capacity_bytes,
                                    self.boot_id)
-        self.incarnation = int(res["member"]["incarnation"]) if res.get("member") else \
+        member = res.get("member") or {}
+        self.incarnation = int(member["incarnation"]) if member else \
             int(res.get("incarnation", self.incarnation))
-        self._adopt(res.get("view"))
+        # every op bumps the epoch by one: the state before our registration's
+        before = int(member["changed_epoch"]) - 1 if "changed_epoch" in member else None
+        view = res.get("view")
+        self._registration.append((view, before))  # adopted by the view thread
         self.registered.set()
         log.info("registered with the masters", extra={"fields": {
-            "id": self.member_id, "incarnation": self.incarnation, "epoch": self.epoch}})
+            "id": self.member_id, "incarnation": self.incarnation,
+            "epoch": int((view or {}).get("epoch", -1))}})
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.is_set():
@@ -138,21 +156,30 @@ class MembershipAgent:
 
     def _watch_loop(self) -> None:
         while not self._stop.is_set():
+            if not self.registered.is_set():  # the first view is registration's
+                self._stop.wait(0.05)
+                continue
+            if self._registration:
+                self._adopt(*self._registration.popleft())
+                continue
             try:
                 doc = self.watcher.view(since=self.epoch, wait_ms=5000)
                 self._adopt(doc)
             except (MasterUnavailable, MasterError, OSError, ValueError):
                 self._stop.wait(1.0)  # keep serving on the last view
 
-    def _adopt(self, doc: dict | None) -> None:
-        if not doc or int(doc.get("epoch", -1)) <= self.epoch:
-            return
-        view = view_from_wire(doc)
-        self.ring = view.ring
-        self.epoch = view.epoch
-        log.info("view epoch %d: %d routable servers", view.epoch, len(view.members))
-        if self.on_view is not None:
-            self.on_view(view)
+    def _adopt(self, doc: dict | None, registered_before: int | None = None) -> None:
+        with self._adopt_lock:
+            if not doc or int(doc.get("epoch", -1)) <= self.epoch:
+                return
+            view = view_from_wire(doc)
+            if self.reconcile is not None:
+                self.reconcile(view, registered_before)
+            self.ring = view.ring
+            self.epoch = view.epoch
+            log.info("view epoch %d: %d routable servers", view.epoch, len(view.members))
+            if self.on_view is not None:
+                self.on_view(view)
 
     def _warn(self, msg: str) -> None:
         if not self._warned:

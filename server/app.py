@@ -22,13 +22,19 @@ already built, logs why and raises ``ServerStartError`` with what to fix):
  8. ``nixl``: the arena registered with a NIXL agent (per ``--nixl``; off under TLS).
  9. ``listener``: the data socket, bound and listening, so ``address`` is known (the
     kernel's port when ``--listen`` asked for port 0).
-10. ``handoff``, ``agent`` and ``self_drain`` (``--masters`` only): the handoff worker
+10. ``freshness`` (``--masters`` only: the rule that drops or refuses objects of
+    ``mutable_namespaces`` another server may have overwritten, ``freshness.py``; the
+    last ring epoch persists in ``<shm_dir>/gcache-<name>.epoch``) and ``tombstones``
+    (recent deletes an if-absent put must not undo, ``tombstones.py``).
+    ``handoff``, ``agent`` and ``self_drain`` (``--masters`` only): the handoff worker
     (``handoff.py``: pushes what this server holds but no longer owns to the owners,
-    through the SDK), the membership agent, told the advertised address and, as its
-    ``on_view``, the handoff's ``view_changed``, and the self-drain (``self_drain.py``: the
-    drain before a graceful stop, and the monitor that drains an unhealthy server).
+    through the SDK), the membership agent, told the advertised address, as its
+    ``on_view`` the handoff's ``view_changed`` and as its ``reconcile`` the freshness
+    rule's ``adopt``, and the self-drain (``self_drain.py``: the drain before a graceful
+    stop, and the monitor that drains an unhealthy server).
 11. ``service``: accept loop, deadlines, connections; gets the listener, the agent (for
-    NOT_OWNER checks), the nixl registration and the shm registry.
+    NOT_OWNER checks), the freshness rule and the tombstones, the nixl registration and
+    the shm registry.
 12. ``metrics_endpoint``: /metrics and /healthz (``--metrics-listen`` only), bound here,
     reading ``stats`` and ``health`` at scrape time.
 
@@ -80,16 +86,19 @@ from gcache.credentials import CredentialStore
 from gcache.errors import ArenaError, ConfigError, DiskError, ServerStartError
 from gcache.network import check_bind
 from gcache.protocol import Limits
+from gcache.namespace_kinds import NamespaceKinds
 from gcache.quotas import QuotaStore
 from gcache.server import nixl_ops
 from gcache.server.agent import MembershipAgent
 from gcache.server.arena import Arena, arena_path, header_len
 from gcache.server.eviction import make_policy
-from gcache.server.handoff import Handoff
+from gcache.server.freshness import EpochFile, Freshness
+from gcache.server.handoff import PUT_TIMEOUT_MS, Handoff
 from gcache.server.memory_tier import MemoryTier
 from gcache.server.metrics import MetricsEndpoint, ServerMetrics
 from gcache.server.self_drain import SelfDrain
 from gcache.server.shm_ops import ShmRegistry
+from gcache.server.tombstones import Tombstones
 from gcache.server.service import Service, listen_on
 from gcache.tls import dialer_context, listener_context
 
@@ -190,6 +199,16 @@ class Server:
                            "cannot listen on %s: %s", cfg.listen, exc) from None
         try:
             advertise = self._advertise()
+            # the freshness rule (mutable namespaces; with masters only) and the deletes an
+            # if-absent put must not undo: kept for a handoff put's life (its deadline,
+            # twice, and the request deadline of its frame)
+            self.freshness = (
+                Freshness(self.tier, NamespaceKinds(cfg.mutable_namespaces), cfg.name,
+                          EpochFile(epoch_path(self.arena_path)),
+                          self.memory_tier.next_version)
+                if cfg.masters else None)
+            self.tombstones = Tombstones(2 * PUT_TIMEOUT_MS / 1000
+                                         + cfg.request_timeout_ms / 1000)
             self.handoff = (
                 Handoff(self.tier, cfg.name, advertise, masters=cfg.masters,
                         credential=cfg.credential, token=cfg.token, tls=self.tls.dialer,
@@ -214,7 +233,8 @@ class Server:
                 tls=self.tls.listener, quotas=self.quotas,
                 shm_trusted_writers=cfg.shm_trusted_writers, shm=self.shm,
                 ownership=self.agent, nixl_info=self.nixl.info if self.nixl else None,
-                extra_stats=self._membership_stats)
+                extra_stats=self._membership_stats, freshness=self.freshness,
+                tombstones=self.tombstones)
             self.metrics_endpoint = (
                 MetricsEndpoint(cfg.metrics_listen, self.metrics, stats_fn=self.stats,
                                 usage_fn=self.tier.namespace_usage, quotas=self.quotas,
@@ -245,7 +265,8 @@ class Server:
         return MembershipAgent(cfg.masters, cfg.credential or cfg.token, cfg.name, advertise,
                                self.tier.capacity, self.stats, cfg.heartbeat_interval_ms,
                                tls=self.tls.dialer,
-                               on_view=self.handoff.view_changed if self.handoff else None)
+                               on_view=self.handoff.view_changed if self.handoff else None,
+                               reconcile=self.freshness.adopt if self.freshness else None)
 
     def _close_storage(self) -> None:
         if self.nixl is not None:
@@ -271,6 +292,7 @@ class Server:
         /metrics gauges, /healthz)."""
         s = self.tier.stats()
         s["connections"] = self.service.connections
+        s.update(self.service.guard_stats())
         s.update(self.shm.stats(self.nixl is not None))
         s.update(self._membership_stats())
         return s
@@ -378,6 +400,7 @@ class Server:
                 os.unlink(self.arena_path)
             except OSError:
                 pass
+            EpochFile(epoch_path(self.arena_path)).remove()
         log.info("stopped")
 
     def run(self) -> None:
@@ -405,6 +428,12 @@ class Server:
         finally:
             self.stop(self.cfg.drain_on_stop_ms / 1000.0, again)
             sys.stdout.flush()
+
+
+def epoch_path(arena_file: str) -> str:
+    """Where the freshness rule keeps the last ring epoch this server adopted as a ring
+    member: next to the arena (``gcache-<name>.epoch``)."""
+    return arena_file.rsplit(".arena", 1)[0] + ".epoch"
 
 
 def _group_id(group: str) -> int | None:

@@ -960,6 +960,11 @@ class MemoryTier(Tier):
         if self.on_quota is not None:
             self.on_quota(event, ns, n)
 
+    def next_version(self) -> int:
+        """The version the next put will get: every object put from now on has a version
+        at least this (a promotion keeps its object's older one). Any thread, no lock."""
+        return self._next_version
+
     def bump_version(self, at_least: int) -> None:
         """Never hand out a version below ``at_least`` (the disk tier's versions)."""
         with self._lock:

@@ -10,6 +10,9 @@ counters of objects and bytes moved, objects lost and passes run, and gauges of 
 current pass (objects and bytes left, objects waiting for a retry, active);
 ``gcache_self_drain{reason}`` is 1 for the reason the server drained itself
 (``self_drain.py``: stop, unhealthy_file, disk_degraded), 0 for the others.
+``gcache_stale_dropped`` (servers with masters) counts objects of mutable namespaces the
+freshness rule dropped; ``gcache_put_if_absent_tombstoned`` the if-absent put items
+skipped for a recent delete, ``gcache_tombstones`` the deletes remembered.
 
 Per-namespace counters (``gcache_namespace_{hits,misses,bytes}_total``) carry a
 ``namespace`` label. Namespaces are client-chosen strings, so the label set is
@@ -239,6 +242,20 @@ class _TierCollector:
                 g = GaugeMetricFamily(f"gcache_{name}", text)
                 g.add_metric([], s[name])
                 yield g
+        for name, text in (("stale_dropped", "objects of mutable namespaces dropped because "
+                            "another server may have owned their key meanwhile (restart "
+                            "after a membership change, a range that came back)"),
+                           ("put_if_absent_tombstoned", "if-absent (handoff) put items "
+                            "skipped because their key was deleted here recently")):
+            if name in s:
+                c = CounterMetricFamily(f"gcache_{name}", text)
+                c.add_metric([], s[name])
+                yield c
+        if "tombstones" in s:
+            g = GaugeMetricFamily("gcache_tombstones", "recently deleted keys remembered "
+                                  "against if-absent puts")
+            g.add_metric([], s["tombstones"])
+            yield g
         g = GaugeMetricFamily("gcache_recovered_objects", "objects recovered at start")
         g.add_metric([], s.get("recovered", 0))
         yield g

@@ -73,6 +73,19 @@ _PREAUTH_OPS = frozenset({Op.AUTH, Op.PING})  # all a stranger may send
 _TLS_PLAIN_WAIT_S = 1.0  # a peer silent this long after connecting is a plain gcache client
 
 
+def _placement_hashes(meta: dict, n: int) -> list[int] | None:
+    """The frame's ``ph`` (one u64 placement hash per item), None when absent;
+    ProtocolError when malformed."""
+    ph = meta.get("ph")
+    if ph is None:
+        return None
+    if not (isinstance(ph, list) and len(ph) == n
+            and all(isinstance(h, int) and 0 <= h < 1 << 64 for h in ph)):
+        raise ProtocolError("'ph' must hold one u64 placement hash per item",
+                            Status.BAD_REQUEST)
+    return ph
+
+
 class Listener(NamedTuple):
     """A bound, listening data socket and the ``host:port`` it answers on (the port the
     kernel chose when ``listen`` asked for port 0)."""
@@ -119,10 +132,12 @@ class Service:
 
     Built from a ``Listener`` (``listen_on``, which the owner binds first so it knows the
     address before anything else is built), the ownership check (``ownership``: the
-    ``MembershipAgent`` when masters are configured, else None) and the arena's NIXL
-    registration (``nixl_info``, sent in the AUTH reply); ``extra_stats`` adds the owner's
-    numbers (the handoff's) to STATS. ``start`` / ``stop`` run on the
-    owner's thread; ``stop`` is bounded (about 5 s) and closes the listening socket.
+    ``MembershipAgent`` when masters are configured, else None), the arena's NIXL
+    registration (``nixl_info``, sent in the AUTH reply), with masters the freshness rule
+    (``freshness``: which reads of mutable namespaces answer MISS, ``read_refusals``), and
+    the recent deletes (``tombstones``) that if-absent puts skip; ``extra_stats`` adds the
+    owner's numbers (the handoff's) to STATS. ``start`` / ``stop`` run on the owner's
+    thread; ``stop`` is bounded (about 5 s) and closes the listening socket.
     """
 
     def __init__(self, tier: Tier, *, listener: Listener, name: str, token: str,
@@ -135,7 +150,8 @@ class Service:
                  quotas: Any = None, shm_trusted_writers: bool = False,
                  shm: shm_ops.ShmRegistry, ownership: Any = None,
                  nixl_info: dict | None = None,
-                 extra_stats: Callable[[], dict] | None = None) -> None:
+                 extra_stats: Callable[[], dict] | None = None, freshness: Any = None,
+                 tombstones: Any = None) -> None:
         self.tier, self.name, self.token, self.limits = tier, name, token, limits
         self.shm = shm  # the connections' shm leases and slots (its owner runs the reaper)
         self.quotas = quotas  # gcache.quotas.QuotaStore: per-namespace rows in STATS
@@ -153,6 +169,10 @@ class Service:
         # the owner's numbers STATS also carries (the handoff's, the self-drain's); any
         # connection thread, must not block
         self.extra_stats = extra_stats
+        # freshness.Freshness (with masters): mutable namespaces' reads (read_refusals)
+        self.freshness = freshness
+        # tombstones.Tombstones: recent deletes, which if-absent puts do not bring back
+        self.tombstones = tombstones
         # same-host peers may ALLOC (write the arena themselves); see shm_ops.alloc_refusal
         self.shm_trusted_writers = shm_trusted_writers
         self.sock, self.address = listener
@@ -170,6 +190,15 @@ class Service:
     @property
     def connections(self) -> int:
         return len(self._conns)
+
+    def guard_stats(self) -> dict[str, int]:
+        """The freshness rule's and the tombstones' numbers (``stale_dropped``,
+        ``put_if_absent_tombstoned``, ``tombstones``): STATS, heartbeats, /metrics."""
+        s: dict[str, int] = {}
+        for part in (self.freshness, self.tombstones):
+            if part is not None:
+                s.update(part.stats())
+        return s
 
     def start(self) -> None:
         for target, name in ((self._accept_loop, "gcache-accept"),
@@ -544,7 +573,7 @@ class _Connection:
         s = dict(self.svc.tier.stats())
         s.update(name=self.svc.name, address=self.svc.address,
                  connections=self.svc.connections, uptime_s=time.time() - self.svc.started,
-                 **self.svc.shm.stats(bool(self.svc.nixl_info)))
+                 **self.svc.shm.stats(bool(self.svc.nixl_info)), **self.svc.guard_stats())
         if self.svc.extra_stats is not None:
             s.update(self.svc.extra_stats())
         s["namespaces"] = self.svc.tier.namespace_stats(self.svc.quotas,
@@ -562,16 +591,26 @@ class _Connection:
         """
         if handoff and check_flag(meta, "ho"):
             return [False] * n
-        agent, ph = self.svc.ownership, meta.get("ph")
-        if agent is None or ph is None:
+        agent = self.svc.ownership
+        ph = _placement_hashes(meta, n) if agent is not None else None
+        if ph is None:
             return [False] * n
-        if not (isinstance(ph, list) and len(ph) == n
-                and all(isinstance(h, int) and 0 <= h < 1 << 64 for h in ph)):
-            raise ProtocolError("'ph' must hold one u64 placement hash per item",
-                                Status.BAD_REQUEST)
         ep = meta.get("ep", -1)
         out = agent.not_owned(ep if isinstance(ep, int) else -1, ph)
         return out if out is not None else [False] * n
+
+    def read_refusals(self, ns: bytes, meta: dict, n: int) -> list[Status | None]:
+        """Per item of a read frame (GET, EXISTS, LEASE): NOT_OWNER (``misplaced``),
+        MISS (a mutable namespace's item this server may not answer: the freshness rule,
+        ``server/freshness.py``), or None: serve it. Content namespaces pay one lookup."""
+        wrong = self.misplaced(meta, n, handoff=True)
+        fresh = self.svc.freshness
+        if fresh is None or not fresh.is_mutable(ns):
+            return [Status.NOT_OWNER if w else None for w in wrong]
+        ep = meta.get("ep")
+        ok = fresh.readable(ep if isinstance(ep, int) else None, _placement_hashes(meta, n), n)
+        return [Status.NOT_OWNER if w else None if r else Status.MISS
+                for w, r in zip(wrong, ok)]
 
     # ------------------------------------------------------------------ ops
     def auth(self, rid: int, meta: Any, plen: int) -> bool:
@@ -612,14 +651,17 @@ class _Connection:
         if_absent = check_flag(meta, "ia")
         allowed = self.may(Right.WRITE, ns, Op.PUT)
         wrong_owner = self.misplaced(meta, len(parsed))
+        guard = self.svc.tombstones.guard(ns) if if_absent and self.svc.tombstones else None
         statuses: list[Status] = []
         slots = []
         views: list[memoryview] = []
         try:
             whole = self_contained(parsed)
             for (key, tl, off, ln, pid, csum), wrong in zip(parsed, wrong_owner):
-                if not allowed or wrong:
-                    statuses.append(Status.NOT_OWNER if allowed else Status.AUTH)
+                if not allowed or wrong or (guard is not None and guard.skip(key)):
+                    # a tombstoned if-absent item is skipped: OK, as any if-absent skip
+                    statuses.append(Status.AUTH if not allowed else Status.NOT_OWNER
+                                    if wrong else Status.OK)
                     views.extend(discard_views(ln, self.scratch))
                     continue
                 # a slice of a sliced value may wait for others: this connection answers
@@ -643,6 +685,8 @@ class _Connection:
             raise
         for i, slot in slots:
             statuses[i] = tier.finish_put(slot, if_absent=if_absent)
+            if guard is not None and statuses[i] == Status.OK:
+                guard.settle(tier, parsed[i][0])
         m = self.svc.metrics
         m.bytes.labels("in").inc(plen)
         if allowed:
@@ -669,17 +713,17 @@ class _Connection:
             self.reply(Op.GET, rid,
                        {"items": [[int(Status.AUTH), 0, 0, 0, 0]] * len(parsed)})
             return
-        wrong_owner = self.misplaced(meta, len(parsed), handoff=True)
+        refused = self.read_refusals(ns, meta, len(parsed))
         out_meta, payload, budget = [], [], lim.max_frame_bytes
         # pin every owned item at once (a disk tier reads them in parallel), then cut the
         # views to the frame budget in item order
         pins = tier.pin_read_many(ns, [(key, off, min(mx, budget), ev) for (key, off, mx, ev),
-                                       wrong in zip(parsed, wrong_owner) if not wrong])
+                                       no in zip(parsed, refused) if no is None])
         try:
             it = iter(pins)
-            for wrong in wrong_owner:
-                if wrong:
-                    out_meta.append([int(Status.NOT_OWNER), 0, 0, 0, 0])
+            for no in refused:
+                if no is not None:
+                    out_meta.append([int(no), 0, 0, 0, 0])
                     continue
                 p = next(it)
                 if p.status == Status.OK:
@@ -712,7 +756,16 @@ class _Connection:
         if not self.may(Right.WRITE if op == Op.DELETE else Right.READ, ns, op):
             self.reply(op, rid, {"st": [int(Status.AUTH)] * len(keys)})
             return
-        st = [Status.NOT_OWNER if wrong else Status.OK if fn(ns, k) else Status.MISS
-              for k, wrong in zip(keys, self.misplaced(meta, len(keys), op != Op.TOUCH))]
+        if op == Op.EXISTS:
+            refused = self.read_refusals(ns, meta, len(keys))
+        else:
+            refused = [Status.NOT_OWNER if w else None
+                       for w in self.misplaced(meta, len(keys), op == Op.DELETE)]
+        tombs = self.svc.tombstones if op == Op.DELETE else None
+        st = []
+        for k, no in zip(keys, refused):
+            if no is None and tombs is not None:
+                tombs.deleted(ns, k)  # before the delete: see tombstones.IfAbsentGuard
+            st.append(no if no is not None else Status.OK if fn(ns, k) else Status.MISS)
         self.svc.metrics.items.labels(Op.NAMES[op].lower(), "all").inc(len(st))
         self.reply(op, rid, {"st": [int(s) for s in st]})

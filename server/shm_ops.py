@@ -470,13 +470,13 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
         parsed.append((check_key(it[0], lim), it[1]))
     if not conn.may(Right.READ, ns, Op.LEASE):
         return [[int(Status.AUTH), 0, 0, 0, 0, 0]] * len(parsed)
-    wrong_owner = conn.misplaced(meta, len(parsed), handoff=True)
+    refused = conn.read_refusals(ns, meta, len(parsed))
     out = []
     now = time.monotonic()
     hits = 0
-    for (key, ev), wrong in zip(parsed, wrong_owner):
-        if wrong:
-            out.append([int(Status.NOT_OWNER), 0, 0, 0, 0, 0])
+    for (key, ev), no in zip(parsed, refused):
+        if no is not None:
+            out.append([int(no), 0, 0, 0, 0, 0])
             continue
         if mem is None:
             out.append([int(Status.BUSY), 0, 0, 0, 0, 0])
@@ -659,6 +659,8 @@ def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dic
         return {"st": [int(Status.BAD_REQUEST)] * len(parsed), "staged": False,
                 "error": f"{exc}; the client puts over TCP instead"}
     wrong_owner = conn.misplaced(meta, len(parsed))
+    tombs = conn.svc.tombstones
+    guard = tombs.guard(ns) if if_absent and tombs is not None else None
     statuses: list[Status] = []
     slots: list[tuple[int, Any]] = []
     pos = staging.HEADER_BYTES
@@ -666,8 +668,8 @@ def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dic
         whole = self_contained(parsed)
         for (key, tl, off, ln, pid, csum), wrong in zip(parsed, wrong_owner):
             at, pos = pos, pos + ln
-            if wrong:
-                statuses.append(Status.NOT_OWNER)
+            if wrong or (guard is not None and guard.skip(key)):
+                statuses.append(Status.NOT_OWNER if wrong else Status.OK)  # skipped: OK
                 continue
             # a put whose slices all travel in this frame completes within it: only one
             # that waits for slices of other frames is a reservation that outlives it
@@ -691,6 +693,8 @@ def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dic
         statuses[i] = tier.finish_put(slot, if_absent=if_absent)
         if statuses[i] == Status.OK:
             nbytes += parsed[i].length
+            if guard is not None:
+                guard.settle(tier, parsed[i].key)
     m = conn.svc.metrics
     m.bytes.labels("in").inc(total)
     m.namespace_writes(ns, nbytes)

@@ -154,10 +154,12 @@ class ServerProc(_Daemon):
         return self.start(timeout)
 
     def remove_arena(self) -> None:
-        try:
-            os.unlink(self.arena_path)
-        except FileNotFoundError:
-            pass
+        """The arena file and the ring epoch file next to it."""
+        for path in (self.arena_path, self.arena_path[:-len(".arena")] + ".epoch"):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
 
 
 def free_port() -> int:
