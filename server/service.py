@@ -52,7 +52,7 @@ from gcache.logs import RateLimitedLog
 from gcache.network import check_bind, linger
 from gcache.protocol import (FLAG_RESPONSE, PREAUTH_MAX_HEADER_BYTES, PREFIX_SIZE,
                              FrameHeader, Limits, Op, check_flag, check_items, check_key,
-                             check_namespace, discard_views, encode_frame, parse_put_items,
+                             check_namespace, check_placement, discard_views, encode_frame, parse_put_items,
                              decode_meta, read_header, read_prefix, recv_into_many,
                              self_contained, sendmsg_all)
 from gcache.status import Status
@@ -605,12 +605,14 @@ class _Connection:
         if_absent = check_flag(meta, "ia")
         allowed = self.may(Right.WRITE, ns, Op.PUT)
         wrong_owner = self.misplaced(meta, len(parsed))
+        # each object keeps the placement hash it was routed by (the handoff moves it there)
+        ph = check_placement(meta, len(parsed)) or [None] * len(parsed)
         statuses: list[Status] = []
         slots = []
         views: list[memoryview] = []
         try:
             whole = self_contained(parsed)
-            for (key, tl, off, ln, pid, csum), wrong in zip(parsed, wrong_owner):
+            for (key, tl, off, ln, pid, csum), wrong, h in zip(parsed, wrong_owner, ph):
                 if not allowed or wrong:
                     statuses.append(Status.NOT_OWNER if allowed else Status.AUTH)
                     views.extend(discard_views(ln, self.scratch))
@@ -620,7 +622,8 @@ class _Connection:
                 # as in PUT_STAGED: only a put waiting for other frames' slices holds a
                 # reservation past this request
                 holder = None if (key, pid) in whole else self.svc.shm.holder(self)
-                slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum, holder=holder)
+                slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum, holder=holder,
+                                       ph=h)
                         if tl <= lim.max_value_bytes else None)
                 if slot is None or slot.status != Status.OK:
                     statuses.append(Status.TOO_LARGE if slot is None else slot.status)
