@@ -19,8 +19,7 @@ N = 1500
 
 
 def test_join_moves_the_newcomers_slice(make_cluster):
-    cl = start_cluster(make_cluster, 3, "32MiB", slab="1MiB",
-                       extra=["--handoff-on-join", "true"])
+    cl = start_cluster(make_cluster, 3, "32MiB", slab="1MiB")  # handoff_on_join: default
     keys = [f"j-{i}".encode() for i in range(N)]
     olds = list(cl.servers)
     with Client(masters=cl.master_addresses, token=TOKEN, timeout_ms=5000) as c:

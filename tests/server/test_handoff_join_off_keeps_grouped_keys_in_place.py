@@ -1,7 +1,6 @@
-"""Join 3 -> 4 with the default ``handoff_on_join = false``: the old owners move nothing
-(a server does not know a key's placement group, so moving by key hash would take
-``group=`` keys away from their group's owner), and every key, grouped or not, still
-reads back byte-exact through the SDK's previous-owner fallback."""
+"""Join 3 -> 4 with ``--handoff-on-join false``: the old owners move nothing, and every
+key, grouped or not, still reads back byte-exact through the SDK's previous-owner
+fallback. (The default, on: test_handoff_join_moves_grouped_keys_to_their_group_owner.py.)"""
 
 from __future__ import annotations
 
@@ -21,7 +20,8 @@ GROUPS = [f"session-{i}" for i in range(40)]
 
 
 def test_join_moves_nothing_and_grouped_keys_still_hit(make_cluster):
-    cl = start_cluster(make_cluster, 3, "32MiB", slab="1MiB")
+    cl = start_cluster(make_cluster, 3, "32MiB", slab="1MiB",
+                       extra=["--handoff-on-join", "false"])
     keys = [f"k-{i}".encode() for i in range(N)]
     gkeys = [f"g-{i}".encode() for i in range(N)]
     groups = [GROUPS[i % len(GROUPS)] for i in range(N)]
