@@ -555,13 +555,14 @@ class _Connection:
         """
         if handoff and check_flag(meta, "ho"):
             return [False] * n
-        agent, ph = self.svc.ownership, meta.get("ph")
+        return self.not_owned(meta, check_placement(meta, n), n)
+
+    def not_owned(self, meta: dict, ph: list[int] | None, n: int) -> list[bool]:
+        """``misplaced`` given the frame's checked ``ph`` (``check_placement``): put
+        paths check it once, and also store it with each object."""
+        agent = self.svc.ownership
         if agent is None or ph is None:
             return [False] * n
-        if not (isinstance(ph, list) and len(ph) == n
-                and all(isinstance(h, int) and 0 <= h < 1 << 64 for h in ph)):
-            raise ProtocolError("'ph' must hold one u64 placement hash per item",
-                                Status.BAD_REQUEST)
         ep = meta.get("ep", -1)
         out = agent.not_owned(ep if isinstance(ep, int) else -1, ph)
         return out if out is not None else [False] * n
@@ -604,9 +605,10 @@ class _Connection:
         tier = self.svc.tier
         if_absent = check_flag(meta, "ia")
         allowed = self.may(Right.WRITE, ns, Op.PUT)
-        wrong_owner = self.misplaced(meta, len(parsed))
         # each object keeps the placement hash it was routed by (the handoff moves it there)
-        ph = check_placement(meta, len(parsed)) or [None] * len(parsed)
+        ph = check_placement(meta, len(parsed))
+        wrong_owner = self.not_owned(meta, ph, len(parsed))
+        ph = ph or [None] * len(parsed)
         statuses: list[Status] = []
         slots = []
         views: list[memoryview] = []

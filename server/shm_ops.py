@@ -548,8 +548,9 @@ def _alloc(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
                             "PUT_STAGED", Status.BAD_REQUEST)
     if not conn.may(Right.WRITE, ns, Op.ALLOC):
         return [[int(Status.AUTH), 0, 0]] * len(parsed)
-    wrong_owner = conn.misplaced(meta, len(parsed))
-    ph = check_placement(meta, len(parsed)) or [None] * len(parsed)
+    ph = check_placement(meta, len(parsed))  # kept with each object
+    wrong_owner = conn.not_owned(meta, ph, len(parsed))
+    ph = ph or [None] * len(parsed)
     out = []
     now = time.monotonic()
     for (key, tl, off, ln, pid, csum), wrong, h in zip(parsed, wrong_owner, ph):
@@ -659,8 +660,9 @@ def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dic
         conn.svc.metrics.protocol_errors.labels("staging").inc()
         return {"st": [int(Status.BAD_REQUEST)] * len(parsed), "staged": False,
                 "error": f"{exc}; the client puts over TCP instead"}
-    wrong_owner = conn.misplaced(meta, len(parsed))
-    ph = check_placement(meta, len(parsed)) or [None] * len(parsed)
+    ph = check_placement(meta, len(parsed))  # kept with each object
+    wrong_owner = conn.not_owned(meta, ph, len(parsed))
+    ph = ph or [None] * len(parsed)
     statuses: list[Status] = []
     slots: list[tuple[int, Any]] = []
     pos = staging.HEADER_BYTES
