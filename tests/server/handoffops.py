@@ -167,3 +167,16 @@ def grouped_keys(n: int, groups: int) -> tuple[list[bytes], list[str]]:
     """``n`` keys and one placement group each (``groups`` groups, round robin)."""
     return ([f"g-{i}".encode() for i in range(n)],
             [f"session-{i % groups}" for i in range(n)])
+
+
+def join_and_wait(cl: Cluster, c: Client, timeout: float = 30) -> ServerProc:
+    """Add one server (``add_server``), wait until it is up, ``c`` routes by the new
+    epoch and every old member finished a handoff pass at it with nothing left."""
+    olds = [s.name for s in cl.servers]
+    new = add_server(cl, olds[0].rsplit("-", 1)[0] + "-new")
+    wait_for(lambda: len(up_members(cl)) == len(olds) + 1, timeout)
+    epoch = masters(cl).view()["epoch"]
+    wait_for(lambda: c.view.epoch >= epoch, 10)
+    wait_for(lambda: all(handoff_done(m, epoch) for m in masters(cl).status()["members"]
+                         if m["id"] != new.name), timeout)
+    return new

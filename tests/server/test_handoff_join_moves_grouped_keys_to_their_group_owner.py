@@ -10,9 +10,8 @@ import pytest
 
 from gcache.sdk import Client, Status
 from gcache.testing.oracle import value_for
-from gcache.testing.waiting import wait_for
-from handoffops import (TOKEN, add_server, grouped_keys, handoff_done, masters, put_all,
-                        read_back, start_cluster, up_members)
+from handoffops import (TOKEN, grouped_keys, join_and_wait, put_all, read_back,
+                        start_cluster)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -29,12 +28,7 @@ def test_join_moves_grouped_keys_to_their_group_owner(make_cluster):
         put_all(c, plain, SIZE)
         st = c.put_batch(gkeys, [value_for(k, SIZE) for k in gkeys], group=groups)
         assert st == [Status.OK] * N, st
-        new = add_server(cl, olds[0].name.rsplit("-", 1)[0] + "-new")
-        wait_for(lambda: len(up_members(cl)) == 4, 30)
-        epoch = masters(cl).view()["epoch"]
-        wait_for(lambda: c.view.epoch >= epoch, 10)
-        wait_for(lambda: all(handoff_done(m, epoch) for m in masters(cl).status()["members"]
-                             if m["id"] != new.name), 30)
+        new = join_and_wait(cl, c)  # the old owners' passes at its epoch done
         to_new = {k for k, a in zip(gkeys, c.owners(gkeys, group=groups)) if a == new.address}
         by_key = {k for k, a in zip(gkeys, c.owners(gkeys)) if a == new.address}
         assert to_new and to_new != by_key, "the groups moved as the keys would: moot"
