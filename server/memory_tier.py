@@ -47,6 +47,11 @@ header + data, so objects are limited to one slab page.
   namespace past its quota. After a restart the accounting is rebuilt from the
   recovered index.
 
+* Placement hashes (``tier`` docstring). ``begin_put(ph=)`` (the slice that creates a
+  sliced put's chunk) and ``admit(ph=)`` keep the hash in ``_Obj.ph`` and the chunk
+  header (``arena.FLAG_PLACED``: a header 8 bytes longer, so ``object_bytes`` counts
+  them); recovery reads it back, ``claim_cold`` hands it to the disk (``ColdObject.ph``)
+  and ``held`` yields it.
 * Tiering: this is the memory side of ``movement`` (``MemorySide``); the
   tiered store's mover drives it through that contract only. Its hooks
   (``movement.MemoryHooks``, given once by ``attach``) all run with

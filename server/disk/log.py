@@ -17,6 +17,11 @@ degrades the tier: no more writes, reads keep working, ``degraded`` says why
 and the mover's ``probe`` retries until space or the device is back. A read
 that fails its checksum drops the record, counts it and answers CORRUPT.
 
+Placement hashes (``tier`` docstring). A ``DemoteItem``'s ``ph`` goes into its record
+(``records.FLAG_PLACED``) and the index entry (``Entry.ph``, also in the index file);
+compaction carries it, reads hand it to promotion (``ReadLease.ph``) and ``held``
+yields it.
+
 Namespaces. The tier keeps each namespace's live record bytes and its keys in
 write order (``_NsDisk``; rebuilt at start in (segment, offset) order, which is
 write order), so a per-namespace disk quota can kill that namespace's oldest
