@@ -238,11 +238,12 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("migrate_mbps", "float", 0.0, "Cap on the handoff worker's bytes (MB/s, 10^6 "
            "bytes per second): what this server pushes to the new owners on a drain or a "
            "join, so foreground IO keeps its latency. 0 = no cap.", "server"),
-    Option("handoff_on_join", "bool", False, "Also push, while this server stays in the "
-           "ring, the objects a join moved to another member (by key hash). Off by default: "
-           "the server does not know a key's placement group, so keys written with group= "
-           "(the SGLang plugin's chain placement) would move away from their group's owner. "
-           "Turn it on when no client uses group=. Drains always hand off.", "server"),
+    Option("handoff_on_join", "bool", True, "Also push, while this server stays in the "
+           "ring, the objects a join moved to another member. Each object goes to the owner "
+           "of the placement hash it was put with (its group's, for group= keys and the "
+           "SGLang plugin's chain placement), so grouped keys stay together. Off: a join "
+           "moves nothing and clients read moved keys from their previous owner for "
+           "handoff_read_window_ms. Drains always hand off.", "server"),
     Option("mutable_namespaces", "str", "", "Namespaces whose keys may be written again "
            "with other bytes (comma-separated names or globs, as in the quota file; '*' = "
            "all). A server never serves their objects from before a membership change that "

@@ -436,6 +436,23 @@ def check_flag(meta: dict, name: str) -> bool:
     return bool(v)
 
 
+def check_placement(meta: dict, n: int) -> list[int] | None:
+    """The frame's ``"ph"`` (one u64 placement hash per item, sent by clients routed by a
+    master view), or None when absent. Anything else is BAD_REQUEST. Checked with C-level
+    passes (no per-item Python loop): it runs on every put frame."""
+    ph = meta.get("ph")
+    if ph is None:
+        return None
+    if type(ph) is not list or len(ph) != n or (n and (
+            not set(map(type, ph)) <= _INT or min(ph) < 0 or max(ph) >= 1 << 64)):
+        raise ProtocolError("'ph' must hold one u64 placement hash per item",
+                            Status.BAD_REQUEST)
+    return ph
+
+
+_INT = frozenset({int})
+
+
 class PutItem(NamedTuple):
     """One validated PUT / ALLOC item. ``checksum``: the writer's xxh3_64 of the whole
     value (every slice of a sliced value carries the same one), or None if not sent."""

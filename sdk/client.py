@@ -234,12 +234,15 @@ class Client:
         """The membership view this client routes by now."""
         return self._router.view
 
-    def owners(self, keys: Sequence[Key], group: Any = None) -> list[str]:
+    def owners(self, keys: Sequence[Key], group: Any = None, *,
+               placement: Sequence[int] | None = None) -> list[str]:
         """The server each key routes to in the current view.
 
         Args:
             keys: the keys (str or bytes).
             group: as in the ops: one group for every key, or one per key (None = none).
+            placement: internal, as in ``put_batch_from_async``: the keys' placement
+                hashes, instead of ``group``.
 
         Returns:
             One ``host:port`` per key ('' when the view has no servers).
@@ -248,6 +251,8 @@ class Client:
             ValueError for an empty or oversized key, or a group list of the wrong length.
         """
         router = self._router
+        if placement is not None:
+            return router.owners(_placement(placement, len(keys), group))
         return router.owners(router.hashes([self._key(k) for k in keys], group))
 
     # ------------------------------------------------------------------ puts
@@ -255,7 +260,8 @@ class Client:
                              group: Any = None, timeout_ms: int | None = None,
                              callback: BatchCallback | None = None,
                              on_key: KeyCallback | None = None, stream: Any = None,
-                             if_absent: bool = False) -> Future:
+                             if_absent: bool = False,
+                             placement: Sequence[int] | None = None) -> Future:
         """Store ``buffers[i]`` under ``keys[i]``, reading the buffers in place.
 
         The buffers must stay unchanged until the future completes.
@@ -276,6 +282,11 @@ class Client:
                 put commits (memory or disk); a key skipped that way is still OK. A put
                 without it that commits first always wins (handoff copies use this).
                 On nixl connections such puts go as plain PUTs (no one-sided ALLOC).
+            placement: internal (the servers' handoff): each key's placement hash (u64
+                ring position) as stored with its object, instead of ``group``: each key
+                goes to that hash's owner and carries it (``ph``), so the owner keeps it
+                and later readers of its group find it there. Not with ``group`` or
+                ``stream``.
 
         Returns:
             A Future of ``list[Status]``, one per key: OK, or a miss.
@@ -286,6 +297,10 @@ class Client:
         """
         if len(keys) != len(buffers):
             raise ValueError("keys and buffers differ in length")
+        if placement is not None:
+            if stream is not None:
+                raise ValueError("placement= does not go with stream=")
+            placement = _placement(placement, len(keys), group)
         if stream is not None:
             return self._put_after_stream(keys, buffers, stream, group, timeout_ms, callback,
                                           on_key, if_absent)
@@ -293,7 +308,8 @@ class Client:
         ks = [self._key(k) for k in keys]
         views = [as_view(b, writable=False, device=device) for b in buffers]
         return self._start(PutBatch(ks, views, self.limits, self._deadline(timeout_ms),
-                                    self._router, callback, on_key, if_absent), group)
+                                    self._router, callback, on_key, if_absent), group,
+                           placement)
 
     def put_batch_from(self, keys: Sequence[Key], buffers: Sequence[Any], **kw: Any
                        ) -> list[Status]:
@@ -587,13 +603,15 @@ class Client:
         now = self._dispatcher.clock.monotonic()  # deadlines are the dispatcher's clock's
         return now + (self.timeout if timeout_ms is None else timeout_ms / 1000.0)
 
-    def _start(self, batch: Batch, group: Any) -> Future:
-        """Route ``batch``'s keys and send its items (CLOSED when closed): its future."""
+    def _start(self, batch: Batch, group: Any, placement: list[int] | None = None) -> Future:
+        """Route ``batch``'s keys (by ``group``, or the checked hashes ``placement``) and
+        send its items (CLOSED when closed): its future."""
         if self._closed:
             return batch.fail_all(Status.CLOSED).future
         if batch.keys:
             router = self._router
-            batch.hashes = hashes = router.hashes(batch.keys, group)
+            batch.hashes = hashes = (router.hashes(batch.keys, group) if placement is None
+                                     else placement)
             batch.handoff = router.handoff_for(batch)
             router.send(batch, batch.route(router.owners(hashes), self.slice))
         return batch.future
@@ -651,3 +669,14 @@ def _first(fut: Future) -> Future:
     out: Future = Future()
     fut.add_done_callback(lambda f: out.set_result(f.result()[0]))
     return out
+
+
+def _placement(placement: Sequence[int], n: int, group: Any) -> list[int]:
+    """``placement=`` checked: one u64 per key, and no ``group`` beside it (ValueError)."""
+    if group is not None:
+        raise ValueError("give placement= or group=, not both")
+    ph = list(placement)
+    if len(ph) != n or (n and (not set(map(type, ph)) <= {int} or min(ph) < 0
+                               or max(ph) >= 1 << 64)):
+        raise ValueError("placement= must hold one u64 placement hash per key")
+    return ph

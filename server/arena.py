@@ -14,9 +14,14 @@ where it left it. The layout:
 * page table: chunk size of each slab page (0 = free). A page is carved into
   equal chunks of one size class; the entry is written before any chunk in it
   is used, so recovery knows where every chunk header sits.
-* chunk: ``[header: fixed 64 bytes + namespace + key, padded to 64][data]``.
-  The header's ``flags`` holds COMMITTED, written last, after the checksum
-  (xxh3_64 of the data) and the header CRC. Freeing clears it first.
+* chunk: ``[header: fixed 64 bytes + namespace + key (+ placement hash), padded to
+  64][data]``. The header's ``flags`` holds COMMITTED, written last, after the checksum
+  (xxh3_64 of the data) and the header CRC. Freeing clears it first. PLACED, set
+  with the uncommitted header and kept by the commit, says 8 bytes (u64 LE) of the
+  object's placement hash (the ring position its writer routed it by: its group's, for
+  ``group=`` keys) follow the key; the header CRC covers them. An object put without one
+  (a static-view client) has no PLACED and no 8 bytes. Arenas written before PLACED
+  existed never set it and read unchanged, so it needs no ``LAYOUT_VERSION`` bump.
 
 Recovery scans every carved page with a strided numpy view of the fixed
 headers (vectorised magic/commit filter), then verifies the header CRC per
@@ -52,6 +57,7 @@ PAGE_ALIGN = 4096
 
 CHUNK_MAGIC = 0x4F434347  # b"GCCO"
 FLAG_COMMITTED = 0x1
+FLAG_PLACED = 0x2  # 8 bytes of placement hash follow the key (no layout bump: see above)
 # magic u32 | flags u32 | hdr_len u16 | ns_len u16 | key_len u16 | pad u16 |
 # version u64 | data_len u64 | checksum u64 | created_ns u64 | hdr_crc u32 | pad u32
 HDR = struct.Struct("<IIHHHHQQQQII")
@@ -63,12 +69,14 @@ HDR_DTYPE = np.dtype({
     "itemsize": HDR_FIXED,
 })
 _FLAGS_OFF = 4
+_PH = struct.Struct("<Q")  # the placement hash after the key (FLAG_PLACED)
 _CSUM_OFF = 32
 _CRC_OFF = 48
 
 
-def header_len(ns_len: int, key_len: int) -> int:
-    return (HDR_FIXED + ns_len + key_len + 63) & ~63
+def header_len(ns_len: int, key_len: int, placed: bool = False) -> int:
+    """Chunk header bytes; ``placed``: with the 8-byte placement hash (FLAG_PLACED)."""
+    return (HDR_FIXED + ns_len + key_len + (8 if placed else 0) + 63) & ~63
 
 
 def size_class(need: int) -> int:
@@ -88,6 +96,7 @@ class Recovered:
     version: int
     checksum: int
     created_ns: int
+    ph: int | None = None  # the placement hash (FLAG_PLACED), else None
 
 
 class Arena:
@@ -211,29 +220,38 @@ class Arena:
 
     # ------------------------------------------------------------------ chunks
     def write_header(self, off: int, ns: bytes, key: bytes, version: int, length: int,
-                     created_ns: int) -> int:
-        """Write an uncommitted header; return the absolute data offset."""
-        hl = header_len(len(ns), len(key))
-        HDR.pack_into(self.mm, off, CHUNK_MAGIC, 0, hl, len(ns), len(key), 0, version, length,
-                      0, created_ns, 0, 0)
+                     created_ns: int, ph: int | None = None) -> int:
+        """Write an uncommitted header (``ph``: the placement hash, FLAG_PLACED); return
+        the absolute data offset."""
+        placed = ph is not None
+        hl = header_len(len(ns), len(key), placed)
+        HDR.pack_into(self.mm, off, CHUNK_MAGIC, FLAG_PLACED if placed else 0, hl, len(ns),
+                      len(key), 0, version, length, 0, created_ns, 0, 0)
         p = off + HDR_FIXED
         self.mm[p:p + len(ns)] = ns
-        self.mm[p + len(ns):p + len(ns) + len(key)] = key
+        p += len(ns)
+        self.mm[p:p + len(key)] = key
+        if placed:
+            _PH.pack_into(self.mm, p + len(key), ph)
         return off + hl
 
     def commit(self, off: int, csum: int) -> None:
         struct.pack_into("<Q", self.mm, off + _CSUM_OFF, csum)
         crc = self._header_crc(off)
         struct.pack_into("<I", self.mm, off + _CRC_OFF, crc)
-        struct.pack_into("<I", self.mm, off + _FLAGS_OFF, FLAG_COMMITTED)  # last
+        flags = struct.unpack_from("<I", self.mm, off + _FLAGS_OFF)[0] & FLAG_PLACED
+        struct.pack_into("<I", self.mm, off + _FLAGS_OFF, flags | FLAG_COMMITTED)  # last
 
     def clear(self, off: int) -> None:
         struct.pack_into("<II", self.mm, off, 0, 0)
 
     def _header_crc(self, off: int) -> int:
-        hl, ns_len, key_len = struct.unpack_from("<HHH", self.mm, off + 8)
+        """CRC32 of the header past magic and flags: the fixed fields, namespace, key and
+        (FLAG_PLACED) the placement hash."""
+        flags, hl, ns_len, key_len = struct.unpack_from("<IHHH", self.mm, off + _FLAGS_OFF)
+        end = off + HDR_FIXED + ns_len + key_len + (8 if flags & FLAG_PLACED else 0)
         crc = zlib.crc32(self.buf[off + 8:off + _CRC_OFF])
-        return zlib.crc32(self.buf[off + HDR_FIXED:off + HDR_FIXED + ns_len + key_len], crc)
+        return zlib.crc32(self.buf[off + HDR_FIXED:end], crc)
 
     # ------------------------------------------------------------------ recovery
     def scan(self) -> tuple[list[Recovered], dict[str, int]]:
@@ -277,17 +295,20 @@ class Arena:
         """Check a committed header (lengths, header CRC). The data checksum is
         checked by the memory tier on the object's first read, which keeps
         restart time proportional to the number of objects, not their bytes."""
-        (_m, _f, hl, ns_len, key_len, _p, version, length, csum, created, crc,
+        (_m, flags, hl, ns_len, key_len, _p, version, length, csum, created, crc,
          _p2) = HDR.unpack_from(self.mm, off)
-        if hl != header_len(ns_len, key_len) or hl + length > csize:
+        placed = bool(flags & FLAG_PLACED)
+        if hl != header_len(ns_len, key_len, placed) or hl + length > csize:
             return None
         if self._header_crc(off) != crc:
             return None
         data_off = off + hl
         p = off + HDR_FIXED
         ns = bytes(self.buf[p:p + ns_len])
-        key = bytes(self.buf[p + ns_len:p + ns_len + key_len])
-        return Recovered(ns, key, off, csize, data_off, length, version, csum, created)
+        p += ns_len
+        key = bytes(self.buf[p:p + key_len])
+        ph = _PH.unpack_from(self.mm, p + key_len)[0] if placed else None
+        return Recovered(ns, key, off, csize, data_off, length, version, csum, created, ph)
 
     # ------------------------------------------------------------------ shutdown
     def close(self, clean: bool, next_version: int) -> None:

@@ -41,9 +41,8 @@ reconciles was adopted.
    be the eviction of a newer value. A client without ``ph`` (a static server list)
    skips the ownership part.
 
-Which key a held object belongs to: ``placement_hash(ns, key)`` (the server does not
-know an object's placement group; keys written with ``group=`` are judged by their key
-hash, which may drop more or fewer of them than their group's owner would).
+Which range a held object belongs to: the placement hash it was put with (``HeldObject.ph``,
+its group's for ``group=`` keys), else ``placement_hash(ns, key)``, as the handoff does.
 
 Threads. ``adopt`` runs on the membership agent's view thread (which also adopts the
 view a registration returned), serialised by the agent, before the agent routes by the
@@ -178,7 +177,7 @@ class Freshness:
                 new_ring, old_ring = view.ring, old.ring
 
                 def came_back(objs: list) -> list[bool]:
-                    hashes = [placement_hash(h.ns, h.key) for h in objs]
+                    hashes = [placement_hash(h.ns, h.key) if h.ph is None else h.ph for h in objs]
                     now = [m.id == me for m in new_ring.owners(hashes)]
                     if skipped or me not in old_ring:
                         return now

@@ -7,15 +7,19 @@ worker thread then runs a *pass* over that view:
 
 1. walk ``Tier.held()`` (the committed objects of both tiers, a snapshot) and keep
    every object when this server is not in the ring (draining, or removed); with
-   ``handoff_on_join`` also, while it stays in the ring, those whose owner in the
-   view's ring is another member (a join took them). Off by default: see Groups;
+   ``handoff_on_join`` (on by default) also, while it stays in the ring, those whose
+   owner in the view's ring is another member (a join took them). An object's owner is
+   the ring owner of its placement hash (``HeldObject.ph``, the one its writer routed
+   it by; see Groups), or of ``placement_hash(ns, key)`` when it was put without one;
 2. per namespace, through the project's own SDK (``gcache.sdk.Client`` on the masters'
    view, transport tcp, checksums verified, the server's credential or token), in
    batches of about ``BATCH_BYTES`` (``WINDOW`` batches in flight): copy each object
    out of the tier at the version the walk saw (``pin_read`` .. ``unpin`` around the copy
    only; memory or disk), check the copy against the object's checksum, and
-   ``put_batch_from_async(..., if_absent=True)`` the copies (so a foreground put that
-   reached the owner first wins). The SDK never gets arena memory: it may keep views of
+   ``put_batch_from_async(..., if_absent=True, placement=hashes)`` the copies (so a
+   foreground put that reached the owner first wins; ``placement``: each goes to its
+   hash's owner and carries that hash, which the owner's NOT_OWNER check agrees with
+   and which it stores in turn). The SDK never gets arena memory: it may keep views of
    what it sent for a while, and an arena view alive at close would stop the arena
    from closing;
 3. after an OK put, and only if the client routed it by this very view (its epoch
@@ -33,13 +37,16 @@ pass at the next batch and starts a new one. A server outside the ring re-checks
 ``IDLE_OUT_S`` so a straggler put still leaves; inside the ring only views and retries
 start passes. Bytes are capped by a token bucket (``migrate_mbps``, MB/s; 0 = no cap).
 
-Groups: the server does not know a key's placement group, so objects are placed by
-``placement_hash(ns, key)``; an object written with ``group=`` moves to its key's owner,
-where readers of its group do not look. That is why join handoff is off by default
-(``handoff_on_join``): after a join, readers of moved keys fall back to this server for
-``handoff_read_window_ms`` (the SDK's ``"ho"`` read) instead. A drain moves grouped keys
-to their key's owner all the same (known gap: storing each object's placement hash
-fixes both).
+Groups: every object keeps the placement hash its writer's client routed it by (the
+``ph`` of a master-routed put: its group's hash for ``group=`` keys and the SGLang
+plugin's ``chain`` placement; ``Tier`` docstring), in both tiers and across restarts.
+The worker places each object by that hash, so a drain or a join moves a grouped key to
+its group's owner, where its readers ask, and the copy there keeps the same hash (a
+later drain of that server moves it right again). An object put by a static-view client
+(no ``ph``) is placed by ``placement_hash(ns, key)``, as such a client reads it. So join
+handoff is on by default (``handoff_on_join``); turned off, a join moves nothing and
+readers of moved keys fall back to this server for ``handoff_read_window_ms`` (the SDK's
+``"ho"`` read) instead.
 
 Threads. ``view_changed`` runs on the agent's threads and never blocks (it stores the
 view and sets an event). ``start`` / ``stop`` / ``join`` run on the owner's thread:
@@ -135,14 +142,15 @@ class Handoff:
     def __init__(self, tier: Any, member_id: str, address: str, *, masters: Sequence[str] | str,
                  credential: str = "", token: str = "", tls: ssl.SSLContext | None = None,
                  limits: Limits | None = None, migrate_mbps: float = 0.0,
-                 on_join: bool = False, clock: Clock = SYSTEM) -> None:
+                 on_join: bool = True, clock: Clock = SYSTEM) -> None:
         """``tier``: the server's ``Tier`` (``held``, ``pin_read``, ``unpin``,
         ``delete_if_version``); ``member_id``/``address``: this server's name and the
         address clients reach it at; ``masters``, ``credential``/``token``, ``tls`` (a
         dialer context: the other servers and masters speak TLS), ``limits``: what the
         SDK clients are built with; ``migrate_mbps``: the cap in MB/s (0 = none);
         ``on_join``: also move what a join took from this server while it stays in the
-        ring (``handoff_on_join``; off: only a server out of the ring hands off)."""
+        ring (``handoff_on_join``, default on; off: only a server out of the ring hands
+        off)."""
         from gcache.sdk import Client  # the SDK only where a server has masters
 
         self.tier, self.member_id, self.address = tier, member_id, address
@@ -264,10 +272,12 @@ class Handoff:
         for h in self.tier.held():
             if self._stop.is_set():
                 return None
+            if h.ph is None:  # put without one: placed by its key, as its readers ask
+                h = h._replace(ph=placement_hash(h.ns, h.key))
             todo.setdefault(h.ns, []).append(h)
         if mine:  # keep only what another member owns
             for ns, objs in todo.items():
-                owners = ring.owners([placement_hash(ns, h.key) for h in objs])
+                owners = ring.owners([h.ph for h in objs])
                 todo[ns] = [h for h, m in zip(objs, owners) if m.id != self.member_id]
         n = sum(len(objs) for objs in todo.values())
         nbytes = sum(h.length for objs in todo.values() for h in objs)
@@ -413,14 +423,16 @@ class Handoff:
         kept, copied = self._copy(ns, batch, memoryview(buf), failed)
         # never to ourselves (a client view that still routes here): an if-absent put would
         # find our own copy, answer OK, and the delete would lose the object
-        owners = client.owners([h.key for h, _ in copied]) if copied else []
+        owners = (client.owners([h.key for h, _ in copied],
+                                placement=[h.ph for h, _ in copied]) if copied else [])
         out = [(h, v) for (h, v), a in zip(copied, owners) if a != self.address]
         for (h, _), a in zip(copied, owners):
             if a == self.address:
                 kept.append(h)
                 failed["routed here"] += 1
         fut = (client.put_batch_from_async([h.key for h, _ in out], [v for _, v in out],
-                                           if_absent=True, timeout_ms=PUT_TIMEOUT_MS)
+                                           if_absent=True, timeout_ms=PUT_TIMEOUT_MS,
+                                           placement=[h.ph for h, _ in out])
                if out else None)
         return _Flight(ns, batch, kept, fut, [h for h, _ in out], buf)
 

@@ -47,6 +47,11 @@ header + data, so objects are limited to one slab page.
   namespace past its quota. After a restart the accounting is rebuilt from the
   recovered index.
 
+* Placement hashes (``tier`` docstring). ``begin_put(ph=)`` (the slice that creates a
+  sliced put's chunk) and ``admit(ph=)`` keep the hash in ``_Obj.ph`` and the chunk
+  header (``arena.FLAG_PLACED``: a header 8 bytes longer, so ``object_bytes`` counts
+  them); recovery reads it back, ``claim_cold`` hands it to the disk (``ColdObject.ph``)
+  and ``held`` yields it.
 * Tiering: this is the memory side of ``movement`` (``MemorySide``); the
   tiered store's mover drives it through that contract only. Its hooks
   (``movement.MemoryHooks``, given once by ``attach``) all run with
@@ -103,6 +108,7 @@ class _Obj:
     moving: bool = False  # claimed by the tiering mover
     holder: Holder | None = None  # charged with this uncommitted chunk
     quarantined: bool = False  # an expired slot's chunk: freed when its holder closes
+    ph: int | None = None  # placement hash its writer routed it by (None: not sent)
 
 
 class _WaitForRoom(Exception):
@@ -230,7 +236,7 @@ class MemoryTier(Tier):
             page = self.arena.page_of(r.offset)
             used.setdefault(page, set()).add(r.offset)
             o = _Obj(r.ns, r.key, r.offset, r.chunk, r.data_off, r.length, r.version,
-                     r.checksum, committed=True, verified=False)
+                     r.checksum, committed=True, verified=False, ph=r.ph)
             self.do_charge_ns(r.ns, r.chunk)
             self.do_link(o)
             self._page_live[page] += 1
@@ -282,9 +288,9 @@ class MemoryTier(Tier):
 
     @staticmethod
     def object_bytes(ns: bytes, key: bytes, length: int) -> int:
-        """Bytes an allocation for this object needs (header and value; before rounding
-        to its size class)."""
-        return header_len(len(ns), len(key)) + length
+        """Bytes an allocation for this object needs (header, with room for a placement
+        hash, and value; before rounding to its size class): at most 8 bytes over."""
+        return header_len(len(ns), len(key), True) + length
 
     def has_room(self, need: int) -> bool:
         """Whether an allocation of ``need`` bytes would succeed without evicting (a hint:
@@ -586,13 +592,15 @@ class MemoryTier(Tier):
     # ------------------------------------------------------------------ writes
     def begin_put(self, ns: bytes, key: bytes, total_len: int, offset: int, length: int,
                   put_id: int, evict: bool = True, *, csum: int | None = None,
-                  holder: Holder | None = None) -> PutSlot:
+                  holder: Holder | None = None, ph: int | None = None) -> PutSlot:
         """``evict=False``: answer NO_SPACE instead of evicting synchronously (the tiered
         store then waits for demotion and retries). ``csum``: the writer's checksum of the
         whole value; every slice of a sliced put must carry the same one (BAD_REQUEST).
         ``holder``: the connection answering for a reservation that may outlive this
-        request (BUSY past its bounds, CLOSED once it closed)."""
-        need = header_len(len(ns), len(key)) + total_len
+        request (BUSY past its bounds, CLOSED once it closed). ``ph``: the placement hash
+        the writer routed the key by, kept with the object (the slice that creates a
+        sliced put's chunk sets it)."""
+        need = header_len(len(ns), len(key), ph is not None) + total_len
         if size_class(need) > self.arena.slab_bytes:
             return PutSlot(Status.TOO_LARGE)
         sliced = not (offset == 0 and length == total_len)
@@ -601,13 +609,13 @@ class MemoryTier(Tier):
         while True:
             try:
                 return self._do_begin_put(ns, key, total_len, offset, length, put_id, evict,
-                                          csum, holder, need, sliced)
+                                          csum, holder, need, sliced, ph)
             except _WaitForRoom:
                 time.sleep(0.005)  # lock released: reservations in flight may commit
 
     def _do_begin_put(self, ns: bytes, key: bytes, total_len: int, offset: int, length: int,
                       put_id: int, evict: bool, csum: int | None, holder: Holder | None,
-                      need: int, sliced: bool) -> PutSlot:
+                      need: int, sliced: bool, ph: int | None) -> PutSlot:
         with self._lock:
             if holder is not None and holder.closed:
                 return PutSlot(Status.CLOSED)
@@ -636,8 +644,8 @@ class MemoryTier(Tier):
                 version = self._next_version
                 self._next_version += 1
                 data_off = self.arena.write_header(off, ns, key, version, total_len,
-                                                   time.time_ns())
-                o = _Obj(ns, key, off, size_class(need), data_off, total_len, version)
+                                                   time.time_ns(), ph)
+                o = _Obj(ns, key, off, size_class(need), data_off, total_len, version, ph=ph)
                 self.do_charge_ns(ns, o.chunk)
                 self.uncommitted_bytes += o.chunk
                 if holder is not None:
@@ -851,7 +859,8 @@ class MemoryTier(Tier):
                     continue
                 o.pins += 1
                 o.moving = True
-                out.append(ColdObject(o.ns, o.key, o.version, o.length, o.checksum, o.chunk, o))
+                out.append(ColdObject(o.ns, o.key, o.version, o.length, o.checksum, o.chunk, o,
+                                      o.ph))
                 total += o.chunk
                 if total >= max_bytes or len(out) >= max_items:
                     break
@@ -889,15 +898,16 @@ class MemoryTier(Tier):
         return False
 
     def admit(self, ns: bytes, key: bytes, data: memoryview, version: int, csum: int,
-              still_valid: Callable[[], bool]) -> bool:
-        """Copy a verified object in under its own ``version`` (promotion from disk).
+              still_valid: Callable[[], bool], ph: int | None = None) -> bool:
+        """Copy a verified object in under its own ``version`` and placement hash ``ph``
+        (promotion from disk).
 
         Only into free space (never evicts; past the high watermark the mover then
         demotes colder objects). Publishes only if
         the key is still absent from memory and ``still_valid()`` (run under the lock)
         says the source is current; the copy is checksummed against ``csum`` first.
         """
-        need = header_len(len(ns), len(key)) + len(data)
+        need = header_len(len(ns), len(key), ph is not None) + len(data)
         csize = size_class(need)
         if csize > self.arena.slab_bytes:
             return False
@@ -908,8 +918,9 @@ class MemoryTier(Tier):
             if off is None:
                 return False
             over = self.live_bytes > self.high * self.capacity
-            data_off = self.arena.write_header(off, ns, key, version, len(data), time.time_ns())
-            o = _Obj(ns, key, off, csize, data_off, len(data), version, pins=1)
+            data_off = self.arena.write_header(off, ns, key, version, len(data), time.time_ns(),
+                                               ph)
+            o = _Obj(ns, key, off, csize, data_off, len(data), version, pins=1, ph=ph)
             self.do_charge_ns(ns, csize)
             self.uncommitted_bytes += csize
         dst = self.arena.buf
@@ -953,7 +964,7 @@ class MemoryTier(Tier):
     def held(self) -> Iterator[HeldObject]:
         """The committed objects, a chunked snapshot (``tier.held_snapshot``)."""
         return held_snapshot(self._lock, self._index,
-                             lambda k, o: HeldObject(o.ns, o.key, o.length, o.version))
+                             lambda k, o: HeldObject(o.ns, o.key, o.length, o.version, o.ph))
 
     def quota_event(self, event: str, ns: bytes, n: int) -> None:
         """Count a quota event for ``ns`` (the tier below's, e.g. ``disk_evicted``)."""

@@ -68,6 +68,7 @@ class ColdObject(NamedTuple):
     checksum: int  # xxh3_64 of the value, as committed
     chunk: int  # memory bytes it frees when dropped
     handle: Any  # memory's own record of it; only memory reads it
+    ph: int | None = None  # its placement hash (``Tier`` docstring), kept on disk
 
 
 class DemoteItem(NamedTuple):
@@ -79,6 +80,7 @@ class DemoteItem(NamedTuple):
     data: memoryview
     checksum: int  # the disk verifies the copied bytes against it
     created_ns: int = 0
+    ph: int | None = None  # placement hash, kept in the record (None: none)
 
 
 @dataclass(slots=True, eq=False)
@@ -93,6 +95,7 @@ class ReadLease:
     checksum: int
     whole: memoryview | None = None  # the whole verified object, when the read covered it
     first: bool = False  # the read started at offset 0 (one object-level hit)
+    ph: int | None = None  # the record's placement hash (promotion keeps it)
 
 
 class MemoryHooks(NamedTuple):
@@ -200,7 +203,7 @@ class MemorySide(Protocol):
 
     def begin_put(self, ns: bytes, key: bytes, total_len: int, offset: int, length: int,
                   put_id: int, evict: bool = True, *, csum: int | None = None,
-                  holder: Any = None) -> PutSlot:
+                  holder: Any = None, ph: int | None = None) -> PutSlot:
         """``evict=False``: NO_SPACE instead of evicting (``extra["quota"]``: the
         namespace's quota is what is full), so the mover can demote first."""
 
@@ -231,9 +234,9 @@ class MemorySide(Protocol):
         namespace for the mover."""
 
     def admit(self, ns: bytes, key: bytes, data: memoryview, version: int, csum: int,
-              still_valid: Callable[[], bool]) -> bool:
+              still_valid: Callable[[], bool], ph: int | None = None) -> bool:
         """Promotion (connection thread after a reply, or the mover): copy a verified
-        object in under its own version, into free space only. ``still_valid`` runs
+        object in under its own version and placement hash, into free space only. ``still_valid`` runs
         under the memory lock (it may take the disk's). Copies outside the lock."""
 
     # -- the handoff worker
@@ -337,8 +340,9 @@ class DiskSide(Protocol):
     def read_whole(self, ns: bytes, key: bytes, version: int) -> Pinned:
         """A verified whole-object read (promotion); neither a hit nor a use."""
 
-    def record_bytes(self, ns: bytes, key: bytes, length: int) -> int:
-        """Disk bytes a record of this object takes (for disk quotas)."""
+    def record_bytes(self, ns: bytes, key: bytes, length: int, placed: bool = False) -> int:
+        """Disk bytes a record of this object takes (for disk quotas; ``placed``: with a
+        placement hash)."""
 
     def fit_quota(self, ns: bytes, limit: int, want: int) -> tuple[int, bool]:
         """Kill ``ns``'s oldest records until its live bytes plus ``want`` fit ``limit``;

@@ -52,7 +52,7 @@ from gcache.logs import RateLimitedLog
 from gcache.network import check_bind, linger
 from gcache.protocol import (FLAG_RESPONSE, PREAUTH_MAX_HEADER_BYTES, PREFIX_SIZE,
                              FrameHeader, Limits, Op, check_flag, check_items, check_key,
-                             check_namespace, discard_views, encode_frame, parse_put_items,
+                             check_namespace, check_placement, discard_views, encode_frame, parse_put_items,
                              decode_meta, read_header, read_prefix, recv_into_many,
                              self_contained, sendmsg_all)
 from gcache.status import Status
@@ -71,19 +71,6 @@ _DISCARD = memoryview(bytearray(_SCRATCH))
 _LINGER_S = 1.0  # how long a failed connection drains the peer's input before closing
 _PREAUTH_OPS = frozenset({Op.AUTH, Op.PING})  # all a stranger may send
 _TLS_PLAIN_WAIT_S = 1.0  # a peer silent this long after connecting is a plain gcache client
-
-
-def _placement_hashes(meta: dict, n: int) -> list[int] | None:
-    """The frame's ``ph`` (one u64 placement hash per item), None when absent;
-    ProtocolError when malformed."""
-    ph = meta.get("ph")
-    if ph is None:
-        return None
-    if not (isinstance(ph, list) and len(ph) == n
-            and all(isinstance(h, int) and 0 <= h < 1 << 64 for h in ph)):
-        raise ProtocolError("'ph' must hold one u64 placement hash per item",
-                            Status.BAD_REQUEST)
-    return ph
 
 
 class Listener(NamedTuple):
@@ -591,9 +578,13 @@ class _Connection:
         """
         if handoff and check_flag(meta, "ho"):
             return [False] * n
+        return self.not_owned(meta, check_placement(meta, n), n)
+
+    def not_owned(self, meta: dict, ph: list[int] | None, n: int) -> list[bool]:
+        """``misplaced`` given the frame's checked ``ph`` (``check_placement``): put
+        paths check it once, and also store it with each object."""
         agent = self.svc.ownership
-        ph = _placement_hashes(meta, n) if agent is not None else None
-        if ph is None:
+        if agent is None or ph is None:
             return [False] * n
         ep = meta.get("ep", -1)
         out = agent.not_owned(ep if isinstance(ep, int) else -1, ph)
@@ -608,7 +599,7 @@ class _Connection:
         if fresh is None or not fresh.is_mutable(ns):
             return [Status.NOT_OWNER if w else None for w in wrong]
         ep = meta.get("ep")
-        ok = fresh.readable(ep if isinstance(ep, int) else None, _placement_hashes(meta, n), n)
+        ok = fresh.readable(ep if isinstance(ep, int) else None, check_placement(meta, n), n)
         return [Status.NOT_OWNER if w else None if r else Status.MISS
                 for w, r in zip(wrong, ok)]
 
@@ -650,14 +641,17 @@ class _Connection:
         tier = self.svc.tier
         if_absent = check_flag(meta, "ia")
         allowed = self.may(Right.WRITE, ns, Op.PUT)
-        wrong_owner = self.misplaced(meta, len(parsed))
+        # each object keeps the placement hash it was routed by (the handoff moves it there)
+        ph = check_placement(meta, len(parsed))
+        wrong_owner = self.not_owned(meta, ph, len(parsed))
+        ph = ph or [None] * len(parsed)
         guard = self.svc.tombstones.guard(ns) if if_absent and self.svc.tombstones else None
         statuses: list[Status] = []
         slots = []
         views: list[memoryview] = []
         try:
             whole = self_contained(parsed)
-            for (key, tl, off, ln, pid, csum), wrong in zip(parsed, wrong_owner):
+            for (key, tl, off, ln, pid, csum), wrong, h in zip(parsed, wrong_owner, ph):
                 if not allowed or wrong or (guard is not None and guard.skip(key)):
                     # a tombstoned if-absent item is skipped: OK, as any if-absent skip
                     statuses.append(Status.AUTH if not allowed else Status.NOT_OWNER
@@ -669,7 +663,8 @@ class _Connection:
                 # as in PUT_STAGED: only a put waiting for other frames' slices holds a
                 # reservation past this request
                 holder = None if (key, pid) in whole else self.svc.shm.holder(self)
-                slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum, holder=holder)
+                slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum, holder=holder,
+                                       ph=h)
                         if tl <= lim.max_value_bytes else None)
                 if slot is None or slot.status != Status.OK:
                     statuses.append(Status.TOO_LARGE if slot is None else slot.status)

@@ -98,7 +98,7 @@ from gcache.credentials import Right
 from gcache.errors import ProtocolError
 from gcache.network import boot_id
 from gcache.protocol import (Op, check_flag, check_items, check_key, check_namespace,
-                             parse_put_items, self_contained)
+                             check_placement, parse_put_items, self_contained)
 from gcache.status import Status
 
 log = logging.getLogger("gcache.server.shm")
@@ -548,10 +548,12 @@ def _alloc(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
                             "PUT_STAGED", Status.BAD_REQUEST)
     if not conn.may(Right.WRITE, ns, Op.ALLOC):
         return [[int(Status.AUTH), 0, 0]] * len(parsed)
-    wrong_owner = conn.misplaced(meta, len(parsed))
+    ph = check_placement(meta, len(parsed))  # kept with each object
+    wrong_owner = conn.not_owned(meta, ph, len(parsed))
+    ph = ph or [None] * len(parsed)
     out = []
     now = time.monotonic()
-    for (key, tl, off, ln, pid, csum), wrong in zip(parsed, wrong_owner):
+    for (key, tl, off, ln, pid, csum), wrong, h in zip(parsed, wrong_owner, ph):
         if wrong:
             out.append([int(Status.NOT_OWNER), 0, 0])
             continue
@@ -563,7 +565,7 @@ def _alloc(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
         if full:
             out.append([int(Status.BUSY), 0, 0])
             continue
-        slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum, holder=st.holder)
+        slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum, holder=st.holder, ph=h)
                 if tl <= lim.max_value_bytes else None)
         if slot is None or slot.status != Status.OK:
             out.append([int(Status.TOO_LARGE if slot is None else slot.status), 0, 0])
@@ -658,7 +660,9 @@ def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dic
         conn.svc.metrics.protocol_errors.labels("staging").inc()
         return {"st": [int(Status.BAD_REQUEST)] * len(parsed), "staged": False,
                 "error": f"{exc}; the client puts over TCP instead"}
-    wrong_owner = conn.misplaced(meta, len(parsed))
+    ph = check_placement(meta, len(parsed))  # kept with each object
+    wrong_owner = conn.not_owned(meta, ph, len(parsed))
+    ph = ph or [None] * len(parsed)
     tombs = conn.svc.tombstones
     guard = tombs.guard(ns) if if_absent and tombs is not None else None
     statuses: list[Status] = []
@@ -666,7 +670,7 @@ def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dic
     pos = staging.HEADER_BYTES
     try:
         whole = self_contained(parsed)
-        for (key, tl, off, ln, pid, csum), wrong in zip(parsed, wrong_owner):
+        for (key, tl, off, ln, pid, csum), wrong, h in zip(parsed, wrong_owner, ph):
             at, pos = pos, pos + ln
             if wrong or (guard is not None and guard.skip(key)):
                 statuses.append(Status.NOT_OWNER if wrong else Status.OK)  # skipped: OK
@@ -674,7 +678,7 @@ def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dic
             # a put whose slices all travel in this frame completes within it: only one
             # that waits for slices of other frames is a reservation that outlives it
             holder = None if (key, pid) in whole else st.holder
-            slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum, holder=holder)
+            slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum, holder=holder, ph=h)
                     if tl <= lim.max_value_bytes else None)
             if slot is None or slot.status != Status.OK:
                 statuses.append(Status.TOO_LARGE if slot is None else slot.status)

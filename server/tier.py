@@ -37,6 +37,12 @@ for bookkeeping only; data is copied *outside* the lock, protected by pins:
   only while its current object is ``version`` (both tiers, one step under the memory
   lock), so a newer put is never lost; it never blocks on IO beyond the disk's death
   record.
+* Placement hashes. ``begin_put(..., ph=)`` keeps the ring position the writer routed
+  the key by (the ``ph`` a master-routed client sends per item: its group's hash for a
+  ``group=`` key) with the object, in both tiers and across restarts, demotion and
+  promotion; ``held()`` yields it (``HeldObject.ph``; None when the writer sent none:
+  the object is placed by ``placement_hash(ns, key)``), so the handoff moves each
+  object to the owner its readers ask.
 
 The seams behind it: ``eviction.py`` (which objects memory gives up first),
 ``movement.py`` (what the tiered store's mover may call on memory and on disk,
@@ -83,6 +89,7 @@ class HeldObject(NamedTuple):
     key: bytes
     length: int  # value bytes
     version: int
+    ph: int | None = None  # the placement hash it was put with (None: placed by its key)
 
 
 def held_snapshot(lock: Any, index: dict, row: Callable[[Any, Any], HeldObject | None],
@@ -115,7 +122,8 @@ class Tier(abc.ABC):
 
     @abc.abstractmethod
     def begin_put(self, ns: bytes, key: bytes, total_len: int, offset: int, length: int,
-                  put_id: int, *, csum: int | None = None, holder: Any = None) -> PutSlot: ...
+                  put_id: int, *, csum: int | None = None, holder: Any = None,
+                  ph: int | None = None) -> PutSlot: ...
 
     @abc.abstractmethod
     def finish_put(self, slot: PutSlot, *, if_absent: bool = False) -> Status:

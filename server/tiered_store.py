@@ -200,15 +200,17 @@ class TieredStore(Tier):
         try:
             if lease.first and self.promote.on_hit(lease.ns, lease.key):
                 if lease.whole is not None:
-                    self._admit(lease.ns, lease.key, lease.whole, lease.version, lease.checksum)
+                    self._admit(lease.ns, lease.key, lease.whole, lease.version, lease.checksum,
+                                lease.ph)
                 else:
                     self._enqueue(lease.ns, lease.key, lease.version)
         finally:
             self.disk.release(lease)
 
-    def _admit(self, ns: bytes, key: bytes, data: memoryview, version: int, csum: int) -> bool:
+    def _admit(self, ns: bytes, key: bytes, data: memoryview, version: int, csum: int,
+               ph: int | None) -> bool:
         ok = self.memory.admit(ns, key, data, version, csum,
-                               still_valid=lambda: self.disk.has(ns, key, version))
+                               still_valid=lambda: self.disk.has(ns, key, version), ph=ph)
         with self._stats_lock:
             if ok:
                 self.counters["promoted"] += 1
@@ -250,12 +252,14 @@ class TieredStore(Tier):
 
     # ------------------------------------------------------------------ writes
     def begin_put(self, ns: bytes, key: bytes, total_len: int, offset: int, length: int,
-                  put_id: int, *, csum: int | None = None, holder: Any = None) -> PutSlot:
+                  put_id: int, *, csum: int | None = None, holder: Any = None,
+                  ph: int | None = None) -> PutSlot:
         """Memory full: wait up to ``room_wait_s`` for the mover to demote, and only then
-        let memory evict to nothing (a bounded backpressure, never a hang)."""
+        let memory evict to nothing (a bounded backpressure, never a hang). ``ph``: kept
+        with the object (``Tier``), in memory and on disk."""
         mem = self.memory
         slot = mem.begin_put(ns, key, total_len, offset, length, put_id, evict=False,
-                             csum=csum, holder=holder)
+                             csum=csum, holder=holder, ph=ph)
         if slot.status != Status.NO_SPACE:
             return slot
         need = mem.object_bytes(ns, key, total_len)
@@ -268,17 +272,17 @@ class TieredStore(Tier):
                     with self._room:
                         self._room.wait(min(max(0.0, end - time.monotonic()), 0.05))
                     slot = mem.begin_put(ns, key, total_len, offset, length, put_id,
-                                         evict=False, csum=csum, holder=holder)
+                                         evict=False, csum=csum, holder=holder, ph=ph)
                     if slot.status != Status.NO_SPACE:
                         return slot
                     if not slot.extra.get("quota"):
                         break  # within quota now, but the arena is full: wait below
                 else:
                     return mem.begin_put(ns, key, total_len, offset, length, put_id,
-                                         csum=csum, holder=holder)
+                                         csum=csum, holder=holder, ph=ph)
             else:
                 return mem.begin_put(ns, key, total_len, offset, length, put_id,
-                                     csum=csum, holder=holder)
+                                     csum=csum, holder=holder, ph=ph)
         # waiting only helps if the mover can free something: not with the disk degraded,
         # not when memory is all puts in flight, not right after a wait ran out
         if (not self.disk.degraded and now >= self._no_wait_until
@@ -287,12 +291,12 @@ class TieredStore(Tier):
             while time.monotonic() < end and not self.disk.degraded:
                 self._wait_for_room(need, end)
                 slot = mem.begin_put(ns, key, total_len, offset, length, put_id,
-                                     evict=False, csum=csum, holder=holder)
+                                     evict=False, csum=csum, holder=holder, ph=ph)
                 if slot.status != Status.NO_SPACE:
                     return slot
             self._no_wait_until = time.monotonic() + 1.0  # behind: evict for a while
         return mem.begin_put(ns, key, total_len, offset, length, put_id, csum=csum,
-                             holder=holder)
+                             holder=holder, ph=ph)
 
     def _wait_for_room(self, need: int, end: float) -> None:
         with self._room:
@@ -409,7 +413,8 @@ class TieredStore(Tier):
             if limit is None:
                 fit.append(o)
                 continue
-            want = planned.get(o.ns, 0) + self.disk.record_bytes(o.ns, o.key, o.length)
+            want = planned.get(o.ns, 0) + self.disk.record_bytes(o.ns, o.key, o.length,
+                                                                 o.ph is not None)
             killed, fits = self.disk.fit_quota(o.ns, limit, want)
             self._count_quota_eviction(o.ns, killed)
             if fits:
@@ -439,7 +444,7 @@ class TieredStore(Tier):
                 self._count_quota_eviction(o.ns)
         views = [mem.data_view(o) for o in dirty]
         try:
-            res = disk.append([DemoteItem(o.ns, o.key, o.version, v, o.checksum)
+            res = disk.append([DemoteItem(o.ns, o.key, o.version, v, o.checksum, ph=o.ph)
                                for o, v in zip(dirty, views)])
         finally:
             for v in views:
@@ -475,7 +480,7 @@ class TieredStore(Tier):
             p = self.disk.read_whole(ns, key, version)
             try:
                 if p.status == Status.OK:
-                    self._admit(ns, key, p.token.whole, version, p.token.checksum)
+                    self._admit(ns, key, p.token.whole, version, p.token.checksum, p.token.ph)
             finally:
                 if p.view is not None:
                     p.view.release()

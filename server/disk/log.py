@@ -17,6 +17,11 @@ degrades the tier: no more writes, reads keep working, ``degraded`` says why
 and the mover's ``probe`` retries until space or the device is back. A read
 that fails its checksum drops the record, counts it and answers CORRUPT.
 
+Placement hashes (``tier`` docstring). A ``DemoteItem``'s ``ph`` goes into its record
+(``records.FLAG_PLACED``) and the index entry (``Entry.ph``, also in the index file);
+compaction carries it, reads hand it to promotion (``ReadLease.ph``) and ``held``
+yields it.
+
 Namespaces. The tier keeps each namespace's live record bytes and its keys in
 write order (``_NsDisk``; rebuilt at start in (segment, offset) order, which is
 write order), so a per-namespace disk quota can kill that namespace's oldest
@@ -50,12 +55,13 @@ from gcache.failpoints import failpoint, os_error
 from gcache.hashing import checksum
 from gcache.server.disk.recovery import (ScanMerge, decode_index, encode_index,
                                          take_index_file, write_index_file)
-from gcache.server.disk.records import (BLOCK, DEAD, REC_FIXED, Entry, align, build_record,
+from gcache.server.disk.records import (BLOCK, DEAD, Entry, align, build_record,
                                         check_fields, pack_death, pack_segment_header,
                                         parse_deaths, parse_header, pread_into, pwrite_all,
                                         read_segment_header, record_geometry, segment_paths,
+                                        sums_offset,
                                         tier_root, ZEROS)
-from gcache.server.movement import LockRank, ReadLease, ranked_lock
+from gcache.server.movement import DemoteItem, LockRank, ReadLease, ranked_lock
 from gcache.server.tier import HeldObject, Pinned, held_snapshot
 from gcache.server.tiering import CompactionPolicy, SealedSegment, SecondChance
 from gcache.status import Status
@@ -146,7 +152,8 @@ class SegmentLog:
         if segment_bytes % BLOCK or segment_bytes < (1 << 20):
             raise DiskError(f"segment_bytes {segment_bytes} must be a multiple of 4KiB and "
                             ">= 1MiB; fix --segment-bytes")
-        hdr_max = record_geometry(max_namespace_bytes, max_key_bytes, max_value_bytes)[0]
+        hdr_max = record_geometry(max_namespace_bytes, max_key_bytes, max_value_bytes,
+                                  True)[0]
         self.max_record = align(hdr_max + max_value_bytes)
         if segment_bytes < BLOCK + 2 * self.max_record:
             raise DiskError(f"segment_bytes {segment_bytes} cannot hold two of the largest "
@@ -366,9 +373,9 @@ class SegmentLog:
             return killed, self.do_ns_bytes(ns) + want <= limit
 
     @staticmethod
-    def record_bytes(ns: bytes, key: bytes, length: int) -> int:
-        """Disk bytes a record of this object takes."""
-        return record_geometry(len(ns), len(key), length)[1]
+    def record_bytes(ns: bytes, key: bytes, length: int, placed: bool = False) -> int:
+        """Disk bytes a record of this object takes (``placed``: with a placement hash)."""
+        return record_geometry(len(ns), len(key), length, placed)[1]
 
     def do_evict_oldest(self, ns: bytes) -> int:
         """Kill ``ns``'s oldest live record (a quota eviction; its death is persisted).
@@ -500,7 +507,7 @@ class SegmentLog:
     def held(self) -> Iterator[HeldObject]:
         """The live records as ``HeldObject``s, a chunked snapshot (never blocks on IO)."""
         return held_snapshot(self.lock, self.index,
-                             lambda k, e: HeldObject(k[0], k[1], e.length, e.version))
+                             lambda k, e: HeldObject(k[0], k[1], e.length, e.version, e.ph))
 
     def touch(self, ns: bytes, key: bytes) -> bool:
         e = self.index.get((ns, key))
@@ -533,7 +540,8 @@ class SegmentLog:
                     self.counters["disk_hits"] += 1
         start = min(offset, e.length)
         end = min(e.length, start + max_len)
-        lease = ReadLease(None, ns, key, e.version, e.length, e.checksum, first=offset == 0)
+        lease = ReadLease(None, ns, key, e.version, e.length, e.checksum, first=offset == 0,
+                          ph=e.ph)
         try:
             if end <= start:
                 return Pinned(Status.OK, e.length, e.version, memoryview(b""), lease,
@@ -613,7 +621,7 @@ class SegmentLog:
             why = self._check_header(mv, e, ns, key, seg)
             if why:
                 return None, why
-            p = REC_FIXED + align(len(ns) + len(key), 8)
+            p = sums_offset(len(ns), len(key), e.ph is not None)
             sums = struct.unpack_from(f"<{nchunks}Q", mv, p)
             for c in range(c0, c1):
                 a = base + e.hdr_len + (c << shift)
@@ -659,9 +667,9 @@ class SegmentLog:
         return p
 
     # ------------------------------------------------------------------ writes (mover)
-    def append(self, items: list[tuple[bytes, bytes, int, memoryview, int, int]]
-               ) -> list[Entry | Status]:
-        """Write records ``(ns, key, version, data, checksum, created_ns)``; mover thread only.
+    def append(self, items: list[DemoteItem]) -> list[Entry | Status]:
+        """Write records (``DemoteItem``: ns, key, version, data, checksum, created_ns,
+        placement hash); mover thread only.
 
         Returns per item the written (not yet published: see ``do_insert``) Entry, or
         CORRUPT (the source did not match its checksum: never written), or NO_SPACE
@@ -669,11 +677,12 @@ class SegmentLog:
         """
         out: list[Entry | Status] = []
         pending: list[int] = []
-        for ns, key, version, data, csum, created in items:
+        for ns, key, version, data, csum, created, ph in items:
             if self.degraded:
                 out.append(Status.NO_SPACE)
                 continue
-            hdr_len, rec_len, nchunks, shift = record_geometry(len(ns), len(key), len(data))
+            hdr_len, rec_len, nchunks, shift = record_geometry(len(ns), len(key), len(data),
+                                                               ph is not None)
             seg = self.active
             if seg is None or seg.write_off + self._wused + rec_len > self.segment_bytes:
                 self._flush(out, pending)
@@ -688,11 +697,12 @@ class SegmentLog:
                     continue
             off = seg.write_off + self._wused
             if not build_record(self._wv, self._wused, seg.salt, seg.id, off, ns, key, version,
-                                data, csum, created, hdr_len, rec_len, nchunks, shift):
+                                data, csum, created, hdr_len, rec_len, nchunks, shift, ph):
                 out.append(Status.CORRUPT)
                 continue
             self._wused += rec_len
-            out.append(Entry(seg.id, off, rec_len, hdr_len, len(data), version, csum, shift))
+            out.append(Entry(seg.id, off, rec_len, hdr_len, len(data), version, csum, shift,
+                             ph=ph))
             pending.append(len(out) - 1)
             self.max_version = max(self.max_version, version)
         self._flush(out, pending)
@@ -755,8 +765,8 @@ class SegmentLog:
                 if p.status == Status.OK:
                     reads.append((ns, key, e, p))
             try:
-                res = self.append([(ns, key, e.version, p.token.whole, e.checksum, 0)
-                                   for ns, key, e, p in reads])
+                res = self.append([DemoteItem(ns, key, e.version, p.token.whole, e.checksum,
+                                              0, e.ph) for ns, key, e, p in reads])
                 with self.lock:
                     for (ns, key, e, _p), r in zip(reads, res):
                         if isinstance(r, Entry) and self.index.get((ns, key)) is e:

@@ -12,8 +12,9 @@ Record (4 KiB aligned, never spans segments)::
 
     [fixed 64 B: magic, flags, hdr_len, ns_len, key_len, nchunks, chunk_shift,
                  version, data_len, xxh3 checksum, created_ns, rec_pages, hdr_crc]
-    [namespace][key][pad to 8][chunk checksums: u64 x nchunks, only if nchunks > 1]
-    [pad to 64][data][zero pad to 4 KiB]
+    [namespace][key][pad to 8][placement hash: u64, only with FLAG_PLACED]
+    [chunk checksums: u64 x nchunks, only if nchunks > 1][pad to 64][data]
+    [zero pad to 4 KiB]
 
 * ``checksum`` is xxh3_64 of the whole data (the memory tier's checksum, so a
   demoted object is checked on the way out of memory and on every read);
@@ -22,6 +23,10 @@ Record (4 KiB aligned, never spans segments)::
 * ``hdr_crc`` is a CRC32 over the header, seeded with the segment's random
   salt, id and the record's own offset: a value that happens to contain a
   record-shaped byte string is never mistaken for a record by the scanner.
+* ``flags`` bit FLAG_PLACED: the record carries the object's placement hash (the
+  ring position its writer routed it by; ``tier.py``), covered by ``hdr_crc``.
+  Records written before the flag existed never set it and parse unchanged (no
+  ``LAYOUT_VERSION`` bump); an object put without one has neither flag nor bytes.
 * Deaths (delete, replace, corrupt, superseded) are appended to the
   segment's ``.dead`` file at once (a small buffered pwrite into preallocated
   space), so a restart after ``kill -9`` never resurrects a deleted or
@@ -56,6 +61,8 @@ REC_MAGIC = 0x44524347  # b"GCRD"
 # rec_pages u32 | pad u32 | hdr_crc u32 | pad u32
 REC_HDR = struct.Struct("<IHHHHHBxQQQQIIII")
 REC_FIXED = 64
+FLAG_PLACED = 0x1  # the placement hash follows the key (see above)
+_PH = struct.Struct("<Q")
 _CRC_OFF = 56
 DEAD = struct.Struct("<IIQ")  # offset / 4 KiB, crc32, version
 MIN_CHUNK_SHIFT = 18  # 256 KiB
@@ -69,15 +76,22 @@ def align(n: int, a: int = BLOCK) -> int:
     return (n + a - 1) // a * a
 
 
-def record_geometry(ns_len: int, key_len: int, length: int) -> tuple[int, int, int, int]:
-    """``(hdr_len, rec_len, nchunks, chunk_shift)`` of a record."""
+def record_geometry(ns_len: int, key_len: int, length: int, placed: bool = False
+                    ) -> tuple[int, int, int, int]:
+    """``(hdr_len, rec_len, nchunks, chunk_shift)`` of a record (``placed``: with the
+    placement hash)."""
     shift = MIN_CHUNK_SHIFT
     while (length + (1 << shift) - 1) >> shift > MAX_CHUNKS:
         shift += 1
     nchunks = (length + (1 << shift) - 1) >> shift
-    csum_off = REC_FIXED + align(ns_len + key_len, 8)
-    hdr_len = align(csum_off + (8 * nchunks if nchunks > 1 else 0), 64)
+    hdr_len = align(sums_offset(ns_len, key_len, placed)
+                    + (8 * nchunks if nchunks > 1 else 0), 64)
     return hdr_len, align(hdr_len + length), nchunks, shift
+
+
+def sums_offset(ns_len: int, key_len: int, placed: bool) -> int:
+    """Where a record's chunk checksums start (after the placement hash, if any)."""
+    return REC_FIXED + align(ns_len + key_len, 8) + (8 if placed else 0)
 
 
 def _salt_crc(salt: int, seg_id: int, off: int) -> int:
@@ -102,6 +116,7 @@ class Entry:
     checksum: int
     chunk_shift: int
     ref: bool = False
+    ph: int | None = None  # placement hash (FLAG_PLACED), else None
 
 
 @dataclass(slots=True)
@@ -142,13 +157,14 @@ def parse_header(buf: memoryview, salt: int, seg_id: int, off: int, limit: int
     """
     if len(buf) < REC_FIXED:
         return None
-    (magic, _flags, hdr_len, ns_len, key_len, nchunks, shift, version, length, csum,
+    (magic, flags, hdr_len, ns_len, key_len, nchunks, shift, version, length, csum,
      _created, rec_pages, _p, crc, _p2) = REC_HDR.unpack_from(buf, 0)
     if magic != REC_MAGIC:
         return None
     if not MIN_CHUNK_SHIFT <= shift <= 40:
         return None
-    geo = record_geometry(ns_len, key_len, length)
+    placed = bool(flags & FLAG_PLACED)
+    geo = record_geometry(ns_len, key_len, length, placed)
     if (hdr_len, rec_pages * BLOCK, nchunks, shift) != geo or off + geo[1] > limit:
         return None
     if len(buf) < hdr_len or header_crc(buf, hdr_len, salt, seg_id, off) != crc:
@@ -156,7 +172,9 @@ def parse_header(buf: memoryview, salt: int, seg_id: int, off: int, limit: int
     p = REC_FIXED
     ns = bytes(buf[p:p + ns_len])
     key = bytes(buf[p + ns_len:p + ns_len + key_len])
-    return ns, key, Entry(seg_id, off, geo[1], hdr_len, length, version, csum, shift), nchunks
+    ph = _PH.unpack_from(buf, REC_FIXED + align(ns_len + key_len, 8))[0] if placed else None
+    return ns, key, Entry(seg_id, off, geo[1], hdr_len, length, version, csum, shift,
+                          ph=ph), nchunks
 
 
 def _peek_hdr_len(buf: memoryview) -> int:
@@ -265,9 +283,11 @@ def parse_deaths(raw: bytes, salt: int) -> tuple[set[tuple[int, int]], int]:
 
 def build_record(wv: memoryview, pos: int, salt: int, seg_id: int, off: int, ns: bytes,
                  key: bytes, version: int, data: memoryview, csum: int, created: int,
-                 hdr_len: int, rec_len: int, nchunks: int, shift: int) -> bool:
-    """Lay one record out at ``wv[pos:]`` (it goes to ``off`` in segment ``seg_id``);
-    False if the copied data fails ``csum``."""
+                 hdr_len: int, rec_len: int, nchunks: int, shift: int,
+                 ph: int | None = None) -> bool:
+    """Lay one record out at ``wv[pos:]`` (it goes to ``off`` in segment ``seg_id``;
+    ``ph``: its placement hash, FLAG_PLACED; the geometry must say so too); False if the
+    copied data fails ``csum``."""
     length = len(data)
     d = pos + hdr_len
     for a in range(0, length, COPY_STEP):
@@ -280,16 +300,19 @@ def build_record(wv: memoryview, pos: int, salt: int, seg_id: int, off: int, ns:
     wv[p:p + len(ns)] = ns
     wv[p + len(ns):p + len(ns) + len(key)] = key
     q = p + len(ns) + len(key)
-    sums_at = pos + REC_FIXED + align(len(ns) + len(key), 8)
+    sums_at = pos + sums_offset(len(ns), len(key), ph is not None)
     wv[q:pos + hdr_len] = ZEROS[:pos + hdr_len - q]
+    if ph is not None:
+        _PH.pack_into(wv, sums_at - 8, ph)
     if nchunks > 1:
         sums = [checksum(wv[d + (c << shift):d + min((c + 1) << shift, length)])
                 for c in range(nchunks)]
         struct.pack_into(f"<{nchunks}Q", wv, sums_at, *sums)
     tail = pos + rec_len - (d + length)
     wv[d + length:pos + rec_len] = ZEROS[:tail]
-    REC_HDR.pack_into(wv, pos, REC_MAGIC, 0, hdr_len, len(ns), len(key), nchunks, shift,
-                      version, length, csum, created, rec_len // BLOCK, 0, 0, 0)
+    REC_HDR.pack_into(wv, pos, REC_MAGIC, 0 if ph is None else FLAG_PLACED, hdr_len, len(ns),
+                      len(key), nchunks, shift, version, length, csum, created,
+                      rec_len // BLOCK, 0, 0, 0)
     crc = header_crc(wv[pos:pos + hdr_len], hdr_len, salt, seg_id, off)
     struct.pack_into("<I", wv, pos + _CRC_OFF, crc)
     return True

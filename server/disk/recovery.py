@@ -19,8 +19,12 @@ Index file::
 
     [IDX_HDR: magic, layout, segment_bytes, max_version, nsegs, n]
     [IDX_SEG x nsegs: id, salt, write_off]
-    [IDX_ENT + namespace + key, x n]
+    [IDX_ENT + namespace + key (+ placement hash u64 when ``ref`` has IDX_PLACED), x n]
     [crc32 of everything before]
+
+The ``ref`` byte holds the entry's hot bit (1) and IDX_PLACED (2): 8 bytes of the
+record's placement hash follow its key. Files written before IDX_PLACED never set it
+and decode unchanged.
 
 Threads: startup (the thread that builds the segment log, before any other runs)
 and ``close`` (after the mover stopped). All of it blocks on IO.
@@ -40,6 +44,8 @@ IDX_HDR = struct.Struct("<8sIIQQQQ")  # magic, layout, pad, segment_bytes, max_v
 IDX_SEG = struct.Struct("<QQQ")  # id, salt, write_off
 IDX_ENT = struct.Struct("<IIIHHHBBQQQ")  # seg, off4k, rec_pages, hdr_len, ns, key, shift, ref,
 #                                         length, version, checksum
+IDX_PLACED = 0x2  # in ``ref``: a u64 placement hash follows the key
+_PH = struct.Struct("<Q")
 
 Live = tuple[bytes, bytes, Entry]  # (ns, key, entry)
 
@@ -66,11 +72,15 @@ def encode_index(segment_bytes: int, max_version: int,
         parts.append(IDX_SEG.pack(sid, salt, woff))
         nsegs += 1
     for (ns, key), e in entries:
+        placed = e.ph is not None
         parts.append(IDX_ENT.pack(e.seg, e.off // BLOCK, e.rec_len // BLOCK, e.hdr_len,
-                                  len(ns), len(key), e.chunk_shift, int(e.ref), e.length,
+                                  len(ns), len(key), e.chunk_shift,
+                                  int(e.ref) | (IDX_PLACED if placed else 0), e.length,
                                   e.version, e.checksum))
         parts.append(ns)
         parts.append(key)
+        if placed:
+            parts.append(_PH.pack(e.ph))
         n += 1
     parts[0] = IDX_HDR.pack(IDX_MAGIC, LAYOUT_VERSION, 0, segment_bytes, max_version, nsegs, n)
     body = b"".join(parts)
@@ -98,10 +108,14 @@ def decode_index(raw: bytes, segment_bytes: int) -> IndexFile:
         ns = raw[pos:pos + ns_len]
         key = raw[pos + ns_len:pos + ns_len + key_len]
         pos += ns_len + key_len
+        ph = None
+        if ref & IDX_PLACED:
+            ph = _PH.unpack_from(raw, pos)[0]
+            pos += 8
         if sid not in table:
             raise ValueError(f"entry names unknown segment {sid}")
         live.append((ns, key, Entry(sid, off4k * BLOCK, pages * BLOCK, hdr_len, length,
-                                    version, csum, shift, bool(ref))))
+                                    version, csum, shift, bool(ref & 1), ph)))
     if pos != len(raw) - 4:
         raise ValueError("trailing bytes")
     return IndexFile(max_version, table, write_order(live))

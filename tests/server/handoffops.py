@@ -75,12 +75,15 @@ class ReadBack(NamedTuple):
     wrong: list[bytes]
 
 
-def read_back(c: Client, keys: list[bytes], size: int, batch: int = 64) -> ReadBack:
-    """Every key read once: byte-exact hits, misses and wrong values."""
+def read_back(c: Client, keys: list[bytes], size: int, batch: int = 64,
+              groups: list | str | None = None) -> ReadBack:
+    """Every key read once (``groups``: with each key's group, or one for all): byte-exact
+    hits, misses and wrong values."""
     ok, missing, wrong = 0, [], []
     for i in range(0, len(keys), batch):
         ks = keys[i:i + batch]
-        for k, v in zip(ks, c.get_batch(ks)):
+        g = groups if groups is None or isinstance(groups, str) else groups[i:i + batch]
+        for k, v in zip(ks, c.get_batch(ks, group=g)):
             if v is None:
                 missing.append(k)
             elif len(v) == size and check_value(k, v):
@@ -135,3 +138,45 @@ class OracleLoad:
         self._thread.join(30)
         assert not self._thread.is_alive()
         return self
+
+
+def drain_and_wait(cl: Cluster, s: ServerProc, timeout: float = 60) -> int:
+    """``gcache admin drain`` ``s`` and wait until it handed off everything: a pass at or
+    after the drain's epoch finished with nothing left, and both its tiers are empty.
+    Returns the drain's epoch."""
+    m = masters(cl)
+    m.admin("drain", s.name)
+    epoch = m.view()["epoch"]
+    with Client([s.address], token=TOKEN) as direct:
+        def empty() -> bool:
+            st = direct.stats()[s.address]
+            return st["objects"] == 0 and st.get("disk_objects", 0) == 0
+
+        wait_for(lambda: handoff_done(member(cl, s.name), epoch) and empty(), timeout)
+    return epoch
+
+
+def remove(cl: Cluster, s: ServerProc) -> None:
+    """Stop ``s`` and forget it (``gcache admin remove``): it serves nothing any more."""
+    s.terminate()
+    masters(cl).admin("remove", s.name)
+    wait_for(lambda: s.name not in [m["id"] for m in masters(cl).view()["members"]], 10)
+
+
+def grouped_keys(n: int, groups: int) -> tuple[list[bytes], list[str]]:
+    """``n`` keys and one placement group each (``groups`` groups, round robin)."""
+    return ([f"g-{i}".encode() for i in range(n)],
+            [f"session-{i % groups}" for i in range(n)])
+
+
+def join_and_wait(cl: Cluster, c: Client, timeout: float = 30) -> ServerProc:
+    """Add one server (``add_server``), wait until it is up, ``c`` routes by the new
+    epoch and every old member finished a handoff pass at it with nothing left."""
+    olds = [s.name for s in cl.servers]
+    new = add_server(cl, olds[0].rsplit("-", 1)[0] + "-new")
+    wait_for(lambda: len(up_members(cl)) == len(olds) + 1, timeout)
+    epoch = masters(cl).view()["epoch"]
+    wait_for(lambda: c.view.epoch >= epoch, 10)
+    wait_for(lambda: all(handoff_done(m, epoch) for m in masters(cl).status()["members"]
+                         if m["id"] != new.name), timeout)
+    return new

@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 
 from gcache.sdk import Client
-from gcache.testing.waiting import wait_for
-from handoffops import (OracleLoad, TOKEN, add_server, handoff_done, masters, put_all,
-                        read_back, start_cluster, up_members)
+from handoffops import (OracleLoad, TOKEN, join_and_wait, masters, put_all, read_back,
+                        start_cluster)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -19,22 +18,14 @@ N = 1500
 
 
 def test_join_moves_the_newcomers_slice(make_cluster):
-    cl = start_cluster(make_cluster, 3, "32MiB", slab="1MiB",
-                       extra=["--handoff-on-join", "true"])
+    cl = start_cluster(make_cluster, 3, "32MiB", slab="1MiB")  # handoff_on_join: default
     keys = [f"j-{i}".encode() for i in range(N)]
     olds = list(cl.servers)
     with Client(masters=cl.master_addresses, token=TOKEN, timeout_ms=5000) as c:
         put_all(c, keys, SIZE)
         load = OracleLoad(c, keys, SIZE, write=False).start()
         try:
-            new = add_server(cl, olds[0].name.rsplit("-", 1)[0] + "-new")
-            wait_for(lambda: len(up_members(cl)) == 4, 30)
-            epoch = masters(cl).view()["epoch"]
-            wait_for(lambda: c.view.epoch >= epoch, 10)
-            # every old owner finished a pass at the new epoch with nothing left
-            wait_for(lambda: all(handoff_done(m, epoch)
-                                 for m in masters(cl).status()["members"]
-                                 if m["id"] != new.name), 30)
+            new = join_and_wait(cl, c)  # the old owners' passes at its epoch done
         finally:
             load.stop()
         moved = [k for k, a in zip(keys, c.owners(keys)) if a == new.address]

@@ -9,6 +9,7 @@ import pytest
 from gcache import failpoints
 from gcache.server.disk import SegmentLog
 from gcache.server.disk.records import BLOCK, REC_HDR, Entry, record_geometry, segment_paths
+from gcache.server.movement import DemoteItem
 from gcache.server.tiering import SecondChance
 from gcache.status import Status
 from gcache.testing.oracle import value_for
@@ -38,7 +39,7 @@ def _write(log: SegmentLog, items: list[tuple[bytes, int]], version0: int = 1) -
     vals = [value_for(k, n) for k, n in items]
     from gcache.hashing import checksum
 
-    res = log.append([(NS, k, version0 + i, memoryview(v), checksum(v), 0)
+    res = log.append([DemoteItem(NS, k, version0 + i, memoryview(v), checksum(v), 0)
                       for i, ((k, _n), v) in enumerate(zip(items, vals))])
     assert all(isinstance(r, Entry) for r in res), res
     with log.lock:
@@ -134,7 +135,7 @@ def test_duplicate_keys_after_a_crash_keep_the_highest_version(tmp_path):
     from gcache.hashing import checksum
 
     v = value_for(b"dup", 2000)
-    assert isinstance(log.append([(NS, b"dup", 9, memoryview(v), checksum(v), 0)])[0], Entry)
+    assert isinstance(log.append([DemoteItem(NS, b"dup", 9, memoryview(v), checksum(v), 0)])[0], Entry)
     log.close(clean=False)
     log2 = _log(tmp_path)
     assert _get(log2, b"dup") == (Status.OK, v)
@@ -205,7 +206,7 @@ def test_value_shaped_like_a_record_is_not_mistaken_for_one(tmp_path):
     hdr_len = record_geometry(len(NS), 5, BLOCK + len(raw))[0]
     outer = b"\0" * (BLOCK - hdr_len) + raw  # the copy lands on a 4 KiB boundary
     log.delete(NS, b"inner")
-    res = log.append([(NS, b"outer", 7, memoryview(outer), checksum(outer), 0)])
+    res = log.append([DemoteItem(NS, b"outer", 7, memoryview(outer), checksum(outer), 0)])
     with log.lock:
         assert log.do_insert(NS, b"outer", res[0])
     log.close(clean=False)
@@ -252,10 +253,10 @@ def test_write_eio_degrades_and_probe_recovers(tmp_path):
     from gcache.hashing import checksum
 
     v = value_for(b"lost", 1000)
-    assert log.append([(NS, b"lost", 2, memoryview(v), checksum(v), 0)]) == [Status.NO_SPACE]
+    assert log.append([DemoteItem(NS, b"lost", 2, memoryview(v), checksum(v), 0)]) == [Status.NO_SPACE]
     assert log.degraded and "failpoint disk_write" in log.degraded
     assert log.stats()["disk_degraded"] == 1 and log.stats()["disk_write_errors"] == 1
-    assert log.append([(NS, b"lost", 2, memoryview(v), checksum(v), 0)]) == [Status.NO_SPACE]
+    assert log.append([DemoteItem(NS, b"lost", 2, memoryview(v), checksum(v), 0)]) == [Status.NO_SPACE]
     assert _get(log, b"ok") == (Status.OK, value_for(b"ok", 1000))  # reads keep working
     assert log.probe()  # the failpoint fired its one time: the device is back
     assert log.stats()["disk_degraded"] == 0

@@ -1,7 +1,6 @@
-"""Join 3 -> 4 with the default ``handoff_on_join = false``: the old owners move nothing
-(a server does not know a key's placement group, so moving by key hash would take
-``group=`` keys away from their group's owner), and every key, grouped or not, still
-reads back byte-exact through the SDK's previous-owner fallback."""
+"""Join 3 -> 4 with ``--handoff-on-join false``: the old owners move nothing, and every
+key, grouped or not, still reads back byte-exact through the SDK's previous-owner
+fallback. (The default, on: test_handoff_join_moves_grouped_keys_to_their_group_owner.py.)"""
 
 from __future__ import annotations
 
@@ -9,9 +8,7 @@ import pytest
 
 from gcache.sdk import Client, Status
 from gcache.testing.oracle import check_value, value_for
-from gcache.testing.waiting import wait_for
-from handoffops import (TOKEN, add_server, handoff_done, masters, put_all, read_back,
-                        start_cluster, up_members)
+from handoffops import TOKEN, join_and_wait, put_all, read_back, start_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -21,7 +18,8 @@ GROUPS = [f"session-{i}" for i in range(40)]
 
 
 def test_join_moves_nothing_and_grouped_keys_still_hit(make_cluster):
-    cl = start_cluster(make_cluster, 3, "32MiB", slab="1MiB")
+    cl = start_cluster(make_cluster, 3, "32MiB", slab="1MiB",
+                       extra=["--handoff-on-join", "false"])
     keys = [f"k-{i}".encode() for i in range(N)]
     gkeys = [f"g-{i}".encode() for i in range(N)]
     groups = [GROUPS[i % len(GROUPS)] for i in range(N)]
@@ -31,12 +29,7 @@ def test_join_moves_nothing_and_grouped_keys_still_hit(make_cluster):
         st = c.put_batch(gkeys, [value_for(k, SIZE) for k in gkeys], group=groups)
         assert st == [Status.OK] * N, st
         before = c.owners(gkeys, group=groups)
-        new = add_server(cl, olds[0].name.rsplit("-", 1)[0] + "-new")
-        wait_for(lambda: len(up_members(cl)) == 4, 30)
-        epoch = masters(cl).view()["epoch"]
-        wait_for(lambda: c.view.epoch >= epoch, 10)
-        wait_for(lambda: all(handoff_done(m, epoch) for m in masters(cl).status()["members"]
-                             if m["id"] != new.name), 30)
+        new = join_and_wait(cl, c)  # the old owners' passes at its epoch done
         after = c.owners(gkeys, group=groups)
         assert any(a != b for a, b in zip(before, after)), "no group moved: test is moot"
         got = read_back(c, keys, SIZE)
