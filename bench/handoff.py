@@ -75,8 +75,9 @@ def main(total: str, size: str, migrate_mbps: str, json_out: str | None) -> None
             if c.stats()[first.address]["evictions"]:
                 raise SystemExit("the first server evicted: give it more memory")
         t0 = time.perf_counter()
-        mc.admin("drain", first.name)
-        epoch = mc.view()["epoch"]  # the drain's epoch (or later)
+        # the drain's epoch as the leader applied it: a follower's /view may still be at
+        # the epoch before, and an empty server's finished pass there read as drained
+        epoch = mc.admin("drain", first.name)["epoch"]
 
         def drained() -> dict | None:
             m = next(m for m in mc.status()["members"] if m["id"] == first.name)
