@@ -37,8 +37,12 @@ deleted), so the fallback cannot bring a deleted key back. Outside the window, o
 for a static view, batches carry no hook and nothing is checked: hits never pay,
 and misses pay one extra round trip only inside the window. Counted in
 ``counters`` (``handoff_reads``: items re-asked, ``handoff_read_hits``: found there).
-One previous ring is kept: a view that changes no ring member (a state change of a
-member out of the ring) keeps it; a later ring change replaces it.
+The rings replaced within the window are kept (newest first, at most ``MAX_PREVIOUS``),
+each for its own window, and a key is re-asked at the newest of them whose owner is not
+the server that missed and is still UP or DRAINING: after changes back to back (a join
+then a drain, a drain then a crash) a key not yet moved is still found at the member
+that held it two rings ago. A view that changes no ring member (a state change of a
+member out of the ring) keeps them.
 
 Threads. ``hashes``, ``owners``, ``send`` and ``view`` run on user threads (and on
 dispatch threads, for a byte get's remaining slices) and never block: they read one
@@ -72,6 +76,7 @@ WATCH_WAIT_MS = 5000  # one long-poll of the masters' view
 WATCH_RETRY_S = 0.5  # pause after a failed long-poll (every master down)
 HANDOFF_READ = {"ho": 1}  # the header flag of a read (or delete) at a previous owner
 _HANDOFF_OPS = frozenset({Op.GET, Op.EXISTS, Op.DELETE})
+MAX_PREVIOUS = 4  # replaced rings kept for the previous-owner fallback
 
 
 class _Previous(NamedTuple):
@@ -127,7 +132,7 @@ class Router:
         self._dispatcher = dispatcher
         self._framing = framing
         self._window = handoff_window_s
-        self._previous: _Previous | None = None
+        self._previous: tuple[_Previous, ...] = ()  # newest first
         self.counters = counters if counters is not None else {}
         self.counters.update(handoff_reads=0, handoff_read_hits=0)
         self._count_lock = threading.Lock()
@@ -194,7 +199,9 @@ class Router:
         old, ring = self._snapshot
         if (self._master is not None and self._window > 0 and old.epoch > 0
                 and old.members != view.members):
-            self._previous = _Previous(ring, self._dispatcher.clock.monotonic() + self._window)
+            now = self._dispatcher.clock.monotonic()
+            kept = tuple(p for p in self._previous if p.until > now)
+            self._previous = ((_Previous(ring, now + self._window),) + kept)[:MAX_PREVIOUS]
         self._snapshot = (view, view.ring)
 
     def refresh(self, wait_ms: int, deadline: float | None = None) -> bool:
@@ -254,10 +261,10 @@ class Router:
         """The hook a GET/EXISTS/DELETE batch started now carries: ``handoff`` while the
         previous ring's window is open, else None (and nothing is ever checked)."""
         prev = self._previous
-        if prev is None or batch.op not in _HANDOFF_OPS:
+        if not prev or batch.op not in _HANDOFF_OPS:
             return None
-        if self._dispatcher.clock.monotonic() >= prev.until:
-            self._previous = None  # the window closed
+        if self._dispatcher.clock.monotonic() >= prev[0].until:
+            self._previous = ()  # the newest window closed, and the older ones before it
             return None
         return self.handoff
 
@@ -265,26 +272,33 @@ class Router:
                 ) -> tuple[list, list[ItemResult]]:
         """Of a frame's answered items, send those to re-ask at their previous owner
         (see the module docstring) and return the rest, to fold now."""
-        prev = self._previous
-        if prev is None or (work.extra is not None and work.extra.get("ho")):
+        prevs = self._previous
+        if not prevs or (work.extra is not None and work.extra.get("ho")):
             return items, results  # no window, or already an answer of a previous owner
         delete = batch.op == Op.DELETE
         if delete:
             ask = [k for k, r in enumerate(results) if r.status in (Status.OK, Status.MISS)]
         else:
             ask = [k for k, r in enumerate(results) if r.status == Status.MISS]
-        if not ask or self._dispatcher.clock.monotonic() >= batch.deadline:
+        now = self._dispatcher.clock.monotonic()
+        if not ask or now >= batch.deadline:
             return items, results
         hashes, holders, here = batch.hashes, self.view.holders, work.address
         routed: dict[str, list] = {}
         originals: dict[str, list[ItemResult]] = {}
         taken = set()
-        for k, m in zip(ask, prev.ring.owners([hashes[items[k].index] for k in ask])):
-            addr = m.address
-            if addr != here and addr in holders:
-                routed.setdefault(addr, []).append(items[k])
-                originals.setdefault(addr, []).append(results[k])
-                taken.add(k)
+        for prev in prevs:  # newest first: the latest owner other than the one that missed
+            todo = [k for k in ask if k not in taken]
+            if not todo or prev.until <= now:
+                break  # the older rings' windows closed before this one's
+            if not len(prev.ring):
+                continue
+            for k, m in zip(todo, prev.ring.owners([hashes[items[k].index] for k in todo])):
+                addr = m.address
+                if addr != here and addr in holders:
+                    routed.setdefault(addr, []).append(items[k])
+                    originals.setdefault(addr, []).append(results[k])
+                    taken.add(k)
         if not taken:
             return items, results
         if not delete:
