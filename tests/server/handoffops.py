@@ -93,13 +93,16 @@ def read_back(c: Client, keys: list[bytes], size: int, batch: int = 64) -> ReadB
 class OracleLoad:
     """The continuous oracle: while running, reads random acknowledged keys (every value
     checked against the oracle) and, with ``write``, puts new keys (acknowledged ones join
-    the read set). ``stop`` ends it and returns the counts."""
+    the read set). ``stop`` ends it and returns the counts. Each read batch goes to ``lat``
+    as ``(start (monotonic), seconds, misses)``, each missed key to ``missed``."""
 
     def __init__(self, c: Client, acked: list[bytes], size: int, write: bool = True) -> None:
         self.c, self.size, self.write = c, size, write
         self.acked = list(acked)
         self.reads = self.hits = self.misses = 0
         self.wrong: list[bytes] = []
+        self.missed: list[bytes] = []
+        self.lat: list[tuple[float, float, int]] = []
         self.written: list[bytes] = []
         self._stop = threading.Event()
         self._rng = random.Random(7)
@@ -113,10 +116,14 @@ class OracleLoad:
         n = 0
         while not self._stop.is_set():
             ks = self._rng.sample(self.acked, min(32, len(self.acked)))
-            for k, v in zip(ks, self.c.get_batch(ks)):
+            t = time.monotonic()
+            got = self.c.get_batch(ks)
+            self.lat.append((t, time.monotonic() - t, got.count(None)))
+            for k, v in zip(ks, got):
                 self.reads += 1
                 if v is None:
                     self.misses += 1
+                    self.missed.append(k)
                 elif len(v) == self.size and check_value(k, v):
                     self.hits += 1
                 else:
