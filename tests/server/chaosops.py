@@ -15,7 +15,7 @@ from typing import Iterable, NamedTuple
 
 from gcache.hashing import placement_hash
 from gcache.view import View
-from handoffops import OracleLoad, ReadBack
+from handoffops import TOKEN, OracleLoad, ReadBack
 
 
 def owner_ids(view: View, ns: bytes, keys: Iterable[bytes]) -> list[str]:
@@ -35,6 +35,16 @@ def share(views: Iterable[View], ns: bytes, keys: Iterable[bytes], member_id: st
     for v in views:
         out.update(k for k, o in zip(keys, owner_ids(v, ns, keys)) if o == member_id)
     return out
+
+
+def evictions(addresses: list[str]) -> int:
+    """Objects the servers at ``addresses`` evicted (both tiers): a retention claim needs
+    0, memory big enough for every key."""
+    from gcache.sdk import Client
+
+    with Client(addresses, token=TOKEN) as direct:
+        return sum(st.get("evictions", 0) + st.get("disk_evictions", 0)
+                   for st in direct.stats().values())
 
 
 def p99_ms(load: OracleLoad, t0: float, t1: float = math.inf) -> float:

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from chaosops import owner_ids, report, share
+from chaosops import evictions, owner_ids, report, share
 from gcache.sdk import Client
 from gcache.testing.waiting import wait_for
 from handoffops import (OracleLoad, TOKEN, handoff_done, masters, member, put_all, read_back,
@@ -35,7 +35,7 @@ def test_target_killed_mid_handoff_loses_only_its_share(make_cluster):
         put_all(c, keys, SIZE)
         ns, before = c.namespace, c.view
         a_keys = [k for k, o in zip(keys, owner_ids(before, ns, keys)) if o == a.name]
-        load = OracleLoad(c, keys, SIZE).start()
+        load = OracleLoad(c, keys, SIZE, write_every_s=0.1).start()
         try:
             t0 = time.monotonic()
             time.sleep(1.5)
@@ -70,7 +70,7 @@ def test_target_killed_mid_handoff_loses_only_its_share(make_cluster):
         lost = share([before, drained], ns, acked, b_name)  # B's own, and what A gave it
         r = report("target killed mid-handoff", load, final, keys, lost, (t0, t_change),
                    (t_change, t_end))
-    assert r.wrong == 0
+    assert r.wrong == 0 and evictions([s.address for s in cl.servers if s.alive]) == 0
     assert r.unexplained_missing == [] and r.retention == 1.0, r
     assert r.unexplained_misses == [], r.unexplained_misses[:5]
     missing = set(final.missing)
