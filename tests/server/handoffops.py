@@ -95,7 +95,7 @@ class OracleLoad:
     checked against the oracle) and, with ``write``, puts new keys (acknowledged ones join
     the read set), 8 every ``write_every_s`` at most. ``stop`` ends it and returns the
     counts. Each read batch goes to ``lat`` as ``(start (monotonic), seconds, misses)``,
-    each missed key to ``missed``."""
+    each missed key to ``missed`` (and the start of its batch to ``missed_at``)."""
 
     def __init__(self, c: Client, acked: list[bytes], size: int, write: bool = True,
                  write_every_s: float = 0.0) -> None:
@@ -105,6 +105,7 @@ class OracleLoad:
         self.reads = self.hits = self.misses = 0
         self.wrong: list[bytes] = []
         self.missed: list[bytes] = []
+        self.missed_at: list[float] = []
         self.lat: list[tuple[float, float, int]] = []
         self.written: list[bytes] = []
         self._stop = threading.Event()
@@ -127,6 +128,7 @@ class OracleLoad:
                 if v is None:
                     self.misses += 1
                     self.missed.append(k)
+                    self.missed_at.append(t)
                 elif len(v) == self.size and check_value(k, v):
                     self.hits += 1
                 else:

@@ -27,7 +27,7 @@ def test_handoff_goes_on_with_every_master_down(make_cluster):
                        server_extra=["--migrate-mbps", "1"])
     keys = [f"m-{i}".encode() for i in range(N)]
     a = cl.servers[0]
-    with Client(masters=cl.master_addresses, token=TOKEN, timeout_ms=2000) as c, \
+    with Client(masters=cl.master_addresses, token=TOKEN, timeout_ms=5000) as c, \
             Client([a.address], token=TOKEN) as direct:
         wait_for(lambda: len(c.view.members) == 3, 10)
         put_all(c, keys, SIZE)

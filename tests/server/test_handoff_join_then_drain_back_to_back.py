@@ -29,7 +29,7 @@ def test_join_then_drain_back_to_back_keeps_every_key(make_cluster):
     keys = [f"b-{i}".encode() for i in range(N)]
     olds = list(cl.servers)
     gone = olds[1]
-    with Client(masters=cl.master_addresses, token=TOKEN, timeout_ms=2000) as c:
+    with Client(masters=cl.master_addresses, token=TOKEN, timeout_ms=5000) as c:
         wait_for(lambda: len(c.view.members) == 3, 10)
         put_all(c, keys, SIZE)
         load = OracleLoad(c, keys, SIZE, write_every_s=0.1).start()

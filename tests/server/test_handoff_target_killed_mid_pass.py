@@ -30,7 +30,7 @@ def test_target_killed_mid_handoff_loses_only_its_share(make_cluster):
                        server_extra=["--migrate-mbps", "1"])
     keys = [f"t-{i}".encode() for i in range(N)]
     a = cl.servers[0]
-    with Client(masters=cl.master_addresses, token=TOKEN, timeout_ms=2000) as c:
+    with Client(masters=cl.master_addresses, token=TOKEN, timeout_ms=5000) as c:
         wait_for(lambda: len(c.view.members) == 4, 10)
         put_all(c, keys, SIZE)
         ns, before = c.namespace, c.view

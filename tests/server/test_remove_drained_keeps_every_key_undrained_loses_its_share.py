@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from chaosops import evictions, misses_in, report, share
+from chaosops import evictions, report, share
 from gcache.sdk import Client
 from gcache.testing.waiting import wait_for
 from handoffops import (OracleLoad, TOKEN, handoff_done, masters, member, put_all, read_back,
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(1
 
 SIZE = 16_000
 N = 800
-TIMEOUT_MS = 1000
+TIMEOUT_MS = 3000  # a read past it is a miss: a loaded machine must not make one
 
 
 def _remove(cl, member_id: str) -> None:
@@ -70,7 +70,8 @@ def test_remove_drained_keeps_every_key_and_undrained_loses_only_its_share(make_
         r = report("remove drained, then remove undrained (killed)", load, final, keys, lost,
                    (t0, t_change), (t_change, t_end))
     assert r.wrong == 0 and evictions([s.address for s in cl.servers if s.alive]) == 0
-    assert misses_in(load, t0, t_kill) == 0, "removing a drained server loses nothing"
+    early = [k for t, k in zip(load.missed_at, load.missed) if t < t_kill]
+    assert early == [], f"removing a drained server loses nothing: {early[:5]}"
     assert r.unexplained_missing == [] and r.retention == 1.0, r
     assert r.unexplained_misses == [], r.unexplained_misses[:5]
     assert 0 < r.misses and set(final.missing) <= lost
