@@ -11,11 +11,30 @@ share), and the oracle's batch-get p99 during the change against quiet, in the s
 from __future__ import annotations
 
 import math
+import time
 from typing import Iterable, NamedTuple
 
 from gcache.hashing import placement_hash
+from gcache.sdk import Client
+from gcache.testing.waiting import wait_for
 from gcache.view import View
-from handoffops import TOKEN, OracleLoad, ReadBack
+from handoffops import TOKEN, OracleLoad, ReadBack, put_all
+
+
+QUIET_S = 1.5  # the oracle's quiet phase, before the change
+
+
+def quiet_load(c: Client, n_servers: int, keys: list[bytes], size: int
+               ) -> tuple[OracleLoad, float]:
+    """Once ``c`` routes by ``n_servers`` servers: every key put, then the oracle started
+    (its writes paced, 8 every 0.1 s, so memory holds every key) and run quiet for
+    ``QUIET_S``. The load (running) and the start of its quiet phase."""
+    wait_for(lambda: len(c.view.members) == n_servers, 10)
+    put_all(c, keys, size)
+    load = OracleLoad(c, keys, size, write_every_s=0.1).start()
+    t0 = time.monotonic()
+    time.sleep(QUIET_S)
+    return load, t0
 
 
 def owner_ids(view: View, ns: bytes, keys: Iterable[bytes]) -> list[str]:
@@ -40,8 +59,6 @@ def share(views: Iterable[View], ns: bytes, keys: Iterable[bytes], member_id: st
 def evictions(addresses: list[str]) -> int:
     """Objects the servers at ``addresses`` evicted (both tiers): a retention claim needs
     0, memory big enough for every key."""
-    from gcache.sdk import Client
-
     with Client(addresses, token=TOKEN) as direct:
         return sum(st.get("evictions", 0) + st.get("disk_evictions", 0)
                    for st in direct.stats().values())

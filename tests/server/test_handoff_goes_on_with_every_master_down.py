@@ -10,11 +10,10 @@ import time
 
 import pytest
 
-from chaosops import evictions, report
+from chaosops import evictions, quiet_load, report
 from gcache.sdk import Client
 from gcache.testing.waiting import wait_for
-from handoffops import (OracleLoad, TOKEN, handoff_done, masters, member, put_all, read_back,
-                        start_cluster)
+from handoffops import TOKEN, handoff_done, masters, member, read_back, start_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(120)]
 
@@ -29,12 +28,8 @@ def test_handoff_goes_on_with_every_master_down(make_cluster):
     a = cl.servers[0]
     with Client(masters=cl.master_addresses, token=TOKEN, timeout_ms=5000) as c, \
             Client([a.address], token=TOKEN) as direct:
-        wait_for(lambda: len(c.view.members) == 3, 10)
-        put_all(c, keys, SIZE)
-        load = OracleLoad(c, keys, SIZE, write_every_s=0.1).start()
+        load, t0 = quiet_load(c, 3, keys, SIZE)
         try:
-            t0 = time.monotonic()
-            time.sleep(1.5)
             t_change = time.monotonic()
             epoch = masters(cl).admin("drain", a.name)["epoch"]
             wait_for(lambda: c.view.epoch >= epoch, 10)

@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from chaosops import evictions, report
+from chaosops import evictions, quiet_load, report
 from gcache.sdk import Client
 from gcache.testing.waiting import wait_for
-from handoffops import (OracleLoad, TOKEN, add_server, handoff_done, masters, put_all,
-                        read_back, start_cluster, up_members)
+from handoffops import (TOKEN, add_server, handoff_done, masters, read_back, start_cluster,
+                        up_members)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -30,12 +30,8 @@ def test_join_then_drain_back_to_back_keeps_every_key(make_cluster):
     olds = list(cl.servers)
     gone = olds[1]
     with Client(masters=cl.master_addresses, token=TOKEN, timeout_ms=5000) as c:
-        wait_for(lambda: len(c.view.members) == 3, 10)
-        put_all(c, keys, SIZE)
-        load = OracleLoad(c, keys, SIZE, write_every_s=0.1).start()
+        load, t0 = quiet_load(c, 3, keys, SIZE)
         try:
-            t0 = time.monotonic()
-            time.sleep(1.5)
             t_change = time.monotonic()
             new = add_server(cl, olds[0].name.rsplit("-", 1)[0] + "-new")
             wait_for(lambda: len(up_members(cl)) == 4, 30)

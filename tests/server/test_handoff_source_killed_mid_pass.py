@@ -12,11 +12,10 @@ import time
 
 import pytest
 
-from chaosops import evictions, misses_in, owner_ids, report, share
+from chaosops import evictions, misses_in, owner_ids, quiet_load, report, share
 from gcache.sdk import Client
 from gcache.testing.waiting import wait_for
-from handoffops import (OracleLoad, TOKEN, handoff_done, masters, member, put_all, read_back,
-                        start_cluster)
+from handoffops import TOKEN, handoff_done, masters, member, read_back, start_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(120)]
 
@@ -31,14 +30,10 @@ def test_source_killed_mid_pass_keeps_what_it_handed_off_and_resumes(make_cluste
     keys = [f"s-{i}".encode() for i in range(N)]
     a = cl.servers[0]
     with Client(masters=cl.master_addresses, token=TOKEN, timeout_ms=5000) as c:
-        wait_for(lambda: len(c.view.members) == 3, 10)
-        put_all(c, keys, SIZE)
+        load, t0 = quiet_load(c, 3, keys, SIZE)
         ns, before = c.namespace, c.view
         a_keys = {k for k, o in zip(keys, owner_ids(before, ns, keys)) if o == a.name}
-        load = OracleLoad(c, keys, SIZE, write_every_s=0.1).start()
         try:
-            t0 = time.monotonic()
-            time.sleep(1.5)
             t_change = time.monotonic()
             masters(cl).admin("drain", a.name)
             wait_for(lambda: member(cl, a.name)["stats"]["handoff_objects_moved"] > 0, 20)

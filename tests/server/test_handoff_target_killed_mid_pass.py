@@ -13,11 +13,10 @@ from collections import Counter
 
 import pytest
 
-from chaosops import evictions, owner_ids, report, share
+from chaosops import evictions, owner_ids, quiet_load, report, share
 from gcache.sdk import Client
 from gcache.testing.waiting import wait_for
-from handoffops import (OracleLoad, TOKEN, handoff_done, masters, member, put_all, read_back,
-                        start_cluster)
+from handoffops import TOKEN, handoff_done, masters, member, read_back, start_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(120)]
 
@@ -31,14 +30,10 @@ def test_target_killed_mid_handoff_loses_only_its_share(make_cluster):
     keys = [f"t-{i}".encode() for i in range(N)]
     a = cl.servers[0]
     with Client(masters=cl.master_addresses, token=TOKEN, timeout_ms=5000) as c:
-        wait_for(lambda: len(c.view.members) == 4, 10)
-        put_all(c, keys, SIZE)
+        load, t0 = quiet_load(c, 4, keys, SIZE)
         ns, before = c.namespace, c.view
         a_keys = [k for k, o in zip(keys, owner_ids(before, ns, keys)) if o == a.name]
-        load = OracleLoad(c, keys, SIZE, write_every_s=0.1).start()
         try:
-            t0 = time.monotonic()
-            time.sleep(1.5)
             t_change = time.monotonic()
             epoch = masters(cl).admin("drain", a.name)["epoch"]
             wait_for(lambda: c.view.epoch >= epoch, 10)

@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from chaosops import evictions, misses_in, report, share
+from chaosops import evictions, misses_in, quiet_load, report, share
 from gcache.sdk import Client
 from gcache.testing.waiting import wait_for
-from handoffops import OracleLoad, TOKEN, masters, member, put_all, read_back, start_cluster
+from handoffops import TOKEN, masters, member, read_back, start_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(120)]
 
@@ -31,13 +31,9 @@ def test_kill9_then_restart_under_its_name_misses_only_its_share_then_serves_war
     keys = [f"k-{i}".encode() for i in range(N)]
     a = cl.servers[0]
     with Client(masters=cl.master_addresses, token=TOKEN, timeout_ms=TIMEOUT_MS) as c:
-        wait_for(lambda: len(c.view.members) == 3, 10)
-        put_all(c, keys, SIZE)
+        load, t0 = quiet_load(c, 3, keys, SIZE)
         ns, before = c.namespace, c.view
-        load = OracleLoad(c, keys, SIZE, write_every_s=0.1).start()
         try:
-            t0 = time.monotonic()
-            time.sleep(1.5)
             t_kill = time.monotonic()
             a.kill9()
             wait_for(lambda: a.address not in c.view.holders, 10)  # marked down

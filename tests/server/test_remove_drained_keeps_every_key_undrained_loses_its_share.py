@@ -11,11 +11,10 @@ import time
 
 import pytest
 
-from chaosops import evictions, report, share
+from chaosops import evictions, quiet_load, report, share
 from gcache.sdk import Client
 from gcache.testing.waiting import wait_for
-from handoffops import (OracleLoad, TOKEN, handoff_done, masters, member, put_all, read_back,
-                        start_cluster)
+from handoffops import TOKEN, handoff_done, masters, member, read_back, start_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(120)]
 
@@ -36,14 +35,10 @@ def test_remove_drained_keeps_every_key_and_undrained_loses_only_its_share(make_
     keys = [f"r-{i}".encode() for i in range(N)]
     drained, killed = cl.servers[0], cl.servers[1]
     with Client(masters=cl.master_addresses, token=TOKEN, timeout_ms=TIMEOUT_MS) as c:
-        wait_for(lambda: len(c.view.members) == 4, 10)
-        put_all(c, keys, SIZE)
+        load, t0 = quiet_load(c, 4, keys, SIZE)
         ns = c.namespace
         views = [c.view]
-        load = OracleLoad(c, keys, SIZE, write_every_s=0.1).start()
         try:
-            t0 = time.monotonic()
-            time.sleep(1.5)
             t_change = time.monotonic()
             # 1. drained, stopped, removed: nothing lost
             epoch = masters(cl).admin("drain", drained.name)["epoch"]
