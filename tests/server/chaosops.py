@@ -77,6 +77,13 @@ def misses_in(load: OracleLoad, t0: float, t1: float = math.inf) -> int:
     return sum(m for t, _, m in load.lat if t0 <= t < t1)
 
 
+def missed_between(load: OracleLoad, t0: float, t1: float) -> list[bytes]:
+    """Keys the oracle's read batches that started at ``t0`` or later and ended before
+    ``t1`` missed (a batch under way at ``t1`` may have seen what happened then)."""
+    ends = {t: t + s for t, s, _ in load.lat}
+    return [k for t, k in zip(load.missed_at, load.missed) if t >= t0 and ends[t] < t1]
+
+
 class Report(NamedTuple):
     wrong: int  # wrong values, read back at the end and by the oracle
     acked: int  # keys acknowledged before the change

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from chaosops import evictions, quiet_load, report, share
+from chaosops import evictions, missed_between, quiet_load, report, share
 from gcache.sdk import Client
 from gcache.testing.waiting import wait_for
 from handoffops import TOKEN, handoff_done, masters, member, read_back, start_cluster
@@ -65,7 +65,7 @@ def test_remove_drained_keeps_every_key_and_undrained_loses_only_its_share(make_
         r = report("remove drained, then remove undrained (killed)", load, final, keys, lost,
                    (t0, t_change), (t_change, t_end))
     assert r.wrong == 0 and evictions([s.address for s in cl.servers if s.alive]) == 0
-    early = [k for t, k in zip(load.missed_at, load.missed) if t < t_kill]
+    early = missed_between(load, t0, t_kill)  # batches that ended before the kill
     assert early == [], f"removing a drained server loses nothing: {early[:5]}"
     assert r.unexplained_missing == [] and r.retention == 1.0, r
     assert r.unexplained_misses == [], r.unexplained_misses[:5]
