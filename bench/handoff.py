@@ -131,8 +131,9 @@ def main(total: str, size: str, migrate_mbps: str, foreground: bool, fg_size: st
             end = time.perf_counter() + quiet_s
             quiet = list(fg.window(lambda: time.perf_counter() > end))
         t0 = time.perf_counter()
-        mc.admin("drain", first.name)
-        epoch = mc.view()["epoch"]  # the drain's epoch (or later)
+        # the drain's epoch as the leader applied it: a follower's /view may still be at
+        # the epoch before, and an empty server's finished pass there read as drained
+        epoch = mc.admin("drain", first.name)["epoch"]
 
         def drained() -> dict | None:
             m = next(m for m in mc.status()["members"] if m["id"] == first.name)

@@ -96,13 +96,20 @@ def read_back(c: Client, keys: list[bytes], size: int, batch: int = 64,
 class OracleLoad:
     """The continuous oracle: while running, reads random acknowledged keys (every value
     checked against the oracle) and, with ``write``, puts new keys (acknowledged ones join
-    the read set). ``stop`` ends it and returns the counts."""
+    the read set), 8 every ``write_every_s`` at most. ``stop`` ends it and returns the
+    counts. Each read batch goes to ``lat`` as ``(start (monotonic), seconds, misses)``,
+    each missed key to ``missed`` (and the start of its batch to ``missed_at``)."""
 
-    def __init__(self, c: Client, acked: list[bytes], size: int, write: bool = True) -> None:
+    def __init__(self, c: Client, acked: list[bytes], size: int, write: bool = True,
+                 write_every_s: float = 0.0) -> None:
         self.c, self.size, self.write = c, size, write
+        self.write_every_s = write_every_s
         self.acked = list(acked)
         self.reads = self.hits = self.misses = 0
         self.wrong: list[bytes] = []
+        self.missed: list[bytes] = []
+        self.missed_at: list[float] = []
+        self.lat: list[tuple[float, float, int]] = []
         self.written: list[bytes] = []
         self._stop = threading.Event()
         self._rng = random.Random(7)
@@ -113,18 +120,24 @@ class OracleLoad:
         return self
 
     def _run(self) -> None:
-        n = 0
+        n, last_write = 0, 0.0
         while not self._stop.is_set():
             ks = self._rng.sample(self.acked, min(32, len(self.acked)))
-            for k, v in zip(ks, self.c.get_batch(ks)):
+            t = time.monotonic()
+            got = self.c.get_batch(ks)
+            self.lat.append((t, time.monotonic() - t, got.count(None)))
+            for k, v in zip(ks, got):
                 self.reads += 1
                 if v is None:
                     self.misses += 1
+                    self.missed.append(k)
+                    self.missed_at.append(t)
                 elif len(v) == self.size and check_value(k, v):
                     self.hits += 1
                 else:
                     self.wrong.append(k)
-            if self.write:
+            if self.write and time.monotonic() - last_write >= self.write_every_s:
+                last_write = time.monotonic()
                 ks = [f"during-{n + i}".encode() for i in range(8)]
                 n += len(ks)
                 st = self.c.put_batch(ks, [value_for(k, self.size) for k in ks])
