@@ -70,9 +70,12 @@ def test_degraded_disk_tier_drains_the_server(make_cluster, tmp_path):
     cl = start_cluster(make_cluster, 2, "16MiB", slab="1MiB", extra=disk)
     bad = add_own_server(cl, "baddisk", ["--failpoints", "disk_full",
                                          "--auto-drain-after-ms", "1s"])
-    # 48 MB over 3 servers of 16 MiB: each must demote, and baddisk's disk refuses
-    keys = [f"d-{i}".encode() for i in range(3000)]
+    # 24 MB of keys baddisk owns, in its 16 MiB: it must demote, and its disk refuses
+    # (keys spread over all three gave it a share that, by the draw, may fit in memory)
     with routed_client(cl) as c:
+        cand = [f"d-{i}".encode() for i in range(6000)]
+        keys = [k for k, a in zip(cand, c.owners(cand)) if a == bad.address][:1500]
+        assert len(keys) == 1500
         put_all(c, keys, SIZE)
         with Client([bad.address], token=TOKEN) as direct:
             # generous: under a loaded full suite the mover and heartbeats run late
