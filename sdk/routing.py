@@ -191,10 +191,15 @@ class Router:
 
     def do_swap(self, view: View) -> None:
         """Route by ``view`` (caller holds ``_lock``). A master view that changes the
-        ring keeps the ring it replaces for the previous-owner fallback."""
+        ring keeps the ring it replaces for the previous-owner fallback. A server the
+        view lists as holding data again (it registered anew: restarted, or back from
+        down) is no longer suspect: its lane tries it at once instead of answering
+        UNAVAILABLE until the probe interval ends."""
         for m in view.members:
             self._dispatcher.lane(m.address)
         old, ring = self._snapshot
+        for address in view.holders - old.holders:
+            self._dispatcher.lane(address).clear_suspect()
         if (self._master is not None and self._window > 0 and old.epoch > 0
                 and old.members != view.members):
             now = self._dispatcher.clock.monotonic()
