@@ -96,6 +96,10 @@ class ServerMetrics:
                              ["direction"], registry=self.registry)
         self.frames = Counter("gcache_frames_total", "Frames handled, by op", ["op"],
                               registry=self.registry)
+        self.read_throughs = Counter(
+            "gcache_handoff_reads_total", "Items clients asked this server as their key's "
+            "previous owner after a miss at the new owner (handoff reads, \"ho\": 1; GET, "
+            "LEASE and EXISTS), by result (hit, miss)", ["result"], registry=self.registry)
         self.protocol_errors = Counter("gcache_protocol_errors_total",
                                        "Malformed frames / failed auth, by reason", ["reason"],
                                        registry=self.registry)
@@ -142,6 +146,14 @@ class ServerMetrics:
         else:
             self.ns_quota_evictions.labels(label, "disk" if event == "disk_evicted"
                                            else "memory").inc(n)
+
+    def handoff_reads(self, meta: dict, hits: int, misses: int) -> None:
+        """One read frame's items, when it is a handoff read (``"ho": 1``)."""
+        if meta.get("ho") == 1:
+            if hits:
+                self.read_throughs.labels("hit").inc(hits)
+            if misses:
+                self.read_throughs.labels("miss").inc(misses)
 
     def namespace_reads(self, ns: bytes, hits: int, misses: int, nbytes: int) -> None:
         """One frame's reads of namespace ``ns`` (GET or LEASE)."""

@@ -740,6 +740,7 @@ class _Connection:
         if len(out_meta) - hits:
             m.items.labels("get", "MISS").inc(len(out_meta) - hits)
         m.namespace_reads(ns, hits, len(out_meta) - hits, nbytes)
+        m.handoff_reads(meta, hits, len(out_meta) - hits)
 
     def keyed(self, op: int, rid: int, meta: Any) -> None:
         lim = self.limits
@@ -763,4 +764,7 @@ class _Connection:
                 tombs.deleted(ns, k)  # before the delete: see tombstones.IfAbsentGuard
             st.append(no if no is not None else Status.OK if fn(ns, k) else Status.MISS)
         self.svc.metrics.items.labels(Op.NAMES[op].lower(), "all").inc(len(st))
+        if op == Op.EXISTS:
+            found = st.count(Status.OK)
+            self.svc.metrics.handoff_reads(meta, found, len(st) - found)
         self.reply(op, rid, {"st": [int(s) for s in st]})

@@ -514,6 +514,7 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
     if missed:
         m.items.labels("get", "MISS").inc(missed)
     m.namespace_reads(ns, hits, missed, nbytes)
+    m.handoff_reads(meta, hits, missed)
     return out
 
 

@@ -11,8 +11,10 @@ a frame-level BAD_REQUEST.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -145,7 +147,7 @@ def drained(tmp_path):
     # a handoff cap of 1 KB/s: the drained server's handoff worker keeps what it holds
     # for the length of the test (its first batch waits about a minute)
     cl = Cluster(2, "32MiB", slab="1MiB", masters=3, token="tok", log_dir=str(tmp_path),
-                 server_extra=["--migrate-mbps", "0.001"])
+                 server_extra=["--migrate-mbps", "0.001", "--metrics-listen", "127.0.0.1:0"])
     cl.start()
     try:
         mc = MasterClient(cl.master_addresses, "tok")
@@ -171,7 +173,7 @@ def _frame(op: int, items: list, epoch: int, keys: list[bytes], **flags) -> Work
 
 
 @pytest.mark.timeout(120)
-def test_handoff_read_served_by_a_non_owner(drained):
+def test_handoff_read_served_by_a_non_owner(drained, tmp_path):
     cl, on_b, epoch = drained
     b = cl.servers[1]
     gets = [GetItem(k, 0, 1 << 20, 0, None, i) for i, k in enumerate(on_b)]
@@ -217,6 +219,13 @@ def test_handoff_read_served_by_a_non_owner(drained):
         assert all(check_value(k, d) for k, d in zip(live, dest))
     finally:
         s.close()
+    # every handoff read is counted: 19 GET hits, 20 + 1 EXISTS, 19 LEASE hits
+    url = re.search(r"metrics on (http://\S+/metrics)",
+                    (tmp_path / f"{b.name}.log").read_text())[1]
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    n = len(on_b)
+    assert f'gcache_handoff_reads_total{{result="hit"}} {float(3 * n - 1)}' in text, text
+    assert 'gcache_handoff_reads_total{result="miss"} 1.0' in text
 
 
 @pytest.mark.timeout(60)
