@@ -299,6 +299,16 @@ class Cluster:
     def master_addresses(self) -> list[str]:
         return [m.address for m in self.masters]
 
+    def add_server(self, name: str, memory: str | None = None) -> ServerProc:
+        """One more server like the first (same flags, same masters; ``memory``, else
+        the first's), started; closed with the cluster."""
+        first = self.servers[0]
+        s = ServerProc(name, memory or first.memory, slab=first.slab, token=first.token,
+                       shm_dir=first.shm_dir, extra=first.extra, log_dir=first.log_dir)
+        self.servers.append(s)
+        s.start(self.ready_timeout)
+        return s
+
     def close(self) -> None:
         for s in self.servers:  # signal all first: they shut down in parallel
             if s.alive:

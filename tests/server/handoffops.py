@@ -36,12 +36,7 @@ def up_members(cl: Cluster) -> list[str]:
 def add_server(cl: Cluster, name: str) -> ServerProc:
     """One more server like the cluster's (same flags, same masters), started; closed with
     the cluster."""
-    first = cl.servers[0]
-    s = ServerProc(name, first.memory, slab=first.slab, token=first.token,
-                   shm_dir=first.shm_dir, extra=first.extra, log_dir=first.log_dir)
-    cl.servers.append(s)
-    s.start(60)
-    return s
+    return cl.add_server(name)
 
 
 def member(cl: Cluster, member_id: str) -> dict:
