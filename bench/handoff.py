@@ -7,6 +7,12 @@ handoff's rate from its own log (a pass's start line to its done line), its obje
 bytes moved, and whether the drained server ended empty. ``--migrate-mbps`` passes the
 cap to the servers.
 
+``--join`` times a join instead: one server holds ``--total`` bytes of keys that a second
+server will own once it joins (chosen with the real ring code before it starts), the
+second server starts, and the first hands them over (the join handoff, on by default);
+it reports the same figures, the wall time from the newcomer's start-up line to the
+first server's report of every object moved.
+
 ``--foreground`` also measures what the handoff costs foreground IO: a second client
 batch-gets ``--fg-batch`` values of ``--fg-size`` that the *other* server owns (the
 handoff's target, whose memory and connections the handoff shares) back to back, for
@@ -28,7 +34,9 @@ import click
 
 from gcache.config import parse_size
 from gcache.discovery import MasterClient
+from gcache.ring import Member, Ring
 from gcache.sdk import Client, Status
+from gcache.sdk.routing import placement_hashes
 from gcache.testing.cluster import Cluster
 from gcache.testing.oracle import value_for
 from gcache.testing.waiting import wait_for
@@ -80,10 +88,70 @@ class Foreground:
         return self.lat
 
 
+def put_timed(c: Client, keys: list[bytes], vsize: int) -> float:
+    """Put every key (its oracle value) in 64 MiB batches; the seconds the puts took."""
+    per, put_s = max(1, (64 << 20) // vsize), 0.0
+    for i in range(0, len(keys), per):  # every value must stay: checked by the caller
+        ks = keys[i:i + per]
+        vs = [value_for(k, vsize) for k in ks]
+        t = time.perf_counter()
+        if c.put_batch(ks, vs) != [Status.OK] * len(ks):
+            raise SystemExit("a put failed: give the servers more memory")
+        put_s += time.perf_counter() - t
+    return put_s
+
+
+def run_join(nbytes: int, vsize: int, migrate_mbps: str) -> dict:
+    """One server holds ``nbytes`` of keys a newcomer will own; time their handoff."""
+    n = nbytes // vsize
+    memory = f"{(int(nbytes * 1.3) >> 20) + 64}MiB"
+    logs = tempfile.mkdtemp(prefix="gcache-bench-handoff-")
+    with Cluster(1, memory, slab="16MiB", masters=3, token="bench", log_dir=logs,
+                 server_extra=["--migrate-mbps", migrate_mbps]) as cl:
+        mc = MasterClient(cl.master_addresses, "bench")
+        wait_for(lambda: sum(m["state"] == "up" for m in mc.view()["members"]) == 1, 30)
+        first = cl.servers[0]
+        new_name = first.name.rsplit("-", 1)[0] + "-new"
+        # the ring once the newcomer (same capacity, so the same weight) is in
+        future = Ring([Member(first.name, first.address), Member(new_name, "newcomer")])
+        with Client(masters=cl.master_addresses, token="bench", timeout_ms=30_000,
+                    transport="tcp") as c:
+            cand = [f"j{i}".encode() for i in range(4 * n)]
+            owners = future.owners(placement_hashes(c.namespace, cand))
+            keys = [k for k, m in zip(cand, owners) if m.id == new_name][:n]
+            put_s = put_timed(c, keys, vsize)
+            if c.stats()[first.address]["evictions"]:
+                raise SystemExit("the first server evicted: give it more memory")
+
+        def handed_over() -> dict | None:
+            rows = {m["id"]: m for m in mc.status()["members"]}
+            st = (rows.get(first.name) or {}).get("stats") or {}
+            new = rows.get(new_name) or {}
+            done = (new.get("state") == "up" and not st.get("handoff_active", 1)
+                    and st.get("handoff_objects_moved", 0) >= len(keys))
+            return st if done else None
+
+        cl.add_server(new_name)  # returns at its start-up line: registered, serving
+        t0 = time.perf_counter()
+        st = wait_for(handed_over, 600)
+        wall = time.perf_counter() - t0
+        passes = pass_rates(open(f"{logs}/{first.name}.log").read())
+    held = len(keys) * vsize
+    return {"join": True, "total_bytes": held, "value_bytes": vsize, "objects": len(keys),
+            "migrate_mbps": float(migrate_mbps),
+            "sdk_batch_put_gb_per_s": round(held / put_s / 1e9, 3),
+            "join_wall_s (newcomer serving to all moved, 200 ms heartbeats)": round(wall, 2),
+            "handoff_objects_moved": st["handoff_objects_moved"],
+            "handoff_bytes_moved": st["handoff_bytes_moved"],
+            "handoff_lost": st["handoff_lost"], "passes": passes}
+
+
 @click.command()
 @click.option("--total", default="1GiB", show_default=True, help="Bytes the drained server holds.")
 @click.option("--size", default="1MiB", show_default=True, help="Value size.")
 @click.option("--migrate-mbps", default="0", show_default=True, help="The servers' cap (MB/s).")
+@click.option("--join", "join", is_flag=True,
+              help="Time a join (the newcomer takes --total) instead of a drain.")
 @click.option("--foreground", is_flag=True,
               help="Also time foreground batch gets quiet vs during the drain.")
 @click.option("--fg-size", default="64KiB", show_default=True, help="Foreground value size.")
@@ -91,9 +159,13 @@ class Foreground:
 @click.option("--quiet-s", default=3.0, show_default=True,
               help="Seconds of quiet foreground gets before the drain.")
 @click.option("--json", "json_out", default=None, help="Also write the result here.")
-def main(total: str, size: str, migrate_mbps: str, foreground: bool, fg_size: str,
-         fg_batch: int, quiet_s: float, json_out: str | None) -> None:
+def main(total: str, size: str, migrate_mbps: str, join: bool, foreground: bool,
+         fg_size: str, fg_batch: int, quiet_s: float, json_out: str | None) -> None:
     nbytes, vsize = parse_size(total), parse_size(size)
+    if join:
+        if foreground:
+            raise click.UsageError("--foreground goes with a drain, not --join")
+        return emit(run_join(nbytes, vsize, migrate_mbps), json_out)
     n = nbytes // vsize
     memory = f"{(int(nbytes * 1.3) >> 20) + 64}MiB"  # 16 MiB slabs: little rounding
     logs = tempfile.mkdtemp(prefix="gcache-bench-handoff-")
@@ -106,14 +178,7 @@ def main(total: str, size: str, migrate_mbps: str, foreground: bool, fg_size: st
                     transport="tcp") as c:
             cand = [f"h{i}".encode() for i in range(4 * n)]
             keys = [k for k, a in zip(cand, c.owners(cand)) if a == first.address][:n]
-            per, put_s = max(1, (64 << 20) // vsize), 0.0
-            for i in range(0, len(keys), per):  # every value must stay: check below
-                ks = keys[i:i + per]
-                vs = [value_for(k, vsize) for k in ks]
-                t = time.perf_counter()
-                if c.put_batch(ks, vs) != [Status.OK] * len(ks):
-                    raise SystemExit("a put failed: give the servers more memory")
-                put_s += time.perf_counter() - t
+            put_s = put_timed(c, keys, vsize)
             if c.stats()[first.address]["evictions"]:
                 raise SystemExit("the first server evicted: give it more memory")
             fg = None
@@ -178,6 +243,10 @@ def main(total: str, size: str, migrate_mbps: str, foreground: bool, fg_size: st
                              "p99_ms": round(percentile(during, .99) * ms, 3)},
             "p99_ratio": round(percentile(during, .99) / percentile(quiet, .99), 2),
             "wrong": fg.wrong, "misses": fg.misses}
+    emit(res, json_out)
+
+
+def emit(res: dict, json_out: str | None) -> None:
     text = json.dumps(res, indent=2)
     click.echo(text)
     if json_out:

@@ -1,6 +1,7 @@
 """gcache.bench.handoff: drains a server holding --total bytes and reports the handoff's
 rate from the drained server's own log, every object moved and none lost, and
-foreground reads during the drain stay correct."""
+foreground reads during the drain stay correct; with --join, a newcomer gets every key
+chosen to be its."""
 
 from __future__ import annotations
 
@@ -44,3 +45,16 @@ def test_bench_handoff_drains_everything(tmp_path):
     assert res["passes"] and res["passes"][-1]["gb_per_s"] > 0
     fg = res["foreground"]  # foreground reads of the other server's keys: all hits
     assert fg["quiet"]["gets"] > 0 and fg["wrong"] == 0 and fg["misses"] == 0
+
+
+@pytest.mark.integration
+def test_bench_handoff_join_moves_the_newcomers_keys(tmp_path):
+    out = tmp_path / "j.json"
+    r = subprocess.run([sys.executable, "-m", "gcache.bench.handoff", "--join", "--total",
+                        "16MiB", "--size", "64KiB", "--json", str(out)],
+                       capture_output=True, text=True, timeout=110)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    # every key was chosen (by the real ring) to belong to the newcomer: all moved
+    assert res["handoff_objects_moved"] == res["objects"] == 256
+    assert res["handoff_bytes_moved"] == res["total_bytes"] and res["handoff_lost"] == 0
