@@ -103,15 +103,28 @@ def put_timed(c: Client, keys: list[bytes], vsize: int) -> float:
     return put_s
 
 
+def bench_cluster(servers: int, nbytes: int, migrate_mbps: str) -> tuple[Cluster, str]:
+    """3 masters and ``servers`` servers with room for ``nbytes`` each (16 MiB slabs:
+    little rounding), logging to a new directory; (the cluster, the directory)."""
+    memory = f"{(int(nbytes * 1.3) >> 20) + 64}MiB"
+    logs = tempfile.mkdtemp(prefix="gcache-bench-handoff-")
+    return Cluster(servers, memory, slab="16MiB", masters=3, token="bench", log_dir=logs,
+                   server_extra=["--migrate-mbps", migrate_mbps]), logs
+
+
+def masters_up(cl: Cluster, servers: int) -> MasterClient:
+    """The masters' client, once they list ``servers`` members up."""
+    mc = MasterClient(cl.master_addresses, "bench")
+    wait_for(lambda: sum(m["state"] == "up" for m in mc.view()["members"]) == servers, 30)
+    return mc
+
+
 def run_join(nbytes: int, vsize: int, migrate_mbps: str) -> dict:
     """One server holds ``nbytes`` of keys a newcomer will own; time their handoff."""
     n = nbytes // vsize
-    memory = f"{(int(nbytes * 1.3) >> 20) + 64}MiB"
-    logs = tempfile.mkdtemp(prefix="gcache-bench-handoff-")
-    with Cluster(1, memory, slab="16MiB", masters=3, token="bench", log_dir=logs,
-                 server_extra=["--migrate-mbps", migrate_mbps]) as cl:
-        mc = MasterClient(cl.master_addresses, "bench")
-        wait_for(lambda: sum(m["state"] == "up" for m in mc.view()["members"]) == 1, 30)
+    cluster, logs = bench_cluster(1, nbytes, migrate_mbps)
+    with cluster as cl:
+        mc = masters_up(cl, 1)
         first = cl.servers[0]
         new_name = first.name.rsplit("-", 1)[0] + "-new"
         # the ring once the newcomer (same capacity, so the same weight) is in
@@ -169,12 +182,9 @@ def main(total: str, size: str, migrate_mbps: str, join: bool, foreground: bool,
             raise click.UsageError("--foreground goes with a drain, not --join")
         return emit(run_join(nbytes, vsize, migrate_mbps), json_out)
     n = nbytes // vsize
-    memory = f"{(int(nbytes * 1.3) >> 20) + 64}MiB"  # 16 MiB slabs: little rounding
-    logs = tempfile.mkdtemp(prefix="gcache-bench-handoff-")
-    with Cluster(2, memory, slab="16MiB", masters=3, token="bench", log_dir=logs,
-                 server_extra=["--migrate-mbps", migrate_mbps]) as cl:
-        mc = MasterClient(cl.master_addresses, "bench")
-        wait_for(lambda: sum(m["state"] == "up" for m in mc.view()["members"]) == 2, 30)
+    cluster, logs = bench_cluster(2, nbytes, migrate_mbps)
+    with cluster as cl:
+        mc = masters_up(cl, 2)
         first = cl.servers[0]
         with Client(masters=cl.master_addresses, token="bench", timeout_ms=30_000,
                     transport="tcp") as c:
