@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import sys
 import tempfile
 import threading
@@ -23,6 +22,7 @@ import time
 import click
 
 from gcache.config import TRANSPORTS, TransportKind, format_size, parse_size
+from gcache.signals import relay_signals
 from gcache.view import MemberState
 
 
@@ -116,8 +116,7 @@ def up(n: int, n_masters: int, memory: int, slab_bytes: int, token: str, workloa
         print(f"GCACHE_TLS_CERT_FILE={files.client_cert_file}", flush=True)
         print(f"GCACHE_TLS_KEY_FILE={files.client_key_file}", flush=True)
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    relay_signals(stop)  # gcache.signals: never Event.set in a handler
     code = 0
     try:
         if workload != "none" or trace:

@@ -24,7 +24,6 @@ import hmac
 import logging
 import os
 import secrets
-import signal
 import threading
 
 import click
@@ -34,6 +33,7 @@ from gcache.credentials import CredentialStore
 from gcache.errors import ConfigError
 from gcache.logs import setup_logging
 from gcache.network import check_bind, is_loopback, split_hostport
+from gcache.signals import relay_signals
 from gcache.tls import client_context, server_context
 
 log = logging.getLogger("gcache.master")
@@ -210,9 +210,7 @@ def main(listen: str, peers: str, data_dir: str, token: str, raft_secret: str,
         "join_ramp_s": join_ramp_s, "join_timeout_s": join_timeout_s,
         "raft_secret": secret_source}})
     stop, hup = threading.Event(), threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    signal.signal(signal.SIGHUP, lambda *_: hup.set())
+    relay_signals(stop, hup)  # gcache.signals: never Event.set in a handler
     print(f"GCACHE_MASTER={svc.address}", flush=True)
     while not stop.wait(0.2):
         if hup.is_set():

@@ -74,7 +74,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import ssl
 import sys
@@ -89,6 +88,7 @@ from gcache.protocol import Limits
 from gcache.namespace_kinds import NamespaceKinds
 from gcache.quotas import QuotaStore
 from gcache.server import nixl_ops
+from gcache.signals import relay_signals
 from gcache.server.agent import MembershipAgent
 from gcache.server.arena import Arena, arena_path, header_len
 from gcache.server.eviction import make_policy
@@ -408,15 +408,7 @@ class Server:
         serve until SIGTERM or SIGINT (SIGHUP: ``reload``), then ``stop``. Main thread."""
         self.start()
         stop, again, hup = threading.Event(), threading.Event(), threading.Event()
-
-        def on_stop(*_: Any) -> None:
-            if stop.is_set():
-                again.set()  # a second signal: end the drain at once
-            stop.set()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, on_stop)
-        signal.signal(signal.SIGHUP, lambda *_: hup.set())  # reloaded below, not in the handler
+        relay_signals(stop, hup, again)  # gcache.signals: never Event.set in a handler
         try:
             print(f"GCACHE_LISTEN={self.address}", flush=True)
             if self.metrics_address is not None:
