@@ -86,14 +86,18 @@ class MembershipAgent:
         self._stop.set()
 
     def join(self, timeout_s: float) -> bool:
-        """Wait at most ``timeout_s`` in all for the loops (after ``stop``); True when the
-        heartbeat loop ended (no register or heartbeat of ours can reach a master any more;
-        the view loop may still sit in its long poll)."""
+        """Wait at most ``timeout_s`` in all (after ``stop``) for the heartbeat loop and for
+        a view adoption under way; True when the heartbeat loop ended (no register or
+        heartbeat of ours can reach a master any more). The view loop may still sit in
+        its long poll (up to 5 s): not waited for, since once stopped it adopts nothing
+        (waiting for it made every stop take the whole timeout)."""
         deadline = time.monotonic() + timeout_s
-        for t in self._threads:
-            if t.is_alive():
-                t.join(timeout=max(0.0, deadline - time.monotonic()))
-        return not self._threads[0].is_alive()
+        hb = self._threads[0]
+        if hb.is_alive():
+            hb.join(timeout=max(0.0, deadline - time.monotonic()))
+        if self._adopt_lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            self._adopt_lock.release()
+        return not hb.is_alive()
 
     def leave(self, op: str, deadline: float) -> dict:
         """Ask the masters to ``drain`` or ``remove`` this member (``POST /self``, proven by
@@ -170,8 +174,8 @@ class MembershipAgent:
 
     def _adopt(self, doc: dict | None, registered_before: int | None = None) -> None:
         with self._adopt_lock:
-            if not doc or int(doc.get("epoch", -1)) <= self.epoch:
-                return
+            if self._stop.is_set() or not doc or int(doc.get("epoch", -1)) <= self.epoch:
+                return  # stopped: the owner may be closing what a view change touches
             view = view_from_wire(doc)
             if self.reconcile is not None:
                 self.reconcile(view, registered_before)
