@@ -43,6 +43,10 @@ def _stale_client(cl) -> tuple[Client, list[bytes], View]:
     c = Client(masters=cl.master_addresses, token="tok", timeout_ms=TIMEOUT_MS)
     wait_for(lambda: len(c.view.members) == 2, 10)
     current = c.view
+    # A must know the current view too, or it takes B's keys from the stale client
+    # (its handoff's finished pass at that epoch says it adopted it; a loaded CI run
+    # once found A still at the older epoch)
+    wait_for(lambda: c.stats()[a.address].get("handoff_epoch", -1) >= current.epoch, 15)
     keys = [f"k{i}".encode() for i in range(400)]
     on_b = [k for k, o in zip(keys, c.owners(keys)) if o == b.address][:CALLS]
     assert len(on_b) == CALLS
