@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from gcache.testing.waiting import wait_for
 from gcache.sdk import Client
 from handoffops import (OracleLoad, TOKEN, join_and_wait, masters, put_all, read_back,
                         start_cluster)
@@ -39,6 +40,9 @@ def test_join_moves_the_newcomers_slice(make_cluster):
             st = direct.stats()
         assert st[new.address]["objects"] == len(moved)
         assert sum(st[s.address]["objects"] for s in olds) == N - len(moved)
-        rows = {m["id"]: m["stats"] for m in masters(cl).status()["members"]}
+        # a master that just became leader lists a member's stats from its next heartbeat
+        rows = wait_for(lambda: (lambda r: r if all("handoff_objects_moved" in r[s.name]
+                                                    for s in olds) else None)(
+            {m["id"]: m.get("stats") or {} for m in masters(cl).status()["members"]}), 15)
         assert sum(rows[s.name]["handoff_objects_moved"] for s in olds) >= len(moved)
         assert all(rows[s.name]["handoff_lost"] == 0 for s in olds)

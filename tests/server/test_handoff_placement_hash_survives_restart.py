@@ -37,8 +37,9 @@ def test_placement_hash_survives_restart_then_drain(make_cluster, tmp_path, how)
                 if a == gone.address and b != gone.address]
         assert moot, "no grouped key would move wrong by key hash: test is moot"
     with Client([gone.address], token=TOKEN) as direct:
-        wait_for(lambda: (lambda st: st["objects"] > 50 and st["disk_objects"] > 50)(
-            direct.stats()[gone.address]), 20)  # both tiers hold grouped keys
+        # both tiers hold grouped keys (how many is the ring's draw: ids are random)
+        wait_for(lambda: (lambda st: st["objects"] > 10 and st["disk_objects"] > 0)(
+            direct.stats()[gone.address]), 30)
         held = (lambda st: st["objects"] + st["disk_objects"])(direct.stats()[gone.address])
     if how == "kill9":
         gone.kill9()

@@ -205,6 +205,13 @@ def test_handoff_read_served_by_a_non_owner(drained, tmp_path):
             == [Status.NOT_OWNER]
     finally:
         t.close()
+    # every TCP handoff read is counted: n GET hits, n EXISTS hits, 1 EXISTS miss
+    url = re.search(r"metrics on (http://\S+/metrics)",
+                    (tmp_path / f"{b.name}.log").read_text())[1]
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    n = len(on_b)
+    assert f'gcache_handoff_reads_total{{result="hit"}} {float(2 * n)}' in text, text
+    assert 'gcache_handoff_reads_total{result="miss"} 1.0' in text
     # the one-sided read (LEASE) takes the flag too
     live = on_b[:-1]  # the last one was deleted above
     s = ShmTransport(b.address, "tok", Limits(), 2.0, mode="shm")
@@ -219,13 +226,6 @@ def test_handoff_read_served_by_a_non_owner(drained, tmp_path):
         assert all(check_value(k, d) for k, d in zip(live, dest))
     finally:
         s.close()
-    # every handoff read is counted: 19 GET hits, 20 + 1 EXISTS, 19 LEASE hits
-    url = re.search(r"metrics on (http://\S+/metrics)",
-                    (tmp_path / f"{b.name}.log").read_text())[1]
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
-    n = len(on_b)
-    assert f'gcache_handoff_reads_total{{result="hit"}} {float(3 * n - 1)}' in text, text
-    assert 'gcache_handoff_reads_total{result="miss"} 1.0' in text
 
 
 @pytest.mark.timeout(60)
