@@ -325,6 +325,11 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("verify_checksums", "bool", True, "Check every value read against the "
            "server's xxh3 checksum once its bytes landed; a mismatch is a CORRUPT miss, "
            "never a hit.", "client"),
+    Option("background", "bool", False, "Run this client's dispatch threads, and ask the "
+           "servers to run its connections' threads, at background CPU priority "
+           "(SCHED_IDLE): for bulk movers that must not delay foreground requests on "
+           "shared cores (the servers' handoff uses it). Foreground clients leave it off.",
+           "client"),
     Option("handoff_read_window_ms", "duration_ms", 120_000, "For this long after the "
            "masters' ring changed, a get or exists that misses at a key's new owner asks "
            "its previous owner too (its most recent other owner that still holds data: up, "

@@ -100,6 +100,10 @@ class Client:
             window that still holds data: up, joining or draining), within the op's
             deadline; deletes go to both (default 120000; 0 = never). Counted in
             ``counters`` (``handoff_reads``, ``handoff_read_hits``).
+        background: run the dispatch threads at background CPU priority (``SCHED_IDLE``),
+            and ask each server to run this client's connection threads so too (AUTH flag
+            ``bg``): for bulk movers (the servers' handoff, prefetchers) that must not
+            delay foreground requests on shared cores; see ``gcache.sched``. Default off.
         config_file: TOML file with ``[client]`` keys; env ``GCACHE_*`` overrides it,
             and explicit arguments override both.
 
@@ -119,7 +123,8 @@ class Client:
                  verify_checksums: bool | None = None,
                  tls: bool | ssl.SSLContext | None = None, tls_ca_file: str | None = None,
                  tls_cert_file: str | None = None, tls_key_file: str | None = None,
-                 handoff_read_window_ms: int | None = None) -> None:
+                 handoff_read_window_ms: int | None = None,
+                 background: bool | None = None) -> None:
         if isinstance(servers, str):
             servers = servers.split(",")
         if isinstance(masters, str):
@@ -134,7 +139,8 @@ class Client:
             "connect_timeout_ms": connect_timeout_ms, "transport": transport,
             "nixl_bounce_bytes": nixl_bounce_bytes, "verify_checksums": verify_checksums,
             "tls_ca_file": tls_ca_file, "tls_cert_file": tls_cert_file,
-            "tls_key_file": tls_key_file, "handoff_read_window_ms": handoff_read_window_ms})
+            "tls_key_file": tls_key_file, "handoff_read_window_ms": handoff_read_window_ms,
+            "background": background})
         cfg = self.config = s.config
         self.namespace, self.limits, self.transport = s.namespace, s.limits, s.transport
         self.timeout = s.timeout_s
@@ -150,7 +156,8 @@ class Client:
         self._dispatcher = Dispatcher(
             lambda address: make_transport(
                 s.transport, address, s.token, s.limits, s.connect_timeout_s,
-                int(cfg.nixl_bounce_bytes), int(cfg.one_sided_min_bytes), s.tls),
+                int(cfg.nixl_bounce_bytes), int(cfg.one_sided_min_bytes), s.tls,
+                background=bool(cfg.background)),
             self._dial, conns=self.conns, queue_depth=cfg.queue_depth,
             probe_interval=cfg.probe_interval_ms / 1000.0,
             connect_timeout=s.connect_timeout_s)

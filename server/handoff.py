@@ -36,6 +36,9 @@ the tier already drops and counts what it finds corrupt itself. A newer view aba
 pass at the next batch and starts a new one. A server outside the ring re-checks every
 ``IDLE_OUT_S`` so a straggler put still leaves; inside the ring only views and retries
 start passes. Bytes are capped by a token bucket (``migrate_mbps``, MB/s; 0 = no cap).
+The worker thread, its clients' dispatch threads and the owners' threads serving their
+connections run at background CPU priority (``gcache.sched``: ``SCHED_IDLE``), so a
+foreground request never waits behind a handoff burst for the CPU.
 
 Groups: every object keeps the placement hash its writer's client routed it by (the
 ``ph`` of a master-routed put: its group's hash for ``group=`` keys and the SGLang
@@ -74,6 +77,7 @@ from gcache.clock import SYSTEM, Clock
 from gcache.errors import GCacheError
 from gcache.hashing import checksum, placement_hash
 from gcache.protocol import Limits
+from gcache.sched import background_thread
 from gcache.status import Status
 from gcache.view import View
 
@@ -227,6 +231,7 @@ class Handoff:
                 self._c["handoff_" + k] = v
 
     def _run(self) -> None:
+        background_thread()  # the copies must not delay foreground requests (gcache.sched)
         retry = RETRY_S
         next_wait: float | None = None
         try:
@@ -356,7 +361,8 @@ class Handoff:
                 client = self._new_client(masters=self.masters, namespace=ns,
                                           transport="tcp", verify_checksums=True,
                                           tls=self._tls, limits=self._limits,
-                                          timeout_ms=PUT_TIMEOUT_MS, **self._auth)
+                                          timeout_ms=PUT_TIMEOUT_MS, background=True,
+                                          **self._auth)
             except (GCacheError, ValueError, OSError) as exc:
                 log.error("handoff: cannot build a client for namespace %r: %s", ns, exc)
                 return None

@@ -50,6 +50,7 @@ from gcache.credentials import Credential, CredentialStore, Right
 from gcache.errors import ProtocolError
 from gcache.logs import RateLimitedLog
 from gcache.network import check_bind, linger
+from gcache.sched import background_thread
 from gcache.protocol import (FLAG_RESPONSE, PREAUTH_MAX_HEADER_BYTES, PREFIX_SIZE,
                              FrameHeader, Limits, Op, check_flag, check_items, check_key,
                              check_namespace, check_placement, discard_views, encode_frame, parse_put_items,
@@ -615,6 +616,8 @@ class _Connection:
                       "or missing token; give the client a credential ('id:secret') from the "
                       "server's credentials file, or the server's token", "auth")
             return False
+        if check_flag(meta, "bg"):  # a bulk mover (the handoff): keep off foreground CPU
+            background_thread()
         self.cred = cred
         self.authed = True
         self.svc.authenticated(self)

@@ -14,6 +14,7 @@ import ssl
 from gcache.config import TRANSPORTS
 from gcache.credentials import ClientCredential
 from gcache.protocol import Limits
+from gcache.sched import background_thread
 from gcache.sdk.transports.base import Transport
 from gcache.sdk.transports.onesided import OneSidedTransport
 from gcache.sdk.transports.shm import ShmTransport
@@ -23,14 +24,27 @@ from gcache.sdk.transports.tcp import TcpTransport
 def make_transport(mode: str, address: str, token: str | ClientCredential, limits: Limits,
                    connect_timeout: float, nixl_bounce_bytes: int = 8 << 20,
                    one_sided_min_bytes: int = 256 << 10,
-                   tls: ssl.SSLContext | None = None) -> Transport:
+                   tls: ssl.SSLContext | None = None, background: bool = False) -> Transport:
     """The transport for one dispatch thread.
 
     ``tcp`` -> TcpTransport; ``shm`` -> ShmTransport; ``nixl`` -> NixlTransport;
     ``auto`` -> shm when co-located, else nixl when this host has an RDMA device and
     the server offers NIXL, else TCP (decided per connection). With ``tls`` every
     connection is TLS; nixl is refused (its bytes bypass the TLS channel), shm works
-    unchanged (its control RPCs ride the TLS socket, its bytes stay on this host)."""
+    unchanged (its control RPCs ride the TLS socket, its bytes stay on this host).
+    ``background``: the calling (dispatch) thread drops to background CPU priority and
+    the transport asks the server for the same on its connection (``gcache.sched``)."""
+    t = _transport(mode, address, token, limits, connect_timeout, nixl_bounce_bytes,
+                   one_sided_min_bytes, tls)
+    if background:
+        background_thread()
+        t.background = True
+    return t
+
+
+def _transport(mode: str, address: str, token: str | ClientCredential, limits: Limits,
+               connect_timeout: float, nixl_bounce_bytes: int, one_sided_min_bytes: int,
+               tls: ssl.SSLContext | None) -> Transport:
     if mode == "tcp":
         return TcpTransport(address, token, limits, connect_timeout, tls)
     if mode not in TRANSPORTS:

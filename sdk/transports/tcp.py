@@ -43,6 +43,7 @@ def put_fields(items: list[PutItem]) -> list[list]:
 
 class TcpTransport(Transport):
     kind: TransportKind | None = TransportKind.TCP
+    background = False  # AUTH asks the server to serve this connection at background priority
 
     def __init__(self, address: str, token: str | ClientCredential, limits: Limits,
                  connect_timeout: float, tls: ssl.SSLContext | None = None) -> None:
@@ -87,7 +88,8 @@ class TcpTransport(Transport):
             self.server_name = str(hello.get("name", ""))
             self.hello = hello
             sendmsg_all(sock, [encode_frame(Op.AUTH, next_request_id(),
-                                            auth_fields(self.token, hello["nonce"]))],
+                                            {**auth_fields(self.token, hello["nonce"]),
+                                             **({"bg": 1} if self.background else {})})],
                         hs_deadline)
             fh, meta = read_frame(sock, self.limits, self.prefix, deadline=hs_deadline)
             if fh.status == Status.AUTH:
