@@ -238,6 +238,12 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("migrate_mbps", "float", 0.0, "Cap on the handoff worker's bytes (MB/s, 10^6 "
            "bytes per second): what this server pushes to the new owners on a drain or a "
            "join, so foreground IO keeps its latency. 0 = no cap.", "server"),
+    Option("handoff_grace_ms", "duration_ms", 2000, "How long a handed-off object's local "
+           "copy stays after its new owner acknowledged it. A reader that missed at the "
+           "new owner just before the copy landed asks this server next (the SDK's "
+           "previous-owner read) within its op deadline, so set it to the longest client "
+           "timeout_ms in use (the SDK default is 2000). Drains and joins end this much "
+           "after their last copy.", "server"),
     Option("handoff_on_join", "bool", True, "Also push, while this server stays in the "
            "ring, the objects a join moved to another member. Each object goes to the owner "
            "of the placement hash it was put with (its group's, for group= keys and the "

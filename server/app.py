@@ -213,7 +213,7 @@ class Server:
                 Handoff(self.tier, cfg.name, advertise, masters=cfg.masters,
                         credential=cfg.credential, token=cfg.token, tls=self.tls.dialer,
                         limits=self.limits, migrate_mbps=cfg.migrate_mbps,
-                        on_join=cfg.handoff_on_join)
+                        on_join=cfg.handoff_on_join, grace_s=cfg.handoff_grace_ms / 1000.0)
                 if cfg.masters else None)
             self.agent = self._agent(advertise)
             self.self_drain = (

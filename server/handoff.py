@@ -25,9 +25,12 @@ worker thread then runs a *pass* over that view:
 3. after an OK put, and only if the client routed it by this very view (its epoch
    equals the pass's before and after the put, and the key's owner there is not this
    server), delete the local copy with ``Tier.delete_if_version`` (a newer local object
-   is never lost), ``GRACE_S`` later and only while the view still holds: a reader
-   that missed at the new owner just before the put still finds the key here when it
-   falls back to the previous owner (the SDK's ``"ho"`` read) just after it.
+   is never lost), ``grace_s`` later (``handoff_grace_ms``, default 2 s) and only while
+   the view still holds: a reader that missed at the new owner just before the put
+   still finds the key here when it falls back to the previous owner (the SDK's
+   ``"ho"`` read), which it does within its op deadline, so the grace is the longest
+   reader deadline (the SDK's default ``timeout_ms``). A fixed 200 ms grace lost such a
+   read under load (1 in ~9,000 in a loaded CI run).
 
 A failed put (timeout, target unreachable, refused) keeps the object; it counts as
 *waiting* and the pass is retried after ``RETRY_S`` (doubling up to ``RETRY_MAX_S``). An
@@ -91,7 +94,7 @@ CATCH_UP_S = 5.0  # how long a pass waits for its clients to route by the pass's
 RETRY_S, RETRY_MAX_S = 0.5, 8.0  # a pass that left objects waiting runs again after
 IDLE_OUT_S = 2.0  # outside the ring, a finished pass runs again after (stragglers)
 MAX_CLIENTS = 16  # SDK clients kept, one per namespace (least recently used closed)
-GRACE_S = 0.2  # a moved object's local copy is deleted this long after its put
+GRACE_S = 2.0  # a moved object's local copy is deleted this long after its put (default)
 
 
 class TokenBucket:
@@ -146,7 +149,8 @@ class Handoff:
     def __init__(self, tier: Any, member_id: str, address: str, *, masters: Sequence[str] | str,
                  credential: str = "", token: str = "", tls: ssl.SSLContext | None = None,
                  limits: Limits | None = None, migrate_mbps: float = 0.0,
-                 on_join: bool = True, clock: Clock = SYSTEM) -> None:
+                 on_join: bool = True, grace_s: float = GRACE_S,
+                 clock: Clock = SYSTEM) -> None:
         """``tier``: the server's ``Tier`` (``held``, ``pin_read``, ``unpin``,
         ``delete_if_version``); ``member_id``/``address``: this server's name and the
         address clients reach it at; ``masters``, ``credential``/``token``, ``tls`` (a
@@ -154,11 +158,13 @@ class Handoff:
         SDK clients are built with; ``migrate_mbps``: the cap in MB/s (0 = none);
         ``on_join``: also move what a join took from this server while it stays in the
         ring (``handoff_on_join``, default on; off: only a server out of the ring hands
-        off)."""
+        off); ``grace_s``: how long a moved object's local copy stays after its put
+        (``handoff_grace_ms``: the longest reader deadline, see the module docstring)."""
         from gcache.sdk import Client  # the SDK only where a server has masters
 
         self.tier, self.member_id, self.address = tier, member_id, address
         self.on_join = on_join
+        self.grace_s = grace_s
         self.masters = list(masters.split(",") if isinstance(masters, str) else masters)
         self._auth = {"credential": credential or None, "token": token or None}
         self._tls, self._limits, self.clock = tls, limits, clock
@@ -170,7 +176,7 @@ class Handoff:
         self._clients: dict[bytes, Any] = {}  # namespace -> client, least recent first
         self._clients_lock = threading.Lock()
         self._view: View | None = None
-        # a pass's moved objects whose local copy goes after GRACE_S: (due, ns, object)
+        # a pass's moved objects whose local copy goes after grace_s: (due, ns, object)
         self._doomed: deque[tuple[float, bytes, Any]] = deque()
         self._replaced: list = []  # ... and those replaced here meanwhile (not deleted)
         self._wake = threading.Event()
@@ -490,7 +496,7 @@ class Handoff:
                 statuses = [Status.TIMEOUT] * len(f.out)
             # epochs only grow: an equal epoch after the put means it was routed by it
             same_view = client.view.epoch == view.epoch and not self._superseded(view)
-            due = self.clock.monotonic() + GRACE_S
+            due = self.clock.monotonic() + self.grace_s
             for h, st in zip(f.out, statuses):
                 if st == Status.OK:
                     moved += 1
