@@ -43,7 +43,9 @@ leader's join driver (``master/joiner.py``) raises it with ``ramp`` ops (only up
 lower or equal ramp is a no-op, so keys only ever move toward the newcomer) and ends the
 join with ``joined`` (JOINING -> UP, ramp 1.0). Both carry the incarnation the driver saw
 and are no-ops for any other. A known id that registers again (a restart, a healed
-partition) comes back UP or DRAINING as before, at ramp 1.0, never JOINING. Every other
+partition) comes back UP or DRAINING as before, at ramp 1.0, unless its join was cut
+short: a JOINING record (or a DOWN one with a ramp below 1) comes back JOINING at its
+ramp under a new incarnation, which the driver then ramps and ends. Every other
 op treats a JOINING member as it treats an UP one. Records and snapshots written before
 the field existed read as ramp 1.0.
 
@@ -385,16 +387,23 @@ class Membership:
                                         state=MemberState.JOINING if joins else MemberState.UP,
                                         boot_id=boot_id, changed_epoch=new_epoch,
                                         ramp=ramp if joins else 1.0))
+        # the state a returning member takes: a join cut short (a JOINING record, or a DOWN
+        # one whose ramp never reached 1) goes on from its ramp, so a cold restart does not
+        # take its full share of writes at once; the driver sees a new incarnation
+        rejoin = (not cur.drained and cur.ramp < 1.0
+                  and cur.state in (MemberState.JOINING, MemberState.DOWN)
+                  and any(m.state is MemberState.UP for m in self._members.values()))
         back = (MemberState.DRAINING if cur.drained or cur.state is MemberState.DRAINING
-                else MemberState.UP)  # the state a returning member takes
+                else MemberState.JOINING if rejoin else MemberState.UP)
+        ramp = cur.ramp if rejoin else 1.0
         if cur.boot_id != boot_id:  # the server restarted
             return _Change(replace(cur, address=address, capacity_bytes=capacity,
                                    incarnation=cur.incarnation + 1, state=back,
-                                   boot_id=boot_id, changed_epoch=new_epoch, ramp=1.0))
+                                   boot_id=boot_id, changed_epoch=new_epoch, ramp=ramp))
         if cur.state is MemberState.DOWN:  # same process back from a partition
             return _Change(replace(cur, address=address, capacity_bytes=capacity,
                                    incarnation=cur.incarnation + 1, state=back,
-                                   changed_epoch=new_epoch, ramp=1.0))
+                                   changed_epoch=new_epoch, ramp=ramp))
         if cur.address != address or cur.capacity_bytes != capacity:
             return _Change(replace(cur, address=address, capacity_bytes=capacity,
                                    changed_epoch=new_epoch))

@@ -113,19 +113,24 @@ def test_a_holder_that_never_finishes_holds_the_join_until_the_timeout(leader):
     assert _rec(leader, "s2").state is MemberState.UP
 
 
-def test_a_restarted_joiner_is_up_and_a_ramp_for_its_old_incarnation_changes_nothing(leader):
+def test_a_restarted_joiner_resumes_its_ramp_and_old_incarnation_ops_change_nothing(leader):
     clock, det, drv = _setup(leader)
     drv.step()
     old = _rec(leader, "s2")
-    _register(leader, "s2", drv.initial_ramp, boot="boot-again")  # a restart: UP, not JOINING
+    # a restart mid-join: JOINING again at the ramp it had, under a new incarnation
+    _register(leader, "s2", drv.initial_ramp, boot="boot-again")
     rec = _rec(leader, "s2")
-    assert (rec.state, rec.ramp, rec.incarnation) == (MemberState.UP, 1.0, old.incarnation + 1)
+    assert (rec.state, rec.ramp, rec.incarnation) == (MemberState.JOINING, old.ramp,
+                                                      old.incarnation + 1)
     epoch = leader.membership.epoch
     leader.submit({"op": "ramp", "id": "s2", "incarnation": old.incarnation, "ramp": 0.5})
     leader.submit({"op": "joined", "id": "s2", "incarnation": old.incarnation})
     assert leader.membership.epoch == epoch
-    clock.advance(RAMP_S)
+    # the driver starts the new incarnation's clocks afresh and ramps it from there
     assert drv.step() == []
+    clock.advance(RAMP_S)
+    assert ("s2", "ramp") in drv.step()
+    assert _rec(leader, "s2").ramp > old.ramp
 
 
 def test_no_ramp_means_newcomers_are_up_at_once(leader):

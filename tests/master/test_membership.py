@@ -200,6 +200,18 @@ def ramp(member_id: str = "s2", incarnation: int = 1, value: float = 0.5) -> dic
     return {"op": "ramp", "id": member_id, "incarnation": incarnation, "ramp": value}
 
 
+def returning_state(before: MemberRecord, others_up: bool) -> MemberState:
+    """The state a known member comes back in (restart, or healed partition): DRAINING
+    if it was drained; JOINING (at its ramp) if its join was cut short while another
+    member is up; else UP."""
+    if before.state is MemberState.DRAINING or before.drained:
+        return MemberState.DRAINING
+    if (before.ramp < 1.0 and others_up
+            and before.state in (MemberState.JOINING, MemberState.DOWN)):
+        return MemberState.JOINING
+    return MemberState.UP
+
+
 def joined(member_id: str = "s2", incarnation: int = 1) -> dict:
     return {"op": "joined", "id": member_id, "incarnation": incarnation}
 
@@ -240,18 +252,38 @@ def test_join_needs_another_member_up_and_a_ramp_below_one():
 
 @pytest.mark.parametrize("then, state", [
     (admin("drain", "s2"), "draining"), (down("s2"), "down"),
-    (reg("s2", boot="b2"), "up"), (admin("remove", "s2"), None),
+    (reg("s2", boot="b2"), "joining"), (admin("remove", "s2"), None),
 ])
-def test_a_joining_member_drains_goes_down_restarts_up_or_is_removed(then, state):
+def test_a_joining_member_drains_goes_down_restarts_or_is_removed(then, state):
     m = Membership()
     m.apply(reg("s1"))
     m.apply({**reg("s2"), "ramp": 0.25})
     out = m.apply(then)
     assert out["changed"]
     assert (out["member"] or {}).get("state") == state
-    if state == "up":  # a restart of a known id comes back UP at full weight, not JOINING
-        assert out["member"]["ramp"] == 1.0 and out["member"]["incarnation"] == 2
-    assert m.apply(joined())["changed"] is False
+    if state == "joining":  # a restart mid-join goes on from its ramp, not at full weight
+        assert out["member"]["ramp"] == 0.25 and out["member"]["incarnation"] == 2
+    assert m.apply(joined())["changed"] is False  # the driver's op for the old incarnation
+
+
+@pytest.mark.parametrize("back", [reg("s2", boot="b2"), reg("s2")])
+def test_a_join_cut_short_by_a_crash_resumes_from_its_ramp(back):
+    """Down mid-join, then back (restarted, or the same process after a partition):
+    JOINING at the ramp it had, a new incarnation the driver's ops then act on."""
+    m = Membership()
+    m.apply(reg("s1"))
+    m.apply({**reg("s2"), "ramp": 0.25})
+    m.apply(ramp(value=0.5))
+    m.apply(down("s2"))
+    out = m.apply(back)
+    assert out["member"]["state"] == "joining" and out["member"]["ramp"] == 0.5
+    assert out["member"]["incarnation"] == 2
+    assert m.apply(ramp(incarnation=2, value=0.75))["member"]["ramp"] == 0.75
+    assert m.apply(joined(incarnation=2))["member"]["state"] == "up"
+    # a member that had finished its join comes back UP at full weight
+    m.apply(down("s2", incarnation=2))
+    out = m.apply(reg("s2", boot="b3"))
+    assert out["member"]["state"] == "up" and out["member"]["ramp"] == 1.0
 
 
 def test_undrain_after_a_drained_join_is_up_at_full_weight():
@@ -633,23 +665,24 @@ class MembershipMachine(RuleBasedStateMachine):
             assert rec.state is (MemberState.JOINING if join and others_up else MemberState.UP)
             assert rec.ramp == (0.25 if rec.state is MemberState.JOINING else 1.0)
         if before is not None and before.boot_id == boot and before.state is MemberState.DOWN:
-            back = MemberState.DRAINING if before.drained else MemberState.UP
-            assert rec.state is back and rec.incarnation == before.incarnation + 1
+            assert rec.state is returning_state(before, others_up)
+            assert rec.incarnation == before.incarnation + 1
 
     @rule(member_id=IDS, address=ADDRS, capacity=CAPS)
     def restart(self, member_id: str, address: str, capacity: int) -> None:
         prev_max = self.max_inc.get(member_id, 0)
         before = self.m.get(member_id)
+        others_up = any(r.state is MemberState.UP for i, r in self.m.members().items()
+                        if i != member_id)
         boot = self.boots[member_id] = self.new_boot()
         out = self.do({"op": "register", "id": member_id, "address": address,
                        "capacity_bytes": capacity, "boot_id": boot})
         rec = self.m.get(member_id)
         assert out["changed"] and rec is not None
         assert rec.incarnation > prev_max  # a new process always outranks every old one
-        expected = (MemberState.DRAINING if before is not None
-                    and (before.state is MemberState.DRAINING or before.drained)
-                    else MemberState.UP)
+        expected = MemberState.UP if before is None else returning_state(before, others_up)
         assert rec.state is expected and rec.drained == (before is not None and before.drained)
+        assert rec.ramp == (before.ramp if expected is MemberState.JOINING else 1.0)
 
     @rule(member_id=IDS, stale=st.booleans(), data=st.data())
     def mark_down(self, member_id: str, stale: bool, data: st.DataObject) -> None:
