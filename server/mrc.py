@@ -47,12 +47,13 @@ from __future__ import annotations
 import heapq
 import threading
 from collections import OrderedDict
+from typing import Protocol
 
 import xxhash
 
 from gcache.errors import ConfigError
 
-__all__ = ["FACTORS", "MissRatioCurve", "SAMPLE_MODULUS"]
+__all__ = ["AccessObserver", "FACTORS", "MissRatioCurve", "SAMPLE_MODULUS"]
 
 #: Capacity factors the curve is estimated at (multiples of the memory tier's capacity).
 FACTORS: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0)
@@ -61,6 +62,20 @@ SAMPLE_MODULUS = 1 << 24
 _MASK = SAMPLE_MODULUS - 1
 ALL = "*"
 OTHER = "other"
+
+
+class AccessObserver(Protocol):
+    """What the memory tier tells about accesses (``MemoryTier(access_observer=)``).
+
+    Both are called with the tier's lock held, from connection threads: they must not
+    block, do IO or take a lock that is ever held while calling out.
+    """
+
+    def on_get(self, ns: bytes, key: bytes, length: int | None) -> None:
+        """A whole-object read (offset 0): ``length`` if memory served it, None on a miss."""
+
+    def on_put(self, ns: bytes, key: bytes, length: int) -> None:
+        """A put of ``length`` value bytes became the current object of ``(ns, key)``."""
 
 
 class _Counts:
@@ -101,7 +116,7 @@ class MissRatioCurve:
                               f"{capacity_bytes}")
         if tracked_keys < 16:
             raise ConfigError(f"mrc_tracked_keys must be >= 16 (or turn the curve off with "
-                              f"--no-mrc), not {tracked_keys}")
+                              f"--mrc false), not {tracked_keys}")
         if not factors or any(f <= 0 for f in factors) or list(factors) != sorted(set(factors)):
             raise ConfigError(f"miss-ratio curve factors must be positive and increasing, "
                               f"not {factors}")
