@@ -74,14 +74,14 @@ class Row:
 
 
 def check(trace: str, *, capacity_fraction: float = 0.1, page_bytes: int = 1 << 20,
-          tracked_keys: int = 8192, limit: int | None = None,
+          tracked_keys: int = 8192, sample_rate: float = 0.125, limit: int | None = None,
           ns: bytes = b"mooncake") -> tuple[list[Row], dict]:
     """Run the check; returns the rows and the curve's snapshot."""
     steps = list(mooncake_trace(trace, limit))
     unique = len({k for s in steps for k in s.page_keys})
     capacity = max(page_bytes, int(capacity_fraction * unique * page_bytes))
     server = ExactLRU(capacity)
-    curve = MissRatioCurve(capacity, tracked_keys=tracked_keys)
+    curve = MissRatioCurve(capacity, tracked_keys=tracked_keys, sample_rate=sample_rate)
     exact = [ExactLRU(f * capacity) for f in FACTORS]
     for s in steps:
         for k in s.page_keys:
@@ -105,12 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("trace")
     ap.add_argument("--capacity-fraction", type=float, default=0.1)
     ap.add_argument("--tracked-keys", type=int, default=8192)
+    ap.add_argument("--sample-rate", type=float, default=0.125,
+                    help="the curve's starting (and highest) sample rate")
     ap.add_argument("--limit", type=int, default=None, help="first N requests only")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
     rows, snap = check(a.trace, capacity_fraction=a.capacity_fraction,
-                       tracked_keys=a.tracked_keys, limit=a.limit)
+                       tracked_keys=a.tracked_keys, sample_rate=a.sample_rate, limit=a.limit)
     secs = time.monotonic() - t0
     if a.json:
         print(json.dumps({"rows": [[r.factor, r.estimate, r.exact, r.error] for r in rows],

@@ -211,6 +211,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("mrc_tracked_keys", "int", 8192, "Most keys the miss-ratio curve's ghost cache "
            "tracks (its memory: ~200 bytes each); fewer sample fewer GETs and estimate "
            "less exactly.", "server"),
+    Option("mrc_sample_rate", "float", 0.125, "Highest fraction of keys the miss-ratio "
+           "curve samples (it lowers it to keep mrc_tracked_keys); each sampled GET costs "
+           "the server a few microseconds.", "server"),
     Option("metrics_listen", "addr", "", "Prometheus HOST:PORT; empty disables.", "server"),
     Option("log_level", "str", "INFO", "Logging level name.", "server"),
     Option("log_format", "str", "json", "Log format: json or text.", "server"),

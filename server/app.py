@@ -178,7 +178,8 @@ class Server:
         self.metrics = ServerMetrics(cfg.metrics_max_namespaces)
         try:
             self.mrc = (MissRatioCurve(self.arena.npages * self.arena.slab_bytes,
-                                       tracked_keys=cfg.mrc_tracked_keys)
+                                       tracked_keys=cfg.mrc_tracked_keys,
+                                       sample_rate=cfg.mrc_sample_rate)
                         if cfg.mrc else None)
         except ConfigError as exc:  # a bad --mrc-tracked-keys: leave the arena as it was
             self.arena.close(self.arena.was_clean, self.arena.next_version)

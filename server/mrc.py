@@ -9,8 +9,10 @@ the sampling rate ``R = T / P`` (a cache of ``f x capacity x R`` bytes over the 
 keys behaves like one of ``f x capacity`` over all of them). Fixed-size SHARDS: when more
 than ``tracked_keys`` keys sit in the ghost, the threshold is lowered to the largest
 tracked hash and that key dropped, so memory stays bounded whatever the key count, and
-``R`` settles where ``tracked_keys`` keys span the largest factor. Each sampled access
-counts ``1 / R`` so a rate change does not skew the ratios.
+``R`` settles where ``tracked_keys`` keys span the largest factor. ``R`` starts at
+``sample_rate`` (1/8 by default: the hot path's average cost stays well under a
+microsecond per GET). Each sampled access counts ``1 / R`` so a rate change does not
+skew the ratios.
 
 Ghost: one LRU stack cut into one band per factor (an ``OrderedDict`` each; band ``i``
 holds the keys at byte stack distance ``(cap[i-1], cap[i]]``). Byte LRU caches of
@@ -33,13 +35,17 @@ memory tier really served for the same sampled GETs: compare it with factor 1).
 Namespace ``"*"`` is every namespace together; past ``max_namespaces`` the rest count
 as ``"other"``.
 
-Threads. ``on_get`` and ``on_put`` are called by the memory tier (``memory_tier``),
-from connection threads, usually with the tier's lock held. They never block, sleep or
+Validation: ``python -m gcache.bench.mrc_check TRACE`` replays a Mooncake trace against
+exact LRU caches at every factor (within 0.01 on the synthetic trace).
+
+Threads. ``on_get`` and ``on_put`` are called by the memory tier (``memory_tier``:
+``pin_read`` at offset 0, and a put's publish), from connection threads (and handoff
+reads), with the tier's lock held. They never block, sleep or
 do IO: an unsampled key costs one xxh3 of the key and a compare (O(1), no lock); a
 sampled one takes this object's own lock (innermost: nothing is called while it is held)
-for O(number of factors) work, amortized O(log n) for a threshold change. ``snapshot``
-may be called from any thread (heartbeats, scrapes, STATS); it takes the same lock for
-O(namespaces x factors).
+for O(number of factors) work, amortized O(log n) for a threshold change (a heap of
+tracked hashes). ``snapshot`` may be called from any thread (heartbeats, scrapes,
+STATS); it takes the same lock for O(namespaces x factors).
 """
 
 from __future__ import annotations
@@ -79,24 +85,35 @@ class AccessObserver(Protocol):
 
 
 class _Counts:
-    """Weighted counts of one namespace: gets, hits per factor, and their bytes."""
+    """Weighted counts of one namespace: gets, and gets (and their bytes) per band the key
+    was found in (the last slot: not found), cumulated into hit ratios by ``doc``."""
 
-    __slots__ = ("gets", "get_bytes", "hits", "hit_bytes", "served", "puts", "put_bytes")
+    __slots__ = ("gets", "get_bytes", "found", "found_bytes", "served", "puts", "put_bytes")
 
     def __init__(self, n: int) -> None:
         self.gets = self.get_bytes = self.served = 0.0
         self.puts = self.put_bytes = 0.0
-        self.hits = [0.0] * n
-        self.hit_bytes = [0.0] * n
+        self.found = [0.0] * (n + 1)
+        self.found_bytes = [0.0] * (n + 1)
 
-    def mean_size(self) -> float:
-        return self.put_bytes / self.puts if self.puts else 0.0
+    def add(self, other: _Counts) -> None:
+        self.gets += other.gets
+        self.get_bytes += other.get_bytes
+        self.served += other.served
+        for i, (f, fb) in enumerate(zip(other.found, other.found_bytes)):
+            self.found[i] += f
+            self.found_bytes[i] += fb
 
     def doc(self) -> dict:
         g, gb = self.gets, self.get_bytes
-        return {"gets": round(g),
-                "hit_ratio": [round(h / g, 4) if g else 0.0 for h in self.hits],
-                "byte_hit_ratio": [round(h / gb, 4) if gb else 0.0 for h in self.hit_bytes],
+        hits: list[float] = []
+        hit_bytes: list[float] = []
+        h = hb = 0.0
+        for f, fb in zip(self.found[:-1], self.found_bytes[:-1]):
+            h, hb = h + f, hb + fb  # found in band b: a hit at every factor >= b
+            hits.append(round(h / g, 4) if g else 0.0)
+            hit_bytes.append(round(hb / gb, 4) if gb else 0.0)
+        return {"gets": round(g), "hit_ratio": hits, "byte_hit_ratio": hit_bytes,
                 "actual_hit_ratio": round(self.served / g, 4) if g else 0.0}
 
 
@@ -105,12 +122,13 @@ class MissRatioCurve:
 
     ``capacity_bytes``: the memory tier's capacity (factor 1). ``tracked_keys``: most keys
     the ghost holds (memory is O(tracked_keys + max_namespaces x factors)).
-    ``sample_rate``: the starting rate (1.0: every key until the ghost fills).
+    ``sample_rate``: the starting (and highest) rate: 1/8 keeps a sampled GET's cost
+    (a few microseconds) to well under a microsecond per GET on average.
     """
 
     def __init__(self, capacity_bytes: int, *, tracked_keys: int = 8192,
                  factors: tuple[float, ...] = FACTORS, max_namespaces: int = 16,
-                 sample_rate: float = 1.0) -> None:
+                 sample_rate: float = 0.125) -> None:
         if capacity_bytes <= 0:
             raise ConfigError(f"miss-ratio curve: capacity_bytes must be > 0, not "
                               f"{capacity_bytes}")
@@ -121,8 +139,7 @@ class MissRatioCurve:
             raise ConfigError(f"miss-ratio curve factors must be positive and increasing, "
                               f"not {factors}")
         if not 0.0 < sample_rate <= 1.0:
-            raise ConfigError(f"miss-ratio curve sample_rate must be in (0, 1], not "
-                              f"{sample_rate}")
+            raise ConfigError(f"mrc_sample_rate must be in (0, 1], not {sample_rate}")
         self.capacity = capacity_bytes
         self.factors = tuple(float(f) for f in factors)
         self.max_tracked = tracked_keys
@@ -136,7 +153,8 @@ class MissRatioCurve:
         self._where: dict[tuple[bytes, bytes], int] = {}  # tracked key -> its band
         self._heap: list[tuple[int, tuple[bytes, bytes]]] = []  # (-hash, key), lazy
         self._caps = self._scaled_caps()
-        self._all = _Counts(n)
+        self._w = SAMPLE_MODULUS / self.threshold  # what one sampled access stands for
+        self._puts = self._put_bytes = 0.0  # weighted, every namespace (a fallback size)
         self._ns: dict[bytes, _Counts] = {}
         self.sampled = 0  # sampled accesses (gets and puts), for tests and overhead checks
 
@@ -156,12 +174,11 @@ class MissRatioCurve:
         if h >= self.threshold:
             return
         with self._lock:
-            w = SAMPLE_MODULUS / self.threshold
             c = self._counts(ns)
-            c.puts += w
-            c.put_bytes += w * length
-            self._all.puts += w
-            self._all.put_bytes += w * length
+            c.puts += self._w
+            c.put_bytes += self._w * length
+            self._puts += self._w
+            self._put_bytes += self._w * length
             self._touch((ns, key), length, h)
 
     # ------------------------------------------------------------------ estimates
@@ -169,10 +186,13 @@ class MissRatioCurve:
         """The curve: see the module docstring. ``top``: only the namespaces with the most
         GETs (``"*"`` always)."""
         with self._lock:
+            total = _Counts(len(self.factors))
+            for c in self._ns.values():
+                total.add(c)
             nss = sorted(self._ns.items(), key=lambda kv: -kv[1].gets)
             if top is not None:
                 nss = nss[:top]
-            docs = {ALL: self._all.doc()}
+            docs = {ALL: total.doc()}
             for ns, c in nss:
                 docs[ns.decode("utf-8", "replace")] = c.doc()
             return {"capacity_bytes": self.capacity, "factors": list(self.factors),
@@ -196,59 +216,70 @@ class MissRatioCurve:
         return c
 
     def _get(self, ns: bytes, key: bytes, length: int | None, h: int) -> None:
-        w = SAMPLE_MODULUS / self.threshold
+        w = self._w
         c = self._counts(ns)
         k = (ns, key)
         band = self._where.get(k)
-        size = length
+        size: float | None = length
         if size is None:
             size = (self._bands[band][k] if band is not None
-                    else c.mean_size() or self._all.mean_size())
-        for cc in (c, self._all):
-            cc.gets += w
-            cc.get_bytes += w * size
-            if length is not None:
-                cc.served += w
-            if band is not None:
-                for i in range(band, len(self.factors)):
-                    cc.hits[i] += w
-                    cc.hit_bytes[i] += w * size
+                    else c.put_bytes / c.puts if c.puts
+                    else self._put_bytes / self._puts if self._puts else 0)
+        slot = len(self.factors) if band is None else band
+        c.gets += w
+        c.get_bytes += w * size
+        c.found[slot] += w
+        c.found_bytes[slot] += w * size
+        if length is not None:
+            c.served += w
         if size:
             self._touch(k, int(size), h)
 
     def _touch(self, k: tuple[bytes, bytes], size: int, h: int) -> None:
         """Move (or add) ``k`` to the top of the stack with ``size`` bytes."""
         self.sampled += 1
+        bands = self._bands
         band = self._where.get(k)
-        if band is not None:
-            self._band_bytes[band] -= self._bands[band].pop(k)
-        else:
+        if band is None:
+            src = len(bands)
             heapq.heappush(self._heap, (-h, k))
-        top = self._bands[0]
-        top[k] = size
+        else:
+            old = bands[band].pop(k)
+            self._band_bytes[band] -= old
+            src = band if old == size else len(bands)
+        bands[0][k] = size
         self._band_bytes[0] += size
         self._where[k] = 0
-        self._cascade()
+        self._cascade(src)
         if len(self._where) > self.max_tracked:
             self._lower_threshold()
 
-    def _cascade(self) -> None:
+    def _cascade(self, src: int | None = None) -> None:
         """Spill each band's oldest keys down until bands 0..i hold at most ``cap[i]``;
-        the last band's spill is forgotten."""
+        the last band's spill is forgotten. ``src``: the band a key of unchanged size moved
+        up from (bands from there on hold as many bytes as before, so one there that
+        spills nothing ends the cascade)."""
+        bands, nbytes, caps = self._bands, self._band_bytes, self._caps
+        last = len(bands) - 1
+        if src is None:
+            src = len(bands)
         above = 0
-        last = len(self._bands) - 1
-        for i, band in enumerate(self._bands):
-            limit = self._caps[i] - above
-            while self._band_bytes[i] > limit and band:
+        for i, band in enumerate(bands):
+            limit = caps[i] - above
+            spilled = False
+            while nbytes[i] > limit and band:
                 k, s = band.popitem(last=False)
-                self._band_bytes[i] -= s
+                nbytes[i] -= s
+                spilled = True
                 if i < last:
-                    self._bands[i + 1][k] = s  # newest of the next band
-                    self._band_bytes[i + 1] += s
+                    bands[i + 1][k] = s  # newest of the next band
+                    nbytes[i + 1] += s
                     self._where[k] = i + 1
                 else:
                     del self._where[k]
-            above += self._band_bytes[i]
+            if not spilled and i >= src:
+                return
+            above += nbytes[i]
 
     def _lower_threshold(self) -> None:
         """Fixed-size SHARDS: drop the largest tracked hash and sample below it from now."""
@@ -263,4 +294,5 @@ class MissRatioCurve:
             if band is not None:  # else forgotten already
                 self._band_bytes[band] -= self._bands[band].pop(k)
         self._caps = self._scaled_caps()
+        self._w = SAMPLE_MODULUS / self.threshold
         self._cascade()

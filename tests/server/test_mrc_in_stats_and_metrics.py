@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 def test_stats_and_metrics_carry_the_curve_per_namespace(tmp_path):
     port = free_port()
     srv = ServerProc(f"mrc-{port}", "16MiB", slab="1MiB", log_dir=str(tmp_path),
-                     extra=["--metrics-listen", f"127.0.0.1:{port}"])
+                     extra=["--metrics-listen", f"127.0.0.1:{port}", "--mrc-sample-rate", "1"])
     srv.start()
     try:
         keys = [f"k{i}".encode() for i in range(40)]
