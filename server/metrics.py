@@ -20,7 +20,8 @@ The miss-ratio curve (``server/mrc.py``; off with ``--mrc false``):
 ratios of GETs (of GET bytes) were memory ``capacity_factor`` (0.5, 1, 2, 4, 8) times its
 size; ``gcache_mrc_actual_hit_ratio{namespace}`` is what memory served for the same
 sampled GETs and ``gcache_mrc_gets{namespace}`` how many GETs the estimate stands for.
-Namespace ``*`` is all of them; at most 8 others (the busiest), the rest in ``other``.
+Namespace ``*`` is all of them, next to the 8 with the most GETs (past 16 distinct
+namespaces, later ones count as ``other``).
 ``gcache_mrc_sample_rate`` and ``gcache_mrc_tracked_keys`` describe the sample.
 
 Per-namespace counters (``gcache_namespace_{hits,misses,bytes}_total``) carry a
