@@ -181,8 +181,8 @@ class MemoryTier(Tier):
         counts quota events per namespace (``refused``, ``evicted``); it runs with the
         lock held and must not block. ``eviction_policy``: the order objects are given
         up in (default LRU; see ``eviction``). ``access_observer``: hears every
-        whole-object read, hit or miss, and every published put, with the lock held
-        (``mrc.AccessObserver``; the miss-ratio curve)."""
+        whole-object read, hit or miss, and every published put, with the lock held, and
+        every EXISTS, without it (``mrc.AccessObserver``; the miss-ratio curve)."""
         self.arena = arena
         self.access_observer = access_observer
         self.policy = eviction_policy if eviction_policy is not None else LRU()
@@ -578,7 +578,10 @@ class MemoryTier(Tier):
                 self.do_free(o)
 
     def exists(self, ns: bytes, key: bytes) -> bool:
-        return (ns, key) in self._index
+        found = (ns, key) in self._index
+        if self.access_observer is not None:
+            self.access_observer.on_exists(ns, key, found)
+        return found
 
     def touch(self, ns: bytes, key: bytes) -> bool:
         with self._lock:

@@ -22,14 +22,18 @@ and a cascade of at most one spill per band (amortized), O(number of factors).
 A key that falls off the last band is forgotten (a miss at every factor).
 
 Model. A GET refreshes its key (it moves to the top of the stack), hit or miss: a missed
-page is put (or promoted from disk) right after, as an L3 KV cache does. A key the ghost
+page is put (or promoted from disk) right after, as an L3 KV cache does. An engine that
+asks EXISTS first (SGLang's HiCache: it reads only the prefix that exists) sends GETs
+for hits only, so an EXISTS counts as the access (found in the ghost or not; it moves
+nothing, as in the memory tier) and the next GET of that key only refreshes it. A key the ghost
 does not know is sized by its namespace's mean put size until its put says; a put
 refreshes and resizes its key without counting. Only whole-object reads count (a GET at
 offset 0: one per sliced read). Deletes are not seen (they are rare for KV pages, and a
 deleted key's next GET is then counted as the ghost's hit). The curve is cumulative
 since the server started.
 
-Estimates. ``snapshot()['namespaces'][ns]``: ``gets`` (estimated GETs counted),
+Estimates. ``snapshot()['namespaces'][ns]``: ``gets`` (estimated accesses counted:
+GETs, and EXISTS that decide them),
 ``hit_ratio`` and ``byte_hit_ratio`` (one per factor), and ``actual_hit_ratio`` (what the
 memory tier really served for the same sampled GETs: compare it with factor 1).
 Namespace ``"*"`` is every namespace together; past ``max_namespaces`` the rest count
@@ -38,10 +42,10 @@ as ``"other"``.
 Validation: ``python -m gcache.bench.mrc_check TRACE`` replays a Mooncake trace against
 exact LRU caches at every factor (within 0.01 on the synthetic trace).
 
-Threads. ``on_get`` and ``on_put`` are called by the memory tier (``memory_tier``:
-``pin_read`` at offset 0, and a put's publish), from connection threads (and handoff
-reads), with the tier's lock held. They never block, sleep or
-do IO: an unsampled key costs one xxh3 of the key and a compare (O(1), no lock); a
+Threads. ``on_get``, ``on_put`` and ``on_exists`` are called by the memory tier
+(``memory_tier``: ``pin_read`` at offset 0, a put's publish, ``exists``), from
+connection threads (and handoff reads), the first two with the tier's lock held. They
+never block, sleep or do IO: an unsampled key costs one xxh3 of the key and a compare (O(1), no lock); a
 sampled one takes this object's own lock (innermost: nothing is called while it is held)
 for O(number of factors) work, amortized O(log n) for a threshold change (a heap of
 tracked hashes). ``snapshot`` may be called from any thread (heartbeats, scrapes,
@@ -73,8 +77,8 @@ OTHER = "other"
 class AccessObserver(Protocol):
     """What the memory tier tells about accesses (``MemoryTier(access_observer=)``).
 
-    Both are called with the tier's lock held, from connection threads: they must not
-    block, do IO or take a lock that is ever held while calling out.
+    Called from connection threads (``on_get`` and ``on_put`` with the tier's lock held):
+    they must not block, do IO or take a lock that is ever held while calling out.
     """
 
     def on_get(self, ns: bytes, key: bytes, length: int | None) -> None:
@@ -82,6 +86,9 @@ class AccessObserver(Protocol):
 
     def on_put(self, ns: bytes, key: bytes, length: int) -> None:
         """A put of ``length`` value bytes became the current object of ``(ns, key)``."""
+
+    def on_exists(self, ns: bytes, key: bytes, found: bool) -> None:
+        """An EXISTS of ``(ns, key)`` (without the lock; recency unchanged)."""
 
 
 class _Counts:
@@ -156,6 +163,7 @@ class MissRatioCurve:
         self._w = SAMPLE_MODULUS / self.threshold  # what one sampled access stands for
         self._puts = self._put_bytes = 0.0  # weighted, every namespace (a fallback size)
         self._ns: dict[bytes, _Counts] = {}
+        self._probed: dict[tuple[bytes, bytes], None] = {}  # EXISTS counted, GET not yet
         self.sampled = 0  # sampled accesses (gets and puts), for tests and overhead checks
 
     # ------------------------------------------------------------------ hooks
@@ -179,7 +187,25 @@ class MissRatioCurve:
             c.put_bytes += self._w * length
             self._puts += self._w
             self._put_bytes += self._w * length
+            self._probed.pop((ns, key), None)
             self._touch((ns, key), length, h)
+
+    def on_exists(self, ns: bytes, key: bytes, found: bool) -> None:
+        """An EXISTS of ``(ns, key)``: ``found`` in memory or not. Counted as the access
+        (the engine reads only what exists), without moving the key; the GET that
+        follows it only moves it."""
+        h = xxhash.xxh3_64_intdigest(key) & _MASK
+        if h >= self.threshold:
+            return
+        with self._lock:
+            k = (ns, key)
+            band = self._where.get(k)
+            size = self._bands[band][k] if band is not None else None
+            self._count(self._counts(ns), band, size, found)
+            if band is not None:
+                if len(self._probed) >= self.max_tracked:
+                    self._probed.clear()  # probes never followed by a read: forget them
+                self._probed[k] = None
 
     # ------------------------------------------------------------------ estimates
     def snapshot(self, top: int | None = None) -> dict:
@@ -216,24 +242,33 @@ class MissRatioCurve:
         return c
 
     def _get(self, ns: bytes, key: bytes, length: int | None, h: int) -> None:
-        w = self._w
-        c = self._counts(ns)
         k = (ns, key)
         band = self._where.get(k)
-        size: float | None = length
+        if band is not None and self._probed and self._probed.pop(k, 1) is None:
+            self._touch(k, self._bands[band][k] if length is None else length, h)
+            return  # its EXISTS counted this access
+        c = self._counts(ns)
+        size = self._count(c, band, length if length is not None
+                           else self._bands[band][k] if band is not None else None,
+                           length is not None)
+        if size:
+            self._touch(k, int(size), h)
+
+    def _count(self, c: _Counts, band: int | None, size: float | None, served: bool) -> float:
+        """Count one access found in ``band`` (None: not found); returns its size (an
+        unknown one: the namespace's mean put, else everyone's)."""
         if size is None:
-            size = (self._bands[band][k] if band is not None
-                    else c.put_bytes / c.puts if c.puts
-                    else self._put_bytes / self._puts if self._puts else 0)
+            size = (c.put_bytes / c.puts if c.puts
+                    else self._put_bytes / self._puts if self._puts else 0.0)
+        w = self._w
         slot = len(self.factors) if band is None else band
         c.gets += w
         c.get_bytes += w * size
         c.found[slot] += w
         c.found_bytes[slot] += w * size
-        if length is not None:
+        if served:
             c.served += w
-        if size:
-            self._touch(k, int(size), h)
+        return size
 
     def _touch(self, k: tuple[bytes, bytes], size: int, h: int) -> None:
         """Move (or add) ``k`` to the top of the stack with ``size`` bytes."""

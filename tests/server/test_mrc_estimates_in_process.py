@@ -1,6 +1,6 @@
 """The miss-ratio curve (server/mrc.py) in-process: its estimates match exact LRU
 replays, its memory stays bounded by lowering the sample rate, namespaces are counted
-apart, and a MemoryTier feeds it every whole-object read (hit or miss) and put."""
+apart, and a MemoryTier feeds it every whole-object read (hit or miss), EXISTS and put."""
 
 from __future__ import annotations
 
@@ -84,6 +84,26 @@ def test_mooncake_trace_estimate_within_003_of_exact():
     assert snap["tracked_keys"] <= 8192
 
 
+@pytest.mark.skipif(not os.path.exists(TRACE), reason="synthetic trace not present")
+def test_exists_then_read_prefix_flow_within_003_of_exact():
+    """SGLang's flow: EXISTS every page, GET the prefix that exists, put the missing."""
+    rows, _ = check(TRACE, capacity_fraction=0.1, limit=2000, flow="exists")
+    assert all(abs(r.error) <= 0.03 for r in rows), rows
+
+
+def test_exists_then_get_counts_one_access():
+    curve = MissRatioCurve(100 * PAGE, sample_rate=1.0)
+    curve.on_put(b"ns", b"x", PAGE)
+    curve.on_exists(b"ns", b"x", True)
+    curve.on_get(b"ns", b"x", PAGE)  # the read its EXISTS decided: not counted again
+    curve.on_exists(b"ns", b"y", False)  # a miss: the engine puts it
+    curve.on_put(b"ns", b"y", PAGE)
+    curve.on_get(b"ns", b"y", PAGE)  # a read without an EXISTS: counted
+    d = curve.snapshot()["namespaces"]["ns"]
+    assert d["gets"] == 3
+    assert d["hit_ratio"] == [round(2 / 3, 4)] * 5
+
+
 def test_namespaces_counted_apart_and_star_is_their_sum():
     curve = MissRatioCurve(100 * PAGE, sample_rate=1.0, max_namespaces=2)
     for ns in (b"a", b"b", b"c"):
@@ -134,5 +154,7 @@ def test_memory_tier_feeds_whole_reads_hits_and_misses_and_puts(tmp_path):
         assert d["hit_ratio"] == [0.5] * 5
         assert d["actual_hit_ratio"] == 0.5
         assert curve.sampled == 3  # the put, the hit, the miss (sized by the mean put)
+        assert m.exists(b"ns", b"k") and not m.exists(b"ns", b"nope")
+        assert curve.snapshot()["namespaces"]["ns"]["gets"] == 4
     finally:
         m.close()
