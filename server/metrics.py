@@ -18,8 +18,9 @@ The miss-ratio curve (``server/mrc.py``; off with ``--mrc false``):
 ``gcache_mrc_hit_ratio{namespace, capacity_factor}`` and
 ``gcache_mrc_byte_hit_ratio{namespace, capacity_factor}`` are the estimated memory hit
 ratios of GETs (of GET bytes) were memory ``capacity_factor`` (0.5, 1, 2, 4, 8) times its
-size; ``gcache_mrc_actual_hit_ratio{namespace}`` is what memory served for the same
-sampled GETs and ``gcache_mrc_gets{namespace}`` how many GETs the estimate stands for.
+size (an EXISTS counts as the read it decides); ``gcache_mrc_actual_hit_ratio{namespace}``
+is what memory served for the same sampled reads and ``gcache_mrc_gets{namespace}`` how
+many reads the estimate stands for.
 Namespace ``*`` is all of them, next to the 8 with the most GETs (past 16 distinct
 namespaces, later ones count as ``other``).
 ``gcache_mrc_sample_rate`` and ``gcache_mrc_tracked_keys`` describe the sample.
@@ -318,8 +319,9 @@ class _TierCollector:
         actual = GaugeMetricFamily("gcache_mrc_actual_hit_ratio", "memory hit ratio of the "
                                    "GETs the curve sampled (compare with capacity_factor 1)",
                                    labels=["namespace"])
-        gets = GaugeMetricFamily("gcache_mrc_gets", "GETs the curve's estimate stands for "
-                                 "(sampled, scaled by the sample rate)", labels=["namespace"])
+        gets = GaugeMetricFamily("gcache_mrc_gets", "reads (GETs, and EXISTS that decide "
+                                 "them) the curve's estimate stands for (sampled, scaled by "
+                                 "the sample rate)", labels=["namespace"])
         for ns, d in doc["namespaces"].items():
             for f, h, b in zip(factors, d["hit_ratio"], d["byte_hit_ratio"]):
                 hit.add_metric([ns, f], h)
