@@ -5,7 +5,10 @@ A joining member's state cell shows how far its capacity ramp is (``joining 50%`
 
 Each member's handoff progress (its ``handoff_*`` stats, carried to the masters by its
 heartbeats) is the status table's ``handoff`` column, and what ``gcache admin drain ID
---wait`` follows until the member is empty."""
+--wait`` follows until the member is empty.
+
+``gcache status --mrc`` adds each member's miss-ratio curve (``mrc_lines``): per namespace,
+the estimated GET hit rate from memory now and the change with more (or less) memory."""
 
 from __future__ import annotations
 
@@ -68,6 +71,45 @@ def handoff_cell(stats: dict) -> str:
     return cell
 
 
+def _short_size(n: float) -> str:
+    """3 significant digits: "512 MiB", "1 GiB", "1.5 TiB" (a column header)."""
+    for unit, mult in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= mult:
+            return f"{n / mult:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def _pct(x: float, sign: bool = False) -> str:
+    return f"{100 * x:+.1f}%" if sign else f"{100 * x:.1f}%"
+
+
+def mrc_lines(member_id: str, stats: dict) -> list[str]:
+    """The member's miss-ratio curve (``server/mrc.py``, carried by its heartbeats) as
+    lines of at most 80 columns: per namespace (``*``: all), the estimated GET hit rate
+    from memory now, and how many points it moves with ``+X GiB`` of memory."""
+    doc = (stats or {}).get("mrc")
+    if not doc:
+        return [f"{member_id}: no miss-ratio curve (--mrc false, or no heartbeat yet)"]
+    cap, factors = doc["capacity_bytes"], doc["factors"]
+    if 1.0 not in factors:
+        return [f"{member_id}: miss-ratio curve without a 1x point"]
+    now = factors.index(1.0)
+    total = doc["namespaces"].get("*", {})
+    out = [f"{member_id}: memory {format_size(cap, approx=True)}, "
+           f"{total.get('gets', 0):,} GETs estimated from a {_pct(doc['sample_rate'])} "
+           f"key sample"]
+    cols = [i for i in range(len(factors)) if i != now]
+    out.append(f"  {'namespace':<18} {'now':>6}" + "".join(
+        f"{('+' if factors[i] > 1 else '-') + _short_size(abs(factors[i] - 1) * cap):>12}"
+        for i in cols))
+    for ns, d in doc["namespaces"].items():
+        hits = d["hit_ratio"]
+        name = ns if len(ns) <= 18 else ns[:17] + "~"
+        out.append(f"  {name:<18} {_pct(hits[now]):>6}" + "".join(
+            f"{_pct(hits[i] - hits[now], sign=True):>12}" for i in cols))
+    return out
+
+
 def _tls_options(fn):
     """``--tls``/``--tls-ca-file``/``--tls-cert-file``/``--tls-key-file`` (the client
     scope's options), gathered into one ``tls`` dict argument."""
@@ -108,7 +150,12 @@ def _masters_client(masters: str, token: str, tls: dict):
               help="'id:secret' with admin on \"*\"; wins over --token. [env GCACHE_CREDENTIAL]")
 @_tls_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
-def status(masters: str, token: str, credential: str, as_json: bool, **tls: object) -> None:
+@click.option("--mrc", "show_mrc", is_flag=True,
+              help="Also show each member's miss-ratio curve: per namespace, the estimated "
+              "GET hit rate from memory now and its change with +X GiB (or -X) of memory "
+              "(\"+1 GiB  +8.1%\": 1 GiB more memory, 8.1 points more hits).")
+def status(masters: str, token: str, credential: str, as_json: bool, show_mrc: bool,
+           **tls: object) -> None:
     """Show the leader, the epoch and every member with its state and usage."""
     from rich.console import Console
     from rich.table import Table
@@ -139,6 +186,9 @@ def status(masters: str, token: str, credential: str, as_json: bool, **tls: obje
                   handoff_cell(st), "-" if hb is None else f"{hb:.1f}s ago")
     # piped output (grep, logs) gets a wide table instead of rich's 80-column default
     Console(width=None if sys.stdout.isatty() else 200).print(t)
+    if show_mrc:
+        for m in doc["members"]:
+            click.echo("\n".join(mrc_lines(m["id"], m.get("stats") or {})))
 
 
 @click.group()

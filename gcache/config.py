@@ -205,6 +205,15 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("eviction_policy", "str", "lru", "Which objects the memory tier gives up first "
            "(evicts, or demotes to the NVMe tier): lru (least recently used; under a "
            "namespace quota, that namespace's own least recently used).", "server"),
+    Option("mrc", "bool", True, "Estimate the online miss-ratio curve: per namespace, the "
+           "memory hit rate at 0.5x, 1x, 2x, 4x and 8x this server's memory, from a sampled "
+           "ghost cache (gcache_mrc_* metrics, STATS, 'gcache status --mrc').", "server"),
+    Option("mrc_tracked_keys", "int", 8192, "Most keys the miss-ratio curve's ghost cache "
+           "tracks (its memory: ~200 bytes each); fewer sample fewer GETs and estimate "
+           "less exactly.", "server"),
+    Option("mrc_sample_rate", "float", 0.125, "Highest fraction of keys the miss-ratio "
+           "curve samples (it lowers it to keep mrc_tracked_keys); each sampled GET costs "
+           "the server a few microseconds.", "server"),
     Option("metrics_listen", "addr", "", "Prometheus HOST:PORT; empty disables.", "server"),
     Option("log_level", "str", "INFO", "Logging level name.", "server"),
     Option("log_format", "str", "json", "Log format: json or text.", "server"),

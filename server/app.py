@@ -92,6 +92,7 @@ from gcache.signals import relay_signals
 from gcache.server.agent import MembershipAgent
 from gcache.server.arena import Arena, arena_path, header_len
 from gcache.server.eviction import make_policy
+from gcache.server.mrc import MissRatioCurve
 from gcache.server.freshness import EpochFile, Freshness
 from gcache.server.handoff import PUT_TIMEOUT_MS, Handoff
 from gcache.server.memory_tier import MemoryTier
@@ -133,6 +134,9 @@ def build_limits(cfg: Config) -> Limits:
                   max_frame_bytes=cfg.max_frame_bytes)
 
 
+_MRC_TOP_NAMESPACES = 8  # namespaces of the curve carried by heartbeats and STATS
+
+
 def _refused(message: str, log_format: str, *args: Any) -> ServerStartError:
     """Log why the server cannot start; the error to raise (its message for the user)."""
     log.error(log_format, *args)
@@ -172,11 +176,20 @@ class Server:
         else:
             log.info("clean start of arena %s: %s", self.arena_path, self.arena.reuse_reason)
         self.metrics = ServerMetrics(cfg.metrics_max_namespaces)
+        try:
+            self.mrc = (MissRatioCurve(self.arena.npages * self.arena.slab_bytes,
+                                       tracked_keys=cfg.mrc_tracked_keys,
+                                       sample_rate=cfg.mrc_sample_rate)
+                        if cfg.mrc else None)
+        except ConfigError as exc:  # a bad --mrc-tracked-keys: leave the arena as it was
+            self.arena.close(self.arena.was_clean, self.arena.next_version)
+            raise _refused(str(exc), "%s", exc) from None
         self.memory_tier = MemoryTier(self.arena, high_watermark=cfg.high_watermark,
                                       low_watermark=cfg.low_watermark,
                                       pending_put_timeout_ms=cfg.pending_put_timeout_ms,
                                       quotas=self.quotas, on_quota=self.metrics.quota_event,
-                                      eviction_policy=make_policy(cfg.eviction_policy))
+                                      eviction_policy=make_policy(cfg.eviction_policy),
+                                      access_observer=self.mrc)
         log.info("arena ready", extra={"fields": dict(self.memory_tier.recovery)})
         self.limits = build_limits(cfg)
         self.shm = ShmRegistry()  # GCACHE_SHM_LEASE_MS is read here
@@ -233,7 +246,7 @@ class Server:
                 tls=self.tls.listener, quotas=self.quotas,
                 shm_trusted_writers=cfg.shm_trusted_writers, shm=self.shm,
                 ownership=self.agent, nixl_info=self.nixl.info if self.nixl else None,
-                extra_stats=self._membership_stats, freshness=self.freshness,
+                extra_stats=self._extra_stats, freshness=self.freshness,
                 tombstones=self.tombstones)
             self.metrics_endpoint = (
                 MetricsEndpoint(cfg.metrics_listen, self.metrics, stats_fn=self.stats,
@@ -294,7 +307,14 @@ class Server:
         s["connections"] = self.service.connections
         s.update(self.service.guard_stats())
         s.update(self.shm.stats(self.nixl is not None))
-        s.update(self._membership_stats())
+        s.update(self._extra_stats())
+        return s
+
+    def _extra_stats(self) -> dict:
+        """The membership numbers and the miss-ratio curve (also in the wire STATS)."""
+        s = self._membership_stats()
+        if self.mrc is not None:
+            s["mrc"] = self.mrc.snapshot(top=_MRC_TOP_NAMESPACES)
         return s
 
     def _membership_stats(self) -> dict:

@@ -75,7 +75,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from gcache.errors import WiringError
 from gcache.hashing import checksum
@@ -85,6 +85,9 @@ from gcache.server.arena import Arena, HDR_FIXED, header_len, size_class
 from gcache.server.eviction import LRU, EvictionPolicy
 from gcache.server.movement import ColdObject, LockRank, MemoryHooks, ranked_lock
 from gcache.server.tier import HeldObject, Pinned, PutSlot, Tier, held_snapshot
+
+if TYPE_CHECKING:
+    from gcache.server.mrc import AccessObserver
 
 log = logging.getLogger("gcache.server.memory")
 
@@ -172,12 +175,16 @@ class MemoryTier(Tier):
                  max_reserved_bytes: int | None = None,
                  quotas: QuotaStore | None = None,
                  on_quota: Callable[[str, bytes, int], None] | None = None,
-                 eviction_policy: EvictionPolicy | None = None) -> None:
+                 eviction_policy: EvictionPolicy | None = None,
+                 access_observer: AccessObserver | None = None) -> None:
         """``quotas``: per-namespace limits (None: unlimited). ``on_quota(event, ns, n)``
         counts quota events per namespace (``refused``, ``evicted``); it runs with the
         lock held and must not block. ``eviction_policy``: the order objects are given
-        up in (default LRU; see ``eviction``)."""
+        up in (default LRU; see ``eviction``). ``access_observer``: hears every
+        whole-object read, hit or miss, and every published put, with the lock held, and
+        every EXISTS, without it (``mrc.AccessObserver``; the miss-ratio curve)."""
         self.arena = arena
+        self.access_observer = access_observer
         self.policy = eviction_policy if eviction_policy is not None else LRU()
         self.quotas = quotas
         self.on_quota = on_quota
@@ -522,6 +529,8 @@ class MemoryTier(Tier):
                  expect_version: int) -> Pinned:
         with self._lock:
             o = self._index.get((ns, key))
+            if self.access_observer is not None and not offset:
+                self.access_observer.on_get(ns, key, None if o is None else o.length)
             if o is None:
                 return Pinned(Status.MISS)
             if expect_version and o.version != expect_version:
@@ -569,7 +578,10 @@ class MemoryTier(Tier):
                 self.do_free(o)
 
     def exists(self, ns: bytes, key: bytes) -> bool:
-        return (ns, key) in self._index
+        found = (ns, key) in self._index
+        if self.access_observer is not None:
+            self.access_observer.on_exists(ns, key, found)
+        return found
 
     def touch(self, ns: bytes, key: bytes) -> bool:
         with self._lock:
@@ -738,6 +750,8 @@ class MemoryTier(Tier):
             old = self.do_link(o)
             if old is not None:
                 self.do_unlink(old)
+            if self.access_observer is not None:
+                self.access_observer.on_put(o.ns, o.key, o.length)
             if self._on_publish is not None:
                 self._on_publish(o.ns, o.key, o.version)
             over = self.live_bytes > self.high * self.capacity

@@ -14,6 +14,17 @@ current pass (objects and bytes left, objects waiting for a retry, active);
 freshness rule dropped; ``gcache_put_if_absent_tombstoned`` the if-absent put items
 skipped for a recent delete, ``gcache_tombstones`` the deletes remembered.
 
+The miss-ratio curve (``server/mrc.py``; off with ``--mrc false``):
+``gcache_mrc_hit_ratio{namespace, capacity_factor}`` and
+``gcache_mrc_byte_hit_ratio{namespace, capacity_factor}`` are the estimated memory hit
+ratios of GETs (of GET bytes) were memory ``capacity_factor`` (0.5, 1, 2, 4, 8) times its
+size (an EXISTS counts as the read it decides); ``gcache_mrc_actual_hit_ratio{namespace}``
+is what memory served for the same sampled reads and ``gcache_mrc_gets{namespace}`` how
+many reads the estimate stands for.
+Namespace ``*`` is all of them, next to the 8 with the most GETs (past 16 distinct
+namespaces, later ones count as ``other``).
+``gcache_mrc_sample_rate`` and ``gcache_mrc_tracked_keys`` describe the sample.
+
 Per-namespace counters (``gcache_namespace_{hits,misses,bytes}_total``) carry a
 ``namespace`` label. Namespaces are client-chosen strings, so the label set is
 bounded: the first ``max_namespaces`` distinct namespaces a server sees keep their
@@ -237,6 +248,7 @@ class _TierCollector:
     def collect(self):
         s = self.stats_fn()
         yield from self._handoff(s)
+        yield from self._mrc(s.get("mrc"))
         for name in self._GAUGES:
             if name in s:
                 g = GaugeMetricFamily(f"gcache_memory_{name}", f"memory tier {name}")
@@ -289,6 +301,38 @@ class _TierCollector:
             g = GaugeMetricFamily(f"gcache_tier_{what}", f"{what} per tier", labels=["tier"])
             g.add_metric(["memory"], s.get(what, 0))
             g.add_metric(["disk"], s.get(f"disk_{what}", 0))
+            yield g
+
+    @staticmethod
+    def _mrc(doc: dict | None):
+        """The miss-ratio curve (``server.mrc``): estimated hit ratios per namespace and
+        capacity factor."""
+        if not doc:
+            return
+        factors = [f"{f:g}" for f in doc["factors"]]
+        hit = GaugeMetricFamily("gcache_mrc_hit_ratio", "estimated memory hit ratio of GETs "
+                                "if memory were capacity_factor times its size (namespace "
+                                "'*': all)", labels=["namespace", "capacity_factor"])
+        byte_hit = GaugeMetricFamily("gcache_mrc_byte_hit_ratio", "estimated memory hit "
+                                     "ratio of GET bytes if memory were capacity_factor "
+                                     "times its size", labels=["namespace", "capacity_factor"])
+        actual = GaugeMetricFamily("gcache_mrc_actual_hit_ratio", "memory hit ratio of the "
+                                   "GETs the curve sampled (compare with capacity_factor 1)",
+                                   labels=["namespace"])
+        gets = GaugeMetricFamily("gcache_mrc_gets", "reads (GETs, and EXISTS that decide "
+                                 "them) the curve's estimate stands for (sampled, scaled by "
+                                 "the sample rate)", labels=["namespace"])
+        for ns, d in doc["namespaces"].items():
+            for f, h, b in zip(factors, d["hit_ratio"], d["byte_hit_ratio"]):
+                hit.add_metric([ns, f], h)
+                byte_hit.add_metric([ns, f], b)
+            actual.add_metric([ns], d["actual_hit_ratio"])
+            gets.add_metric([ns], d["gets"])
+        yield from (hit, byte_hit, actual, gets)
+        for name, text in (("sample_rate", "fraction of keys the curve tracks"),
+                           ("tracked_keys", "keys in the curve's ghost cache")):
+            g = GaugeMetricFamily(f"gcache_mrc_{name}", text)
+            g.add_metric([], doc[name])
             yield g
 
     def _handoff(self, s: dict):
