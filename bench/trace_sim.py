@@ -14,11 +14,12 @@ policy built by ``server.eviction.make_policy`` and driven only through the
 ``EvictionPolicy`` seam, in the order the real tier calls it:
 
 * the hit prefix is read: ``on_hit`` per page, front to back (``pin_read``);
-* every page after it is put (``put_batch_from``), resident or not. A put first
-  allocates room for its chunk while an older copy of the key still counts (the
-  tier's ``begin_put``): while the cache is full it evicts the policy's first
-  candidate (``on_remove``), which may be that older copy itself; then the commit
-  links the new object: ``on_remove(old)`` if one is left, ``on_insert(new)``.
+* every page after it is put (``put_batch_from``), resident or not, in one PUT
+  frame: the server reserves a chunk for every item first (``begin_put``; older
+  copies of those keys still count), evicting the policy's first candidate
+  (``on_remove``) while the cache is full (it may be such an older copy; with only
+  puts in flight left, the remaining items get NO_SPACE), then commits them in
+  order: ``on_remove(old)`` if an older copy is left, ``on_insert(new)``.
 
 Capacity is in pages (all pages of a trace are one size, so one chunk each).
 
@@ -132,13 +133,22 @@ def simulate(reqs: Sequence[Request], capacity: int,
         res.hits += hit
         for k in keys[:hit]:
             on_hit(index[k])
-        for k in keys[hit:]:
-            while used >= capacity:  # allocate first: an older copy still counts
-                victim = next(candidates())
+        todo = keys[hit:]
+        room = 0  # one PUT frame: every destination is reserved first, then all commit
+        for _ in todo:
+            while used >= capacity:
+                victim = next(candidates(), None)
+                if victim is None:
+                    break  # only puts in flight left: the rest get NO_SPACE
                 on_remove(victim)
                 del index[victim.key]
                 used -= 1
                 res.evictions += 1
+            if used >= capacity:
+                break
+            used += 1
+            room += 1
+        for k in todo[:room]:
             version += 1
             o = Page(k, version)
             old = index.get(k)
@@ -147,7 +157,6 @@ def simulate(reqs: Sequence[Request], capacity: int,
                 used -= 1
             index[k] = o
             on_insert(o)
-            used += 1
     return res
 
 
