@@ -112,44 +112,61 @@ class EvictionPolicy(abc.ABC):
         """Resident objects (of ``ns`` only, when given), the first to give up first."""
 
 
-class LRU(EvictionPolicy):
+class _Orders:
+    """Recency lists kept in step over everyone and per namespace (LRU's two orders)."""
+
+    __slots__ = ("all", "by_ns")
+
+    def __init__(self) -> None:
+        self.all: OrderedDict[Resident, None] = OrderedDict()
+        self.by_ns: dict[bytes, OrderedDict[Resident, None]] = {}
+
+    def add(self, obj: Resident) -> None:
+        self.all[obj] = None
+        ns = self.by_ns.get(obj.ns)
+        if ns is None:
+            ns = self.by_ns[obj.ns] = OrderedDict()
+        ns[obj] = None
+
+    def to_end(self, obj: Resident) -> None:
+        self.all.move_to_end(obj)
+        self.by_ns[obj.ns].move_to_end(obj)
+
+    def discard(self, obj: Resident) -> bool:
+        """Forget ``obj``; False if it was not here."""
+        if obj not in self.all:
+            return False
+        del self.all[obj]
+        ns = self.by_ns[obj.ns]
+        del ns[obj]
+        if not ns:
+            del self.by_ns[obj.ns]
+        return True
+
+    def of(self, ns: bytes | None = None) -> Iterator[Resident]:
+        if ns is None:
+            return iter(self.all)
+        objs = self.by_ns.get(ns)
+        return iter(objs) if objs is not None else iter(())
+
+
+class LRU(_Orders, EvictionPolicy):
     """Least recently used first: one recency list over everyone, and one per namespace
     (kept in step) so a quota eviction takes that namespace's own coldest object in O(1).
     """
 
     name = "lru"
+    __slots__ = ()
 
-    def __init__(self) -> None:
-        self._all: OrderedDict[Resident, None] = OrderedDict()
-        self._by_ns: dict[bytes, OrderedDict[Resident, None]] = {}
-
-    def on_insert(self, obj: Resident) -> None:
-        self._all[obj] = None
-        ns = self._by_ns.get(obj.ns)
-        if ns is None:
-            ns = self._by_ns[obj.ns] = OrderedDict()
-        ns[obj] = None
-
-    def on_hit(self, obj: Resident) -> None:
-        self._all.move_to_end(obj)
-        self._by_ns[obj.ns].move_to_end(obj)
+    on_insert = _Orders.add
+    on_hit = _Orders.to_end
+    candidates = _Orders.of
 
     def on_remove(self, obj: Resident) -> None:
-        self._all.pop(obj, None)
-        ns = self._by_ns.get(obj.ns)
-        if ns is not None:
-            ns.pop(obj, None)
-            if not ns:
-                del self._by_ns[obj.ns]
-
-    def candidates(self, ns: bytes | None = None) -> Iterator[Resident]:
-        if ns is None:
-            return iter(self._all)
-        objs = self._by_ns.get(ns)
-        return iter(objs) if objs is not None else iter(())
+        self.discard(obj)
 
     def __len__(self) -> int:
-        return len(self._all)
+        return len(self.all)
 
 
 _ABSENT = object()
@@ -186,44 +203,6 @@ class _Ghost:
 
     def __len__(self) -> int:
         return len(self._keys)
-
-
-class _Orders:
-    """Recency lists kept in step over everyone and per namespace (LRU's two orders)."""
-
-    __slots__ = ("all", "by_ns")
-
-    def __init__(self) -> None:
-        self.all: OrderedDict[Resident, None] = OrderedDict()
-        self.by_ns: dict[bytes, OrderedDict[Resident, None]] = {}
-
-    def add(self, obj: Resident) -> None:
-        self.all[obj] = None
-        ns = self.by_ns.get(obj.ns)
-        if ns is None:
-            ns = self.by_ns[obj.ns] = OrderedDict()
-        ns[obj] = None
-
-    def to_end(self, obj: Resident) -> None:
-        self.all.move_to_end(obj)
-        self.by_ns[obj.ns].move_to_end(obj)
-
-    def discard(self, obj: Resident) -> bool:
-        """Forget ``obj``; False if it was not here."""
-        if obj not in self.all:
-            return False
-        del self.all[obj]
-        ns = self.by_ns[obj.ns]
-        del ns[obj]
-        if not ns:
-            del self.by_ns[obj.ns]
-        return True
-
-    def of(self, ns: bytes | None) -> Iterator[Resident]:
-        if ns is None:
-            return iter(self.all)
-        objs = self.by_ns.get(ns)
-        return iter(objs) if objs is not None else iter(())
 
 
 class Reuse(EvictionPolicy):
