@@ -5,8 +5,6 @@ candidate does not end the walk, and that every configured name builds its polic
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from gcache.clock import VirtualClock
@@ -14,22 +12,10 @@ from gcache.config import EVICTION_POLICIES
 from gcache.server.arena import Arena
 from gcache.server.eviction import S3FIFO, EvictionPolicy, Reuse, make_policy
 from gcache.server.memory_tier import MemoryTier
+from policyops import Obj, keys_of as _keys
 from tierops import put_value
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
-
-
-@dataclass(eq=False)
-class Obj:  # a resident object as the policy sees it (identity, read-only fields)
-    ns: bytes
-    key: bytes
-    length: int = 100
-    chunk: int = 4096
-    version: int = 1
-
-
-def _keys(it) -> list[bytes]:
-    return [o.key for o in it]
 
 
 def _insert(p: EvictionPolicy, *keys: bytes, ns: bytes = b"n") -> dict[bytes, Obj]:
