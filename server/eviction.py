@@ -48,7 +48,7 @@ builds it:
   (``MemoryTier.keys``) changes its order a little.
 
 Measured on the Mooncake FAST'25 synthetic trace (``gcache-bench trace``,
-``bench.trace_sim``): ``reuse`` closes 5-12 % of the LRU -> Belady gap at 5-20 %
+``bench.trace_sim``): ``reuse`` closes 4-12 % of the LRU -> Belady gap at 5-20 %
 capacity, ``s3fifo`` 1-12 %; LRU stays the default.
 """
 
