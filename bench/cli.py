@@ -7,6 +7,7 @@
         --plot bench/out/transports.png --json bench/out/transports.json
     gcache-bench --local 1 --raw-transport --transport shm --transport nixl --size 1MiB
     gcache-bench blast-radius --local 4 --local 8    # sessions hit by one server's death
+    gcache-bench trace TRACE.jsonl --capacity 0.05 --policy lru --policy reuse --plot hit.png
 
 Design: the CLI only wires things up. It starts a local ``Cluster`` (or uses
 ``--servers``), measures the raw-socket baseline once, then runs every case
@@ -26,7 +27,9 @@ against size, one line per transport and op (matplotlib).
 
 Subcommands run other benchmarks on their own options: ``blast-radius``
 (``blast_radius``: sessions whose prefix chain loses a page when one server dies,
-chain against key placement).
+chain against key placement) and ``trace`` (``trace``: token hit rate per eviction
+policy and capacity on a Mooncake trace, through a real server, next to the ceiling
+and the Belady oracle).
 
 ``--tls`` runs every client connection over TLS: ``--local`` servers get a
 throwaway CA and certificates (``gcache.testing.certs``) and speak TLS only;
@@ -67,6 +70,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from gcache.bench.blast_radius import main as blast_radius_main
+from gcache.bench.trace import main as trace_main
 from gcache.bench.runner import (cluster_capacity, measure_baseline, raw_gbps, run_case,
                                  run_demotion_impact)
 from gcache.bench.disk_baseline import measure_raw_pread
@@ -509,6 +513,7 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
 
 
 main.add_command(blast_radius_main, "blast-radius")
+main.add_command(trace_main, "trace")
 
 if __name__ == "__main__":
     main()

@@ -204,7 +204,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("low_watermark", "float", 0.90, "Arena fill ratio eviction stops at.", "server"),
     Option("eviction_policy", "str", "lru", "Which objects the memory tier gives up first "
            "(evicts, or demotes to the NVMe tier): lru (least recently used; under a "
-           "namespace quota, that namespace's own least recently used).", "server"),
+           "namespace quota, that namespace's own least recently used); reuse (objects "
+           "never read or put again since they came go first, then the others, each least "
+           "recently used first); s3fifo (S3-FIFO: small and main FIFO queues and a ghost "
+           "of keys).", "server"),
     Option("mrc", "bool", True, "Estimate the online miss-ratio curve: per namespace, the "
            "memory hit rate at 0.5x, 1x, 2x, 4x and 8x this server's memory, from a sampled "
            "ghost cache (gcache_mrc_* metrics, STATS, 'gcache status --mrc').", "server"),
@@ -353,7 +356,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
 ]}
 _SECRETS = frozenset({"token", "credential"})
 PROMOTE_POLICIES = ("never", "first", "second-hit")
-EVICTION_POLICIES = ("lru",)
+EVICTION_POLICIES = ("lru", "reuse", "s3fifo")
 NIXL_MODES = ("auto", "on", "off")
 
 

@@ -4,28 +4,15 @@ forgets an object in every order, and the config key builds it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from gcache.config import EVICTION_POLICIES, OPTIONS, load_config
 from gcache.errors import ConfigError
 from gcache.server.eviction import LRU, EvictionPolicy, make_policy
 
+from policyops import Obj, keys_of as _keys
+
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
-
-
-@dataclass(eq=False)
-class Obj:  # a resident object as the policy sees it (identity, read-only fields)
-    ns: bytes
-    key: bytes
-    length: int = 100
-    chunk: int = 4096
-    version: int = 1
-
-
-def _keys(it) -> list[bytes]:
-    return [o.key for o in it]
 
 
 def test_candidates_are_least_recently_used_first() -> None:
