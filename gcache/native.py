@@ -23,6 +23,10 @@ Functions (contracts; the C file's opening comment has the same):
   at the first span boundary after every ``CHECK_BYTES`` copied: at or past
   ``stop_at``, TimeoutError. Returns each span's xxh3_64 (seed 0) of the bytes that
   landed when ``want_hash``, else None.
+* ``byte_views(objs, writable) -> list[memoryview]``: ``gcache.sdk.buffers.as_view``
+  for host buffers, a whole batch per call: each object's memoryview, cast to flat
+  unsigned bytes unless it already is; ValueError for a non-contiguous buffer or
+  (``writable``) a read-only one; TypeError for an object without the buffer protocol.
 * ``placement_hashes(namespace, keys, seed) -> list[int]``: ``xxh3_64(namespace +
   b"\\0" + key, seed)`` per key (keys must be ``bytes``: TypeError).
 
@@ -126,7 +130,21 @@ def placement_hashes_py(namespace: bytes, keys: Sequence[bytes], seed: int) -> l
     return out
 
 
-twins = SimpleNamespace(copy_spans=copy_spans_py, placement_hashes=placement_hashes_py)
+def byte_views_py(objs: Sequence[Any], writable: bool) -> list[memoryview]:
+    """The twin of ``_native.byte_views`` (see the module docstring)."""
+    out = []
+    for buf in objs:
+        mv = memoryview(buf)
+        if not mv.contiguous:
+            raise ValueError("buffer must be C-contiguous")
+        if writable and mv.readonly:
+            raise ValueError("destination buffer is read-only")
+        out.append(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv)
+    return out
+
+
+twins = SimpleNamespace(copy_spans=copy_spans_py, placement_hashes=placement_hashes_py,
+                        byte_views=byte_views_py)
 
 
 # ---------------------------------------------------------------------- the choice
@@ -159,3 +177,4 @@ _mod = _load()
 ACTIVE = "python" if _mod is None else "native"
 copy_spans = twins.copy_spans if _mod is None else _mod.copy_spans
 placement_hashes = twins.placement_hashes if _mod is None else _mod.placement_hashes
+byte_views = twins.byte_views if _mod is None else _mod.byte_views

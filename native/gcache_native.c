@@ -22,6 +22,12 @@
  *       and again at the first span boundary after every CHECK_BYTES copied; at or
  *       past stop_at the call raises TimeoutError (spans before it have landed).
  *
+ *   byte_views(objs, writable) -> list[memoryview]
+ *       sdk/buffers.py's as_view for host buffers, a batch per call: each object's
+ *       memoryview, cast to flat unsigned bytes when it is not already; ValueError for
+ *       a non-contiguous buffer or (writable) a read-only one, TypeError for an object
+ *       without the buffer protocol (a torch tensor: the caller then takes as_view).
+ *
  *   placement_hashes(namespace, keys, seed) -> list[int]
  *       xxh3_64(namespace + b"\0" + key, seed) for each key (bytes only: TypeError),
  *       without building the concatenation as a Python object.
@@ -278,7 +284,56 @@ done:
     return out;
 }
 
+/* byte_views(objs, writable): as_view (sdk/buffers.py) for host buffers, one call per
+ * batch: a flat, C-contiguous, unsigned-byte memoryview of each object, no copy. */
+static PyObject *byte_views(PyObject *self, PyObject *args) {
+    PyObject *objs;
+    int writable;
+    if (!PyArg_ParseTuple(args, "Op:byte_views", &objs, &writable))
+        return NULL;
+    PyObject *seq = PySequence_Fast(objs, "byte_views: objs must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *out = PyList_New(count);
+    if (out == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *mv = PyMemoryView_FromObject(items[i]);
+        if (mv == NULL)
+            goto fail;
+        Py_buffer *v = PyMemoryView_GET_BUFFER(mv);
+        if (!PyBuffer_IsContiguous(v, 'A')) {
+            Py_DECREF(mv);
+            PyErr_SetString(PyExc_ValueError, "buffer must be C-contiguous");
+            goto fail;
+        }
+        if (writable && v->readonly) {
+            Py_DECREF(mv);
+            PyErr_SetString(PyExc_ValueError, "destination buffer is read-only");
+            goto fail;
+        }
+        if (v->ndim != 1 || (v->format != NULL && strcmp(v->format, "B") != 0)) {
+            PyObject *cast = PyObject_CallMethod(mv, "cast", "s", "B");
+            Py_DECREF(mv);
+            if (cast == NULL)
+                goto fail;
+            mv = cast;
+        }
+        PyList_SET_ITEM(out, i, mv);
+    }
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_XDECREF(out);
+    Py_DECREF(seq);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"byte_views", byte_views, METH_VARARGS,
+     "byte_views(objs, writable) -> list of flat unsigned-byte memoryviews"},
     {"copy_spans", copy_spans, METH_VARARGS,
      "copy_spans(spans, base, size, into, stop_at) -> list of digests or None"},
     {"placement_hashes", placement_hashes, METH_VARARGS,
