@@ -67,6 +67,18 @@ static double monotonic_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* ``obj`` as a fast sequence (a new reference; NULL with TypeError(msg) otherwise), its
+ * length and items in *count and *items */
+static PyObject *fast_items(PyObject *obj, const char *msg, Py_ssize_t *count,
+                            PyObject ***items) {
+    PyObject *seq = PySequence_Fast(obj, msg);
+    if (seq != NULL) {
+        *count = PySequence_Fast_GET_SIZE(seq);
+        *items = PySequence_Fast_ITEMS(seq);
+    }
+    return seq;
+}
+
 typedef struct {
     char *local;   /* the caller buffer's first byte */
     Py_ssize_t off;
@@ -112,11 +124,12 @@ static PyObject *copy_spans(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "copy_spans: negative region size");
         return NULL;
     }
-    PyObject *seq = PySequence_Fast(spans_obj, "copy_spans: spans must be a sequence");
+    Py_ssize_t count;
+    PyObject **items;
+    PyObject *seq = fast_items(spans_obj, "copy_spans: spans must be a sequence", &count,
+                               &items);
     if (seq == NULL)
         return NULL;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
     span_t *spans = PyMem_Calloc(count ? (size_t)count : 1, sizeof(span_t));
     Py_buffer *views = PyMem_Calloc(count ? (size_t)count : 1, sizeof(Py_buffer));
     PyObject *out = NULL;
@@ -232,15 +245,15 @@ static PyObject *placement_hashes(PyObject *self, PyObject *args) {
     unsigned long long seed;
     if (!PyArg_ParseTuple(args, "y*OK:placement_hashes", &ns, &keys_obj, &seed))
         return NULL;
-    PyObject *out = NULL, *seq = PySequence_Fast(keys_obj, "placement_hashes: keys must be a "
-                                                           "sequence");
+    Py_ssize_t count = 0;
+    PyObject **items = NULL;
+    PyObject *out = NULL, *seq = fast_items(keys_obj, "placement_hashes: keys must be a "
+                                            "sequence", &count, &items);
     char stack[512];
     char *buf = stack;
     Py_ssize_t cap = (Py_ssize_t)sizeof(stack);
     if (seq == NULL)
         goto done;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
     out = PyList_New(count);
     if (out == NULL)
         goto done;
@@ -291,11 +304,11 @@ static PyObject *byte_views(PyObject *self, PyObject *args) {
     int writable;
     if (!PyArg_ParseTuple(args, "Op:byte_views", &objs, &writable))
         return NULL;
-    PyObject *seq = PySequence_Fast(objs, "byte_views: objs must be a sequence");
+    Py_ssize_t count;
+    PyObject **items;
+    PyObject *seq = fast_items(objs, "byte_views: objs must be a sequence", &count, &items);
     if (seq == NULL)
         return NULL;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
     PyObject *out = PyList_New(count);
     if (out == NULL)
         goto fail;
