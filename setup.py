@@ -13,6 +13,7 @@ setup(
         Extension(
             "gcache._native",
             sources=["native/gcache_native.c",
+                     "native/third_party/xxhash/xxhash.c",
                      "native/third_party/xxhash/xxh_x86dispatch.c"],
             include_dirs=["native/third_party/xxhash"],
             extra_compile_args=["-O3", "-std=gnu11", "-fvisibility=hidden"],

@@ -44,8 +44,7 @@
 #include <string.h>
 #include <time.h>
 
-#define XXH_STATIC_LINKING_ONLY
-#define XXH_INLINE_ALL
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t; the functions come from xxhash.c */
 #include "xxhash.h"
 #if defined(__x86_64__) || defined(_M_X64)
 #include "xxh_x86dispatch.h"
@@ -357,6 +356,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "gcache._native",
     "C twins of gcache.native's pure-Python functions (see native/README.md).", -1, methods,
+    NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__native(void) {
