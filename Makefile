@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: run test venv bench bench-transports lint clean
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml setup.py native/gcache_native.c Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
 	# torch is pinned: 2.13.0 is the CPU wheel on local disk; any other spec pulls CUDA builds.
@@ -25,9 +25,16 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(BIN)/gcache up --servers 3 --memory 512MiB --workload sessions
 
-## make test: every test, with real gcache processes.
+# Run again with the C extension switched off (GCACHE_NATIVE=0: the pure-Python twins),
+# kept to ~30 s: the loader, and the shm paths that call copy_spans / placement_hashes.
+NATIVE_OFF_TESTS = tests/core/test_native_loader.py tests/sdk/test_checksum_flip_never_a_hit.py \
+	tests/sdk/test_shm_get_checks_checksums_as_bytes_land.py tests/sdk/test_shm_transport.py \
+	-k 'land or loader or flip or corrupt or round_trip_every_form or release_without_waiting or lease_expires or forged'
+
+## make test: every test, with real gcache processes; then the native-off subset.
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+	GCACHE_NATIVE=0 $(BIN)/python -m pytest -q $(NATIVE_OFF_TESTS)
 
 bench: $(STAMP)
 	$(BIN)/gcache-bench --local 1 --op get --op put --size 64KiB --size 1MiB --size 4MiB --batch 64 --json bench/out/latest.json

@@ -13,6 +13,8 @@ Design: the CLI only wires things up. It starts a local ``Cluster`` (or uses
 ``--servers``), measures the raw-socket baseline once, then runs every case
 (op x size x batch x concurrency) through ``runner.run_case`` with a rich
 progress bar, prints one table, and optionally writes the whole run as JSON.
+Every shm batch case is preceded by a single-thread memcpy of its value size
+(``runner.measure_memcpy``; columns "memcpy GB/s" and "vs memcpy").
 Any non-OK status (or oracle mismatch with ``--verify``) makes the exit code
 1, so a short run doubles as a CI smoke test.
 
@@ -71,7 +73,8 @@ from rich.table import Table
 
 from gcache.bench.blast_radius import main as blast_radius_main
 from gcache.bench.trace import main as trace_main
-from gcache.bench.runner import (cluster_capacity, measure_baseline, raw_gbps, run_case,
+from gcache.bench.runner import (cluster_capacity, measure_baseline, measure_memcpy, raw_gbps,
+                                 run_case,
                                  run_demotion_impact)
 from gcache.bench.disk_baseline import measure_raw_pread
 from gcache.bench.runner import TARGET_BYTES
@@ -117,6 +120,8 @@ def render_table(cases: list[dict[str, Any]], baseline: dict[str, Any] | None) -
     cols = ["transport", "threads", "op", "size", "batch", "conc", "GB/s", "keys/s", "p50 µs", "p99 µs", "µs/key",
             "errors"] + (["raw GB/s", "vs raw"] if baseline else []) + (
             ["from disk", "pread GB/s", "vs pread"] if disk else [])
+    memcpy = any(c.get("memcpy_gbps") for c in cases)
+    cols += ["memcpy GB/s", "vs memcpy"] if memcpy else []
     for col in cols:
         t.add_column(col, justify="left" if col in ("op", "transport") else "right")
     for c in cases:
@@ -134,6 +139,9 @@ def render_table(cases: list[dict[str, Any]], baseline: dict[str, Any] | None) -
             row += ["-" if c.get("disk_fraction") is None else f"{c['disk_fraction']:.0%}",
                     _fmt(rd["gbps"]) if rd else "-",
                     f"{c['vs_pread']:.0%}" if c.get("vs_pread") else "-"]
+        if memcpy:
+            row += [_fmt(c.get("memcpy_gbps")),
+                    f"{c['vs_memcpy']:.0%}" if c.get("vs_memcpy") else "-"]
         t.add_row(*row)
     return t
 
@@ -417,6 +425,8 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
                                             seconds=seconds, direct=direct[0])
                     raws.append(raw)
                     return raw["gbps"]
+            # shm moves values with memcpy: its single-thread ceiling, moments before
+            mc = measure_memcpy(size) if transport == "shm" and batch > 1 else None
             row = run_case(run_client, op, size, batch, conc, duration=duration, iters=iters,
                            verify=verify, capacity=capacity, tag=str(i), target=target,
                            after_prefill=hook, rounds=rounds, before_round=round_hook,
@@ -427,6 +437,8 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
             row["tls"] = tls
             raw = raw_gbps(baseline, op, size)
             row["vs_raw"] = row["gbps"] / raw if raw else None
+            row["memcpy_gbps"] = mc
+            row["vs_memcpy"] = row["gbps"] / mc if mc else None
             if raws:
                 after = client.stats()
                 hits = sum(s.get("disk_hits", 0) for s in after.values()) - sum(

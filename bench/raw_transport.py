@@ -90,7 +90,7 @@ def measure_raw_transport(address: str, kind: str, *, size: int = 1 << 20, count
                     ls = rep["items"]
                     if any(x[0] != Status.OK for x in ls):
                         raise RuntimeError("raw LEASE missed (BUSY or MISS)")
-                    copies = [(v, x[3], size) for v, x in zip(views, ls)]
+                    copies = [(v, x[3], size, False) for v, x in zip(views, ls)]
                     return [x[4] for x in ls], copies, time.monotonic()
 
                 def once(h: Any) -> None:

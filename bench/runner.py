@@ -13,6 +13,9 @@ each case so cases do not fight over slab pages.
 
 The raw-socket baseline (``measure_baseline``) runs loopback TCP with the
 same chunk sizes, so a reader can compare gcache with what the box can do.
+``measure_memcpy`` times a single-thread memcpy of the case's value size (from a
+working set out of the caches) just before each shm case, the ceiling a shm copy is
+compared with ("vs memcpy"), measured moments from it on the same noisy machine.
 
 Disk tier (``--tier disk``): the case's working set targets ``target`` bytes
 capped by the disk capacity, and ``after_prefill`` runs once the working set
@@ -40,7 +43,8 @@ from gcache.config import format_size
 from gcache.sdk import Client, Status
 from gcache.testing.oracle import check_value, fill_value
 
-__all__ = ["TARGET_BYTES", "cluster_capacity", "measure_baseline", "raw_gbps", "run_case",
+__all__ = ["TARGET_BYTES", "cluster_capacity", "measure_baseline", "measure_memcpy", "raw_gbps",
+           "run_case",
            "run_demotion_impact", "working_set_keys"]
 
 TARGET_BYTES = 256 << 20
@@ -250,6 +254,39 @@ def measure_baseline(sizes: list[int], *, repeats: int = 5, rtt_iters: int = 200
                 stream[direction][format_size(size)] = best
         rtt = peer.rtt(64, rtt_iters)
     return {"connections": 1, "stream": stream, "rtt": rtt}
+
+
+MEMCPY_SOURCE_BYTES = 256 << 20  # a case's working set: more than the caches hold
+MEMCPY_DEST_BYTES = 64 << 20  # one 1024 x 64 KiB batch of destination buffers
+
+
+def measure_memcpy(size: int, *, seconds: float = 0.3, repeats: int = 3) -> float:
+    """Single-thread ``memcpy`` GB/s of ``size``-byte copies from a 256 MiB source (as
+    an arena's working set, out of the caches) into 64 MiB of destination buffers: the
+    copy a shm get or staged put makes per value, with nothing else. Median of
+    ``repeats`` runs of ``seconds`` each; both buffers are touched before timing."""
+    import ctypes
+
+    n_src = max(1, MEMCPY_SOURCE_BYTES // size)
+    n_dst = max(1, MEMCPY_DEST_BYTES // size)
+    src = np.ones(n_src * size, dtype=np.uint8)
+    dst = np.ones(n_dst * size, dtype=np.uint8)
+    sa, da = int(src.ctypes.data), int(dst.ctypes.data)
+    move = ctypes.memmove
+    runs = []
+    i = 0
+    for _ in range(repeats):
+        copied, t0 = 0, time.perf_counter()
+        while True:
+            for _ in range(16):
+                move(da + (i % n_dst) * size, sa + (i % n_src) * size, size)
+                i += 1
+            copied += 16 * size
+            dt = time.perf_counter() - t0
+            if dt >= seconds:
+                break
+        runs.append(copied / dt / 1e9)
+    return statistics.median(runs)
 
 
 def raw_gbps(baseline: dict[str, Any] | None, op: str, size: int) -> float | None:

@@ -73,7 +73,12 @@ class Checksums:
 
     def check(self, key: bytes, buf: Any, want: int | None) -> Status:
         """OK if ``buf`` (the whole object) hashes to ``want``, else CORRUPT."""
-        if want is not None and digest(buf) == want:
+        return self.compare(key, digest(buf), want)
+
+    def compare(self, key: bytes, got: int, want: int | None) -> Status:
+        """OK if ``got`` (the hash of the whole object as read) is ``want``, else CORRUPT
+        (counted and logged)."""
+        if want is not None and got == want:
             return Status.OK
         with self._lock:
             self.counters["checksum_mismatch"] += 1
@@ -86,6 +91,7 @@ class Batch:
     """The keys of one call and their results (see the module docstring)."""
 
     DEFAULT: Any = Status.ERROR  # a key's result until it is finalized
+    verify = False  # frames ask transports to hash whole-object slices as they land
 
     __slots__ = ("op", "keys", "deadline", "sender", "results", "left", "parts", "versions",
                  "totals", "sums", "hashes", "remaining", "lock", "future", "callback",
@@ -274,13 +280,16 @@ class IntoBatch(Batch):
     """``get_batch_into``: each object lands in its caller's buffer, which must be
     exactly the object's size (else SIZE_MISMATCH)."""
 
-    __slots__ = ("views", "checks")
+    __slots__ = ("views", "checks", "verify", "verified")
 
     def __init__(self, keys: list[bytes], views: list, checks: Checksums, deadline: float,
                  sender: Sender, callback: BatchCallback | None,
                  on_key: KeyCallback | None) -> None:
         super().__init__(Op.GET, keys, deadline, sender, callback, on_key)
         self.views, self.checks = views, checks
+        self.verify = checks.on
+        # keys whose one slice was checked as it landed (``ItemResult.landed``)
+        self.verified: list[bool] = [False] * len(keys) if checks.on else []
 
     def route(self, owners: list[str], slice_bytes: int) -> Routed:
         routed: Routed = {}
@@ -300,13 +309,22 @@ class IntoBatch(Batch):
         return routed
 
     def fold_frame(self, work: Work, items: list, results: list[ItemResult]) -> None:
-        self.fold([(it.index, slice_status(it, r), r.version, r.total_len, r.checksum)
-                   for it, r in zip(items, results)])
+        verified, OK = self.verified, Status.OK
+        out = []
+        for it, r in zip(items, results):
+            st = slice_status(it, r)
+            if r.landed is not None and st == OK and verified:
+                # the whole object in one slice, hashed as it landed: checked now, so
+                # finalize does not read it again
+                st = self.checks.compare(it.key, r.landed, r.checksum)
+                verified[it.index] = st == OK
+            out.append((it.index, st, r.version, r.total_len, r.checksum))
+        self.fold(out)
 
     def finalize(self, i: int, st: Status) -> Status:
         if st == Status.OK and self.totals[i] != len(self.views[i]):
             return Status.SIZE_MISMATCH
-        if st == Status.OK and self.checks.on:
+        if st == Status.OK and self.checks.on and not self.verified[i]:
             return self.checks.check(self.keys[i], self.views[i], self.sums[i])
         return st
 

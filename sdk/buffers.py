@@ -1,7 +1,7 @@
 """The caller's buffers as flat byte views, and the raw copies between them.
 
-``as_view`` turns a memoryview, bytes, bytearray, numpy array or torch tensor into a
-flat byte view with no copy (a CUDA tensor into a ``DeviceView``, for the nixl
+``as_view`` (``as_views`` for a batch) turns a memoryview, bytes, bytearray, numpy
+array or torch tensor into a flat byte view with no copy (a CUDA tensor into a ``DeviceView``, for the nixl
 transport). The transports move bytes with ``memmove`` between ``address_of`` views
 and mapped memory, and the client checksums values with ``digest``. Pure functions
 and one small record: any thread may call them; only ``memmove`` and ``digest`` take
@@ -11,11 +11,12 @@ time (they copy or hash ``n`` bytes, the GIL released for ``memmove``).
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from gcache.hashing import checksum
+from gcache.native import byte_views
 
 
 class DeviceView:
@@ -69,6 +70,16 @@ def as_view(buf: Any, writable: bool, device: bool = False) -> Any:
     if writable and mv.readonly:
         raise ValueError("destination buffer is read-only")
     return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+
+
+def as_views(bufs: Sequence[Any], writable: bool, device: bool = False) -> list:
+    """``as_view`` of every buffer of a batch: host buffers in one native call
+    (``gcache.native.byte_views``, same results and errors); a batch holding anything
+    that call does not take (torch tensors) goes through ``as_view`` one by one."""
+    try:
+        return byte_views(bufs, writable)
+    except TypeError:
+        return [as_view(b, writable, device) for b in bufs]
 
 
 def digest(buf: Any) -> int:

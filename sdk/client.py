@@ -37,7 +37,7 @@ from gcache.status import Status
 from gcache.view import View
 from gcache.sdk.batch import (Batch, BatchCallback, BytesBatch, Checksums, IntoBatch,
                               KeyBatch, KeyCallback, PutBatch)
-from gcache.sdk.buffers import as_view
+from gcache.sdk.buffers import as_view, as_views
 from gcache.sdk.cuda_events import StreamCallbacks
 from gcache.sdk.dispatcher import Dispatcher
 from gcache.sdk.routing import Router
@@ -313,7 +313,7 @@ class Client:
                                           on_key, if_absent)
         device = self._settings.device_buffers
         ks = [self._key(k) for k in keys]
-        views = [as_view(b, writable=False, device=device) for b in buffers]
+        views = as_views(buffers, writable=False, device=device)
         return self._start(PutBatch(ks, views, self.limits, self._deadline(timeout_ms),
                                     self._router, callback, on_key, if_absent), group,
                            placement)
@@ -390,7 +390,7 @@ class Client:
                 stream, callback, self._deadline(timeout_ms) + 1.0)
         device = self._settings.device_buffers
         ks = [self._key(k) for k in keys]
-        views = [as_view(b, writable=True, device=device) for b in buffers]
+        views = as_views(buffers, writable=True, device=device)
         fut = self._start(IntoBatch(ks, views, self._checks, self._deadline(timeout_ms),
                                     self._router, callback, on_key), group)
         return fut if outer is None else outer

@@ -224,17 +224,32 @@ class Reaper:
         self._heap_lock = threading.Lock()
         self._wake = threading.Event()  # a new earliest deadline, or stop
         self._seq = itertools.count()
+        self._prune_at = self.PRUNE_MIN
         self._probe = probe
         self._probe_interval = probe_interval
         self._stop = False
         self.thread = threading.Thread(target=self._run, name="gcache-reaper", daemon=True)
         self.thread.start()
 
+    PRUNE_MIN = 32  # heap entries before finished work is first dropped from it
+
     def watch(self, work: Work) -> None:
-        """Complete ``work`` as TIMEOUT at its deadline unless a worker claimed it first."""
+        """Complete ``work`` as TIMEOUT at its deadline unless a worker claimed it first.
+
+        Finished work is dropped from the heap whenever it has doubled since the last
+        drop (amortized O(1) per call): kept until its deadline, every finished frame of
+        the last ``timeout_ms`` (its items, buffer views and batch) stayed alive, and
+        the GC traversed hundreds of thousands of them (13 % of a busy client's CPU)."""
         with self._heap_lock:
-            heapq.heappush(self._heap, (work.deadline, next(self._seq), work))
-            first = self._heap[0][2] is work
+            heap = self._heap
+            heapq.heappush(heap, (work.deadline, next(self._seq), work))
+            if len(heap) >= self._prune_at:
+                # DONE is final, so reading it without the state lock drops only
+                # finished work; a stale read keeps an entry until the next prune
+                heap[:] = [e for e in heap if e[2].state != DONE]
+                heapq.heapify(heap)
+                self._prune_at = max(self.PRUNE_MIN, 2 * len(heap))
+            first = heap[0][2] is work
         if first:
             self._wake.set()
 

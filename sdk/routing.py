@@ -57,7 +57,8 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 from gcache.discovery import MasterClient, MasterError, MasterUnavailable
-from gcache.hashing import placement_hash
+from gcache.hashing import PLACEMENT_SEED, placement_hash
+from gcache.native import placement_hashes as native_placement_hashes
 from gcache.protocol import Op
 from gcache.ring import Ring
 from gcache.status import Status
@@ -102,8 +103,12 @@ def placement_hashes(namespace: bytes, keys: Sequence[bytes], group: Any = None)
     Failure:
         ValueError for a group sequence whose length is not ``len(keys)``.
     """
-    if group is None:
-        return [placement_hash(namespace, k) for k in keys]
+    if group is None:  # the whole batch in one native call (gcache.native)
+        try:
+            return native_placement_hashes(namespace, keys, PLACEMENT_SEED)
+        except TypeError:  # keys that are bytes-like but not bytes
+            return native_placement_hashes(bytes(namespace), [bytes(k) for k in keys],
+                                           PLACEMENT_SEED)
     if isinstance(group, (str, bytes)):
         g = group.encode() if isinstance(group, str) else group
         return [placement_hash(namespace, b"", g)] * len(keys)
@@ -257,7 +262,8 @@ class Router:
                     extra = {"ep": self.view.epoch, "ph": [hashes[it.index] for it in frame],
                              **(extra or {})}
                 dispatcher.submit(lane, Work(op, self.namespace, frame, batch.deadline,
-                                             done, extra, retried, addr))
+                                             done, extra, retried, addr,
+                                             verify=batch.verify))
 
     # ------------------------------------------------------------------ previous owners
     def handoff_for(self, batch: Batch) -> Callable | None:

@@ -53,7 +53,9 @@ the server reserves each chunk exactly as for a PUT, copies the bytes in with
 a client truncating its file causes a short read, never a SIGBUS in the server),
 then ``finish_put`` verifies the writer's checksum over the bytes *in the arena* (a
 client rewriting its file mid-copy gets ``CORRUPT``, never a published value that
-was not checksummed) and publishes. One round trip per frame, where ALLOC + COMMIT
+was not checksummed) and publishes. Each item is finished right after its ``preadv``,
+while its bytes are in the cache (a frame that fails midway keeps the items finished
+before it: each was verified). One round trip per frame, where ALLOC + COMMIT
 took two. The file is validated once per connection (``Stage.open``): a bare name
 of this arena's staging pattern in the arena's directory, a regular file with one
 link, no permission bits for others, size within [header, header +
@@ -667,8 +669,9 @@ def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dic
     tombs = conn.svc.tombstones
     guard = tombs.guard(ns) if if_absent and tombs is not None else None
     statuses: list[Status] = []
-    slots: list[tuple[int, Any]] = []
+    slots: list[tuple[int, Any]] = []  # reserved and not yet finished (at most one)
     pos = staging.HEADER_BYTES
+    nbytes = 0
     try:
         whole = self_contained(parsed)
         for (key, tl, off, ln, pid, csum), wrong, h in zip(parsed, wrong_owner, ph):
@@ -684,22 +687,23 @@ def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dic
             if slot is None or slot.status != Status.OK:
                 statuses.append(Status.TOO_LARGE if slot is None else slot.status)
                 continue
-            statuses.append(Status.OK)
-            slots.append((len(statuses) - 1, slot))
+            slots.append((len(statuses), slot))
             if not _pread_full(stage.fd, slot.view, at):  # the client shrank its file
-                statuses[-1] = Status.BAD_REQUEST
+                statuses.append(Status.BAD_REQUEST)
                 tier.abort_put(slots.pop()[1])
+                continue
+            # finished at once: its checksum check reads the chunk preadv just filled,
+            # still in the cache (after the whole frame it was a second pass over DRAM)
+            s = tier.finish_put(slots.pop()[1], if_absent=if_absent)
+            statuses.append(s)
+            if s == Status.OK:
+                nbytes += ln
+                if guard is not None:
+                    guard.settle(tier, key)
     except BaseException:
-        for _, slot in slots:
+        for _, slot in slots:  # the one in flight; those finished before stand
             tier.abort_put(slot)
         raise
-    nbytes = 0
-    for i, slot in slots:
-        statuses[i] = tier.finish_put(slot, if_absent=if_absent)
-        if statuses[i] == Status.OK:
-            nbytes += parsed[i].length
-            if guard is not None:
-                guard.settle(tier, parsed[i].key)
     m = conn.svc.metrics
     m.bytes.labels("in").inc(total)
     m.namespace_writes(ns, nbytes)

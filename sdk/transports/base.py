@@ -105,6 +105,9 @@ class ItemResult:
     nbytes: int = 0
     data: bytearray | None = None
     checksum: int = 0  # a get's: the server's xxh3_64 of the whole object
+    # a get's xxh3_64 of the bytes that landed, when the transport hashed them as they
+    # landed (``Work.verify``, a slice that is the whole object); None: not hashed
+    landed: int | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -120,6 +123,9 @@ class Work:
     retried: bool = False  # a NOT_OWNER re-send: never re-routed again
     address: str = ""  # the server it is for (the sender's bookkeeping; transports ignore it)
     state: int = 0  # 0 queued, 1 running, 2 done (moved under the dispatcher's state lock)
+    # a get whose caller checks checksums: a transport that can hash a slice holding a
+    # whole object while its bytes are still in the cache says so in ``landed``
+    verify: bool = False
 
 
 class Transport(abc.ABC):

@@ -235,17 +235,18 @@ class NixlPath(DataPath):
     # ------------------------------------------------------------------ movers
     def move_in(self, conn: OneSidedTransport, copies: list[Copy], t0: float,
                 deadline: float) -> None:
-        self._run(conn, "READ", copies, t0, deadline)
+        self._run(conn, "READ", copies, t0, deadline)  # hashes nothing: None
 
     def move_out(self, conn: OneSidedTransport, copies: list[Copy], t0: float,
                  deadline: float) -> None:
         self._run(conn, "WRITE", copies, t0, deadline)
 
-    def _run(self, conn: OneSidedTransport, op: str, moves: list[tuple[Any, int, int]],
+    def _run(self, conn: OneSidedTransport, op: str, moves: list[Copy],
              t0: float, deadline: float) -> None:
-        """Post ``moves`` (local view, arena offset, bytes) in rounds bounded by the bounce."""
+        """Post ``moves`` (local view, arena offset, bytes, _) in rounds bounded by the
+        bounce."""
         rnd = _Round()
-        for local, remote, n in moves:
+        for local, remote, n, _ in moves:
             addr, mem, dev = local_span(local)
             if REGISTRY.covers(addr, n, mem, dev):
                 rnd.add(addr, self.rbase + remote, n, mem, dev)

@@ -63,7 +63,8 @@ log = logging.getLogger("gcache.sdk.onesided")
 STATS = {"shm_get_items": 0, "shm_put_items": 0, "tcp_fallback_items": 0,
          "shm_connections": 0, "tcp_connections": 0,
          "nixl_get_items": 0, "nixl_put_items": 0, "nixl_connections": 0,
-         "nixl_staged_bytes": 0, "small_frame_tcp_items": 0, "shm_staged_frames": 0}
+         "nixl_staged_bytes": 0, "small_frame_tcp_items": 0, "shm_staged_frames": 0,
+         "landed_hashes": 0}  # get slices hashed as they landed (``ItemResult.landed``)
 
 
 class _FrameStatus(GCacheError):
@@ -74,9 +75,12 @@ class _FrameStatus(GCacheError):
         self.status = status
 
 
-# One slice to move: (local, remote, n) = a memoryview or DeviceView of at least ``n``
-# bytes <-> ``n`` bytes at arena offset ``remote``. Plain tuples: a frame holds thousands.
-Copy = tuple  # (local, remote, n)
+# One slice to move: (local, remote, n, want_hash) = a memoryview or DeviceView of at
+# least ``n`` bytes <-> ``n`` bytes at arena offset ``remote``; ``want_hash``: a get
+# slice holding a whole object whose reader checks checksums (``Work.verify``), hashed
+# as it lands by paths that can (``DataPath.move_in``). Plain tuples: a frame holds
+# thousands.
+Copy = tuple  # (local, remote, n, want_hash)
 
 _INT6 = (int, int, int, int, int, int)
 RELEASE_GRACE_S = 0.01  # how long a no-wait RELEASE may block past the deadline
@@ -91,9 +95,12 @@ class DataPath(abc.ABC):
     * ``attach(conn)``: after AUTH, from ``conn.auth_reply``: '' when this path serves
       the connection (``kind``, ``lease_s`` and ``span`` then hold for it), else why
       not. No network IO (it maps a file or adds a NIXL remote).
-    * ``move_in`` / ``move_out``: copy ``(local, remote, n)`` slices out of / into the
-      arena; no copy starts past ``deadline`` or half the lease bound
+    * ``move_in`` / ``move_out``: copy ``(local, remote, n, want_hash)`` slices out of /
+      into the arena; no copy starts past ``deadline`` or half the lease bound
       (``conn.copy_window``), and a transfer in flight is abandoned at ``deadline``.
+      ``move_in`` returns, per copy, the xxh3_64 of the bytes that landed where it
+      hashed them (``want_hash``; the shm path does, while they are in the cache), else
+      None; or None for the whole frame (a path that never hashes: nixl).
     * ``put(conn, work)``: one PUT frame; by default ALLOC -> ``move_out`` -> COMMIT
       (``conn.put_alloc``; an if-absent put goes as a plain PUT). Blocks until
       ``work.deadline`` at the latest.
@@ -111,7 +118,7 @@ class DataPath(abc.ABC):
 
     @abc.abstractmethod
     def move_in(self, conn: OneSidedTransport, copies: list[Copy], t0: float,
-                deadline: float) -> None: ...
+                deadline: float) -> list[int | None] | None: ...
 
     def move_out(self, conn: OneSidedTransport, copies: list[Copy], t0: float,
                  deadline: float) -> None:
@@ -164,9 +171,11 @@ class OneSidedTransport(TcpTransport):
             pass
 
     # ------------------------------------------------------------------ movers
-    def move_in(self, copies: list[Copy], t0: float, deadline: float) -> None:
-        """Copy every ``(local, remote, n)`` from the arena into ``local``."""
-        self.path.move_in(self, copies, t0, deadline)
+    def move_in(self, copies: list[Copy], t0: float, deadline: float
+                ) -> list[int | None] | None:
+        """Copy every ``(local, remote, n, want_hash)`` from the arena into ``local``;
+        the landed bytes' hashes where the path computed them (``DataPath.move_in``)."""
+        return self.path.move_in(self, copies, t0, deadline)
 
     def move_out(self, copies: list[Copy], t0: float, deadline: float) -> None:
         """Copy every ``local`` (a read-only view) into the arena."""
@@ -297,27 +306,40 @@ class OneSidedTransport(TcpTransport):
                     if not lo <= ls[3] <= ls[3] + ls[1] <= hi:
                         self._check_span(ls[3], ls[1])  # raises
             copies: list[Copy] = []
+            hashed: list[ItemResult] = []  # results whose copy is hashed as it lands
+            verify, OK, BUSY = work.verify, Status.OK, Status.BUSY
             for i, it in enumerate(items):
                 st, total, ver, off, _lid, csum = leases[which[i]]
-                if st == Status.BUSY:
-                    fallback.append(i)
+                if st != OK:
+                    if st == BUSY:
+                        fallback.append(i)
+                    else:
+                        out[i] = ItemResult(status_of(st), total, ver, 0)
                     continue
-                if st != Status.OK:
-                    out[i] = ItemResult(status_of(st), total, ver, 0)
-                    continue
-                start = min(it.offset, total)
-                n = min(total - start, it.max_len)
-                res = out[i] = ItemResult(Status.OK, total, ver, n, None, csum)
+                start = it.offset
+                if start > total:
+                    start = total
+                n = total - start
+                if n > it.max_len:
+                    n = it.max_len
+                res = out[i] = ItemResult(OK, total, ver, n, None, csum)
                 dst = it.dest
                 if dst is None:  # a byte get: the bytes land in a new buffer
                     res.data = bytearray(n)
                     dst = memoryview(res.data)
                 elif n > len(dst):
                     raise ProtocolError(f"{n} bytes for a {len(dst)}-byte destination")
-                if n:
-                    copies.append((dst, off + start, n))
+                want = verify and n == total  # the whole object (so start == 0)
+                if want:
+                    hashed.append(res)
+                if n or want:
+                    copies.append((dst, off + start, n, want))
             if copies:
-                self.move_in(copies, t0, work.deadline)
+                landed = self.move_in(copies, t0, work.deadline)
+                if hashed and landed is not None:
+                    for res, h in zip(hashed, (h for h in landed if h is not None)):
+                        res.landed = h
+                    STATS["landed_hashes"] += len(hashed)
         except BaseException:
             self.close()
             raise
@@ -382,7 +404,7 @@ class OneSidedTransport(TcpTransport):
                 raise ValueError(f"put slice has {len(it.src)} bytes, item says {it.length}")
             ok.append(i)
         if ok:
-            self.move_out([(items[i].src, slots[i][1], items[i].length) for i in ok
+            self.move_out([(items[i].src, slots[i][1], items[i].length, False) for i in ok
                            if items[i].length], t0, work.deadline)
             rmeta = self.call(Op.COMMIT, {"slots": [slots[i][2] for i in ok], "abort": []},
                                work.deadline)

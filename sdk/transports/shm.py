@@ -9,8 +9,10 @@ must be able to open that path read-only and see the same file, owned by the
 announced uid (its own uid, or, when the server runs ``--shm-group``, the server's:
 the arena is then mode 0640 and members of that group may read it). It maps the
 file **read-only** (MAP_SHARED, PROT_READ; one mapping per arena per process, shared
-by every connection) and reads with ``memmove`` (ctypes drops the GIL, so the
-dispatch threads copy in parallel): LEASE -> copy -> RELEASE.
+by every connection) and reads a whole frame with one ``gcache.native.copy_spans``
+call (the GIL released for all of it, so the dispatch threads copy in parallel; a
+slice that holds a whole object is hashed as it lands when the reader checks
+checksums, so the check reads the cache, not DRAM): LEASE -> copy -> RELEASE.
 
 Clients never write the arena. A put writes the values, back to back, into the
 connection's staging file (``gcache.staging``: created in the arena's directory,
@@ -39,7 +41,6 @@ import mmap
 import os
 import ssl
 import threading
-import time
 
 import numpy as np
 
@@ -50,14 +51,13 @@ from gcache.credentials import ClientCredential
 from gcache.protocol import Limits, Op
 from gcache.status import status_of
 from gcache.errors import ProtocolError
-from gcache.sdk.buffers import address_of, memmove
+from gcache.native import copy_spans
 from gcache.sdk.transports.base import ItemResult, TransportTimeout, Work
 from gcache.sdk.transports.onesided import STATS, Copy, DataPath, OneSidedTransport
 from gcache.sdk.transports.tcp import put_fields
 
 log = logging.getLogger("gcache.sdk.shm")
 
-CHECK_BYTES = 2 << 20  # deadline / lease-bound check at least this often while copying
 STAGE_BYTES = 64 << 20  # data capacity of one connection's staging file (tmpfs: sparse)
 
 
@@ -219,14 +219,15 @@ class ShmPath(DataPath):
 
     # ------------------------------------------------------------------ movers
     def move_in(self, conn: OneSidedTransport, copies: list[Copy], t0: float,
-                deadline: float) -> None:
-        base, since = self.map.base, CHECK_BYTES
-        for local, remote, n in copies:
-            if since >= CHECK_BYTES:  # the clock is read every few MiB, not per slice
-                conn.copy_window(t0, deadline)
-                since = 0
-            memmove(address_of(local), base + remote, n)
-            since += n
+                deadline: float) -> list[int | None]:
+        """One ``copy_spans`` call (the GIL released for the whole frame; the clock read
+        every few MiB, not per slice), hashing each ``want_hash`` copy as it lands."""
+        m = self.map
+        try:
+            return copy_spans(copies, m.base, m.size, True,
+                              min(deadline, t0 + self.lease_s / 2))
+        except TimeoutError:  # past the deadline or half the lease bound
+            raise TransportTimeout() from None
 
     def move_out(self, conn: OneSidedTransport, copies: list[Copy], t0: float,
                  deadline: float) -> None:
@@ -288,16 +289,15 @@ class ShmPath(DataPath):
                  ) -> list[ItemResult]:
         """One PUT_STAGED: copy the run's values into the staging file, ask the server."""
         stage, items = self.stage, work.items
-        pos, since = stage.base, CHECK_BYTES
+        spans, pos = [], 0
         for i in run:
-            if since >= CHECK_BYTES and time.monotonic() >= work.deadline:
-                raise TransportTimeout()
-            if since >= CHECK_BYTES:
-                since = 0
             n = items[i].length
-            memmove(pos, address_of(items[i].src), n)
+            spans.append((items[i].src, pos, n, False))
             pos += n
-            since += n
+        try:  # one call, the GIL released; the clock read every few MiB
+            copy_spans(spans, stage.base, stage.capacity, False, work.deadline)
+        except TimeoutError:
+            raise TransportTimeout() from None
         sub = conn.subset(work, run)
         meta = {"ns": work.ns, "stage": stage.name, "skey": stage.key,
                 "items": put_fields(sub.items),

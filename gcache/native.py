@@ -1,0 +1,180 @@
+"""The native hot loops, or their pure-Python twins: one import for callers.
+
+Each function below exists twice: in C (``gcache._native``, built from
+``native/gcache_native.c`` by ``pip install``) and here in Python. Both take the same
+arguments and give the same results, raising the same exception types on bad input;
+``tests/core/test_native_*.py`` check that with hypothesis. Callers import the names
+from this module and never know which one runs.
+
+Which one: the C module when it imports and ``GCACHE_NATIVE`` (read once, at import)
+is not false (``0``/``false``/``no``/``off``); otherwise the twins. A missing or broken
+build logs ONE line saying so and what to do, never raises. ``ACTIVE`` says which is
+in use ("native" or "python"); ``twins`` holds the Python functions for tests.
+
+Functions (contracts; the C file's opening comment has the same):
+
+* ``copy_spans(spans, base, size, into, stop_at) -> list[int | None]``: move N spans
+  between caller buffers and the mapped region ``[base, base + size)`` in one call
+  (the C version releases the GIL for the whole loop). A span is ``(buffer, offset,
+  n, want_hash)``; ``into`` copies region -> buffer, else buffer -> region. Every span
+  is checked before any byte moves (``0 <= offset``, ``offset + n <= size``,
+  ``0 <= n <= len(buffer)``, a writable destination): ValueError; a non-buffer or a
+  non-int: TypeError. The clock (``time.monotonic``) is read before the first span and
+  at the first span boundary after every ``CHECK_BYTES`` copied: at or past
+  ``stop_at``, TimeoutError. Returns each span's xxh3_64 (seed 0) of the bytes that
+  landed when ``want_hash``, else None.
+* ``byte_views(objs, writable) -> list[memoryview]``: ``gcache.sdk.buffers.as_view``
+  for host buffers, a whole batch per call: each object's memoryview, cast to flat
+  unsigned bytes unless it already is; ValueError for a non-contiguous buffer or
+  (``writable``) a read-only one; TypeError for an object without the buffer protocol.
+* ``placement_hashes(namespace, keys, seed) -> list[int]``: ``xxh3_64(namespace +
+  b"\\0" + key, seed)`` per key (keys must be ``bytes``: TypeError).
+
+Threads: any; no state.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import time
+from types import SimpleNamespace
+from typing import Any, Sequence
+
+import numpy as np
+import xxhash
+
+log = logging.getLogger("gcache.native")
+
+ENV = "GCACHE_NATIVE"
+CHECK_BYTES = 2 << 20  # read the clock at least this often while copying
+
+
+# ---------------------------------------------------------------------- the twins
+def _buffer(obj: Any, i: int, writable: bool) -> memoryview:
+    try:
+        mv = memoryview(obj)
+    except TypeError:
+        raise TypeError(f"copy_spans: span {i}'s buffer is not a C-contiguous buffer") from None
+    if not mv.c_contiguous:
+        raise TypeError(f"copy_spans: span {i}'s buffer is not a C-contiguous buffer")
+    if writable and mv.readonly:
+        raise ValueError(f"copy_spans: span {i}'s destination is read-only")
+    return mv
+
+
+def _address(mv: memoryview) -> int:
+    if not mv.nbytes:
+        return 0
+    return int(np.frombuffer(mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv,
+                             dtype=np.uint8).ctypes.data)
+
+
+def copy_spans_py(spans: Sequence[tuple], base: int, size: int, into: bool,
+                  stop_at: float) -> list[int | None]:
+    """The twin of ``_native.copy_spans`` (see the module docstring)."""
+    if type(base) is not int or type(size) is not int:  # noqa: E721 - as PyArg "K"/"n"
+        raise TypeError("copy_spans: base and size must be ints")
+    if size < 0:
+        raise ValueError("copy_spans: negative region size")
+    into = bool(into)
+    plan = []
+    for i, t in enumerate(spans):
+        if type(t) is not tuple or len(t) != 4:
+            raise TypeError("copy_spans: a span is a tuple (buffer, offset, n, want_hash)")
+        buf, off, n, want = t
+        if not isinstance(off, int) or not isinstance(n, int):
+            raise TypeError("copy_spans: offset and n must be ints")
+        if off < 0 or n < 0 or n > size or off > size - n:
+            raise ValueError(f"copy_spans: span {i} is outside the mapped region of "
+                             f"{size} bytes")
+        want = bool(want)
+        mv = _buffer(buf, i, into)
+        if n > mv.nbytes:
+            raise ValueError(f"copy_spans: span {i} moves {n} bytes, its buffer has "
+                             f"{mv.nbytes}")
+        plan.append((mv, off, n, want))
+    out: list[int | None] = []
+    since = CHECK_BYTES
+    for mv, off, n, want in plan:
+        if since >= CHECK_BYTES:
+            if time.monotonic() >= stop_at:
+                raise TimeoutError("copy_spans: past the deadline")
+            since = 0
+        local = _address(mv)
+        if n:
+            if into:
+                ctypes.memmove(local, base + off, n)
+            else:
+                ctypes.memmove(base + off, local, n)
+        if want:
+            landed = (ctypes.c_char * n).from_address(local if into else base + off) \
+                if n else b""
+            out.append(xxhash.xxh3_64_intdigest(landed))
+        else:
+            out.append(None)
+        since += n
+    return out
+
+
+def placement_hashes_py(namespace: bytes, keys: Sequence[bytes], seed: int) -> list[int]:
+    """The twin of ``_native.placement_hashes`` (see the module docstring)."""
+    ns = bytes(memoryview(namespace))  # any bytes-like namespace, as the C "y*"
+    head = ns + b"\x00"
+    out = []
+    for i, k in enumerate(keys):
+        if not isinstance(k, bytes):
+            raise TypeError(f"placement_hashes: key {i} is {type(k).__name__}, not bytes")
+        out.append(xxhash.xxh3_64_intdigest(head + k, seed=seed))
+    return out
+
+
+def byte_views_py(objs: Sequence[Any], writable: bool) -> list[memoryview]:
+    """The twin of ``_native.byte_views`` (see the module docstring)."""
+    out = []
+    for buf in objs:
+        mv = memoryview(buf)
+        if not mv.contiguous:
+            raise ValueError("buffer must be C-contiguous")
+        if writable and mv.readonly:
+            raise ValueError("destination buffer is read-only")
+        out.append(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv)
+    return out
+
+
+twins = SimpleNamespace(copy_spans=copy_spans_py, placement_hashes=placement_hashes_py,
+                        byte_views=byte_views_py)
+
+
+# ---------------------------------------------------------------------- the choice
+def _wanted() -> bool:
+    raw = os.environ.get(ENV, "").strip().lower()
+    if raw in ("", "1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    log.warning("%s=%r is not a boolean (use 1 or 0); using the native module if built",
+                ENV, raw)
+    return True
+
+
+def _load() -> Any:
+    if not _wanted():
+        log.info("%s=0: the pure-Python twins run (gcache.native)", ENV)
+        return None
+    try:
+        from gcache import _native  # type: ignore[attr-defined]
+    except Exception as exc:  # ImportError, or a broken build (a missing symbol, ...)
+        log.warning("gcache._native is not available (%s): the pure-Python twins run, "
+                    "slower; reinstall with a C compiler and Python headers "
+                    "(pip install -e .) to build it", exc)
+        return None
+    return _native
+
+
+_mod = _load()
+ACTIVE = "python" if _mod is None else "native"
+copy_spans = twins.copy_spans if _mod is None else _mod.copy_spans
+placement_hashes = twins.placement_hashes if _mod is None else _mod.placement_hashes
+byte_views = twins.byte_views if _mod is None else _mod.byte_views

@@ -1,0 +1,371 @@
+/* gcache._native: the per-key hot loops of the shm data path, in C.
+ *
+ * Design. Each function here has a pure-Python twin in gcache/native.py (same
+ * arguments, same results, same exception types), and tests/core/test_native_*.py
+ * check the two against each other with hypothesis. gcache/native.py picks this
+ * module when it imports and GCACHE_NATIVE is not 0; otherwise the twins run.
+ *
+ *   copy_spans(spans, base, size, into, stop_at) -> list[int | None]
+ *       Copy N spans between caller buffers and one mapped region [base, base+size)
+ *       (the shm arena, read-only, or a staging file) in ONE call, the GIL released
+ *       for the whole loop so dispatch threads copy in parallel. A span is a tuple
+ *       (buffer, offset, n, want_hash): into=True copies n bytes from base+offset into
+ *       the buffer's first n bytes; into=False copies the buffer's first n bytes to
+ *       base+offset. With want_hash the n landed bytes are hashed (xxh3_64, seed 0)
+ *       right after they land, while they are still in the cache: the read pass of a
+ *       checksum check costs a fraction of a second pass over DRAM. Returns each
+ *       span's digest, or None where want_hash was false.
+ *       Bounds: every span is checked before the first byte moves (0 <= offset,
+ *       offset + n <= size, 0 <= n <= len(buffer); a read-only buffer cannot be a
+ *       destination): ValueError, TypeError for a non-buffer or a non-int. Deadline:
+ *       the clock (CLOCK_MONOTONIC, = time.monotonic) is read before the first span
+ *       and again at the first span boundary after every CHECK_BYTES copied; at or
+ *       past stop_at the call raises TimeoutError (spans before it have landed).
+ *
+ *   byte_views(objs, writable) -> list[memoryview]
+ *       sdk/buffers.py's as_view for host buffers, a batch per call: each object's
+ *       memoryview, cast to flat unsigned bytes when it is not already; ValueError for
+ *       a non-contiguous buffer or (writable) a read-only one, TypeError for an object
+ *       without the buffer protocol (a torch tensor: the caller then takes as_view).
+ *
+ *   placement_hashes(namespace, keys, seed) -> list[int]
+ *       xxh3_64(namespace + b"\0" + key, seed) for each key (bytes only: TypeError),
+ *       without building the concatenation as a Python object.
+ *
+ * Threads: any. copy_spans holds every buffer export (Py_buffer) for the whole call,
+ * so no buffer can be resized or freed under the copy. Nothing here keeps state
+ * between calls.
+ *
+ * xxHash (BSD-2, native/third_party/xxhash) is compiled in; its x86 dispatcher picks
+ * the widest vector unit at run time, as the xxhash Python package does.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+#include <time.h>
+
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t; the functions come from xxhash.c */
+#include "xxhash.h"
+#if defined(__x86_64__) || defined(_M_X64)
+#include "xxh_x86dispatch.h"
+#define GC_XXH3(p, n) XXH3_64bits_dispatch((p), (n))
+#define GC_XXH3_SEED(p, n, s) XXH3_64bits_withSeed_dispatch((p), (n), (s))
+#define GC_XXH3_UPDATE(st, p, n) XXH3_64bits_update_dispatch((st), (p), (n))
+#else
+#define GC_XXH3(p, n) XXH3_64bits((p), (n))
+#define GC_XXH3_SEED(p, n, s) XXH3_64bits_withSeed((p), (n), (s))
+#define GC_XXH3_UPDATE(st, p, n) XXH3_64bits_update((st), (p), (n))
+#endif
+
+#define CHECK_BYTES ((Py_ssize_t)2 << 20) /* read the clock at least this often */
+#define HASH_CHUNK ((Py_ssize_t)64 << 10) /* copy, then hash, this much at a time */
+
+static double monotonic_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ``obj`` as a fast sequence (a new reference; NULL with TypeError(msg) otherwise), its
+ * length and items in *count and *items */
+static PyObject *fast_items(PyObject *obj, const char *msg, Py_ssize_t *count,
+                            PyObject ***items) {
+    PyObject *seq = PySequence_Fast(obj, msg);
+    if (seq != NULL) {
+        *count = PySequence_Fast_GET_SIZE(seq);
+        *items = PySequence_Fast_ITEMS(seq);
+    }
+    return seq;
+}
+
+typedef struct {
+    char *local;   /* the caller buffer's first byte */
+    Py_ssize_t off;
+    Py_ssize_t n;
+    int want_hash;
+    XXH64_hash_t digest;
+} span_t;
+
+/* copy one span (into: mapping -> buffer), hashing what landed when asked */
+static void move_span(span_t *s, char *base, int into, XXH3_state_t *state) {
+    char *dst = into ? s->local : base + s->off;
+    const char *src = into ? base + s->off : s->local;
+    if (!s->want_hash) {
+        if (s->n)
+            memcpy(dst, src, (size_t)s->n);
+        return;
+    }
+    if (s->n <= HASH_CHUNK) {
+        if (s->n)
+            memcpy(dst, src, (size_t)s->n);
+        s->digest = GC_XXH3(dst, (size_t)s->n);
+        return;
+    }
+    XXH3_64bits_reset(state);
+    for (Py_ssize_t done = 0; done < s->n; done += HASH_CHUNK) {
+        Py_ssize_t k = s->n - done < HASH_CHUNK ? s->n - done : HASH_CHUNK;
+        memcpy(dst + done, src + done, (size_t)k);
+        GC_XXH3_UPDATE(state, dst + done, (size_t)k);
+    }
+    s->digest = XXH3_64bits_digest(state);
+}
+
+static PyObject *copy_spans(PyObject *self, PyObject *args) {
+    PyObject *spans_obj;
+    unsigned long long base_addr;
+    Py_ssize_t size;
+    int into;
+    double stop_at;
+    if (!PyArg_ParseTuple(args, "OKnpd:copy_spans", &spans_obj, &base_addr, &size, &into,
+                          &stop_at))
+        return NULL;
+    if (size < 0) {
+        PyErr_SetString(PyExc_ValueError, "copy_spans: negative region size");
+        return NULL;
+    }
+    Py_ssize_t count;
+    PyObject **items;
+    PyObject *seq = fast_items(spans_obj, "copy_spans: spans must be a sequence", &count,
+                               &items);
+    if (seq == NULL)
+        return NULL;
+    span_t *spans = PyMem_Calloc(count ? (size_t)count : 1, sizeof(span_t));
+    Py_buffer *views = PyMem_Calloc(count ? (size_t)count : 1, sizeof(Py_buffer));
+    PyObject *out = NULL;
+    Py_ssize_t held = 0;
+    XXH3_state_t *state = NULL;
+    if (spans == NULL || views == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* validate every span and take every buffer before the first byte moves */
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *t = items[i];
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4) {
+            PyErr_SetString(PyExc_TypeError,
+                            "copy_spans: a span is a tuple (buffer, offset, n, want_hash)");
+            goto done;
+        }
+        PyObject *o_off = PyTuple_GET_ITEM(t, 1), *o_n = PyTuple_GET_ITEM(t, 2);
+        if (!PyLong_Check(o_off) || !PyLong_Check(o_n)) {
+            PyErr_SetString(PyExc_TypeError, "copy_spans: offset and n must be ints");
+            goto done;
+        }
+        int overflow = 0;
+        long long off = PyLong_AsLongLongAndOverflow(o_off, &overflow);
+        long long n = overflow ? 0 : PyLong_AsLongLongAndOverflow(o_n, &overflow);
+        if (overflow || off < 0 || n < 0 || n > (long long)size || off > (long long)size - n) {
+            PyErr_Format(PyExc_ValueError,
+                         "copy_spans: span %zd is outside the mapped region of %zd bytes", i,
+                         size);
+            goto done;
+        }
+        int want = PyObject_IsTrue(PyTuple_GET_ITEM(t, 3));
+        if (want < 0)
+            goto done;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, 0), &views[i], PyBUF_SIMPLE) != 0) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError,
+                         "copy_spans: span %zd's buffer is not a C-contiguous buffer", i);
+            goto done;
+        }
+        held++;
+        if (into && views[i].readonly) {
+            PyErr_Format(PyExc_ValueError, "copy_spans: span %zd's destination is read-only",
+                         i);
+            goto done;
+        }
+        if (n > (long long)views[i].len) {
+            PyErr_Format(PyExc_ValueError,
+                         "copy_spans: span %zd moves %lld bytes, its buffer has %zd", i, n,
+                         views[i].len);
+            goto done;
+        }
+        spans[i].local = views[i].buf;
+        spans[i].off = (Py_ssize_t)off;
+        spans[i].n = (Py_ssize_t)n;
+        spans[i].want_hash = want;
+    }
+    state = XXH3_createState();
+    if (state == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t stopped = -1; /* index of the span the deadline stopped before */
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t since = CHECK_BYTES;
+    char *base = (char *)(uintptr_t)base_addr;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (since >= CHECK_BYTES) {
+            if (monotonic_now() >= stop_at) {
+                stopped = i;
+                break;
+            }
+            since = 0;
+        }
+        move_span(&spans[i], base, into, state);
+        since += spans[i].n;
+    }
+    Py_END_ALLOW_THREADS
+    if (stopped >= 0) {
+        PyErr_SetString(PyExc_TimeoutError, "copy_spans: past the deadline");
+        goto done;
+    }
+    out = PyList_New(count);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *d;
+        if (spans[i].want_hash) {
+            d = PyLong_FromUnsignedLongLong((unsigned long long)spans[i].digest);
+            if (d == NULL) {
+                Py_CLEAR(out);
+                goto done;
+            }
+        } else {
+            d = Py_NewRef(Py_None);
+        }
+        PyList_SET_ITEM(out, i, d);
+    }
+done:
+    if (state != NULL)
+        XXH3_freeState(state);
+    for (Py_ssize_t i = 0; i < held; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(spans);
+    Py_DECREF(seq);
+    return out;
+}
+
+static PyObject *placement_hashes(PyObject *self, PyObject *args) {
+    Py_buffer ns;
+    PyObject *keys_obj;
+    unsigned long long seed;
+    if (!PyArg_ParseTuple(args, "y*OK:placement_hashes", &ns, &keys_obj, &seed))
+        return NULL;
+    Py_ssize_t count = 0;
+    PyObject **items = NULL;
+    PyObject *out = NULL, *seq = fast_items(keys_obj, "placement_hashes: keys must be a "
+                                            "sequence", &count, &items);
+    char stack[512];
+    char *buf = stack;
+    Py_ssize_t cap = (Py_ssize_t)sizeof(stack);
+    if (seq == NULL)
+        goto done;
+    out = PyList_New(count);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *k = items[i];
+        if (!PyBytes_Check(k)) {
+            PyErr_Format(PyExc_TypeError, "placement_hashes: key %zd is %s, not bytes", i,
+                         Py_TYPE(k)->tp_name);
+            Py_CLEAR(out);
+            goto done;
+        }
+        Py_ssize_t kn = PyBytes_GET_SIZE(k), need = ns.len + 1 + kn;
+        if (need > cap) {
+            char *bigger = PyMem_Malloc((size_t)need);
+            if (bigger == NULL) {
+                PyErr_NoMemory();
+                Py_CLEAR(out);
+                goto done;
+            }
+            if (buf != stack)
+                PyMem_Free(buf);
+            buf = bigger;
+            cap = need;
+        }
+        memcpy(buf, ns.buf, (size_t)ns.len);
+        buf[ns.len] = 0;
+        memcpy(buf + ns.len + 1, PyBytes_AS_STRING(k), (size_t)kn);
+        PyObject *h = PyLong_FromUnsignedLongLong(
+            (unsigned long long)GC_XXH3_SEED(buf, (size_t)need, (XXH64_hash_t)seed));
+        if (h == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, h);
+    }
+done:
+    if (buf != stack)
+        PyMem_Free(buf);
+    Py_XDECREF(seq);
+    PyBuffer_Release(&ns);
+    return out;
+}
+
+/* byte_views(objs, writable): as_view (sdk/buffers.py) for host buffers, one call per
+ * batch: a flat, C-contiguous, unsigned-byte memoryview of each object, no copy. */
+static PyObject *byte_views(PyObject *self, PyObject *args) {
+    PyObject *objs;
+    int writable;
+    if (!PyArg_ParseTuple(args, "Op:byte_views", &objs, &writable))
+        return NULL;
+    Py_ssize_t count;
+    PyObject **items;
+    PyObject *seq = fast_items(objs, "byte_views: objs must be a sequence", &count, &items);
+    if (seq == NULL)
+        return NULL;
+    PyObject *out = PyList_New(count);
+    if (out == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *mv = PyMemoryView_FromObject(items[i]);
+        if (mv == NULL)
+            goto fail;
+        Py_buffer *v = PyMemoryView_GET_BUFFER(mv);
+        if (!PyBuffer_IsContiguous(v, 'A')) {
+            Py_DECREF(mv);
+            PyErr_SetString(PyExc_ValueError, "buffer must be C-contiguous");
+            goto fail;
+        }
+        if (writable && v->readonly) {
+            Py_DECREF(mv);
+            PyErr_SetString(PyExc_ValueError, "destination buffer is read-only");
+            goto fail;
+        }
+        if (v->ndim != 1 || (v->format != NULL && strcmp(v->format, "B") != 0)) {
+            PyObject *cast = PyObject_CallMethod(mv, "cast", "s", "B");
+            Py_DECREF(mv);
+            if (cast == NULL)
+                goto fail;
+            mv = cast;
+        }
+        PyList_SET_ITEM(out, i, mv);
+    }
+    Py_DECREF(seq);
+    return out;
+fail:
+    Py_XDECREF(out);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"byte_views", byte_views, METH_VARARGS,
+     "byte_views(objs, writable) -> list of flat unsigned-byte memoryviews"},
+    {"copy_spans", copy_spans, METH_VARARGS,
+     "copy_spans(spans, base, size, into, stop_at) -> list of digests or None"},
+    {"placement_hashes", placement_hashes, METH_VARARGS,
+     "placement_hashes(namespace, keys, seed) -> list of xxh3_64 ring positions"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "gcache._native",
+    "C twins of gcache.native's pure-Python functions (see native/README.md).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddIntConstant(m, "CHECK_BYTES", (long)CHECK_BYTES) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
