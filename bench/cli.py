@@ -67,6 +67,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from gcache.bench.blast_radius import main as blast_radius_main
+from gcache.bench.capacity import main as capacity_main
 from gcache.bench.runner import (cluster_capacity, measure_baseline, raw_gbps, run_case,
                                  run_demotion_impact)
 from gcache.bench.disk_baseline import measure_raw_pread
@@ -509,6 +510,7 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
 
 
 main.add_command(blast_radius_main, "blast-radius")
+main.add_command(capacity_main, "capacity")
 
 if __name__ == "__main__":
     main()
