@@ -1,9 +1,11 @@
-"""Memory tier: slab allocator, index, eviction and read leases over an Arena.
+"""Memory tier: allocator, index, eviction and read leases over an Arena.
 
-Design. KV pages are mostly one size per model, so memory is carved into slab
-pages (``slab_bytes``), each holding equal chunks of one size class
-(``arena.size_class``: 4 KiB granules, <= ~6% waste). An object is one chunk:
-header + data, so objects are limited to one slab page.
+Design. An object is one chunk: header + data, a run of whole 4 KiB granules sized to
+it (``arena.size_class``) anywhere in the arena (``extents.ExtentAllocator``: free runs
+merge with their neighbours, so values of any mix of sizes pack the arena; equal-chunk
+slab pages per size class stranded most of it under mixed sizes: slab calcification).
+A chunk is at most ``slab_bytes``. Chunks never move, so a pinned object's bytes stay
+put. After a restart the free runs are the complement of the recovered chunks.
 
 * Index: a plain dict ``(ns, key) -> _Obj`` of committed objects. The order
   in which they are given up is the eviction policy's (``eviction.EvictionPolicy``,
@@ -11,8 +13,9 @@ header + data, so objects are limited to one slab page.
   refreshes recency without moving data) and asks it for ``candidates`` when it
   needs room, skipping pinned and claimed ones itself.
 * Eviction: a background thread keeps live bytes between the low and high
-  watermarks; an allocation that still finds no room evicts the policy's first
-  unpinned candidate synchronously (bounded).
+  watermarks; an allocation that still finds no free run long enough evicts the
+  policy's unpinned candidates synchronously, in order, until one is (bounded): no
+  object is ever evicted for its size or address, only in the policy's order.
 * Leases: ``pin_read`` bumps a pin count; delete, replace and eviction of a
   pinned object only mark it doomed and the last ``unpin`` frees it, so a
   transfer never reads freed bytes.
@@ -81,8 +84,9 @@ from gcache.errors import WiringError
 from gcache.hashing import checksum
 from gcache.quotas import QuotaStore
 from gcache.status import Status
-from gcache.server.arena import Arena, HDR_FIXED, header_len, size_class
+from gcache.server.arena import GRANULE, Arena, HDR_FIXED, header_len, size_class
 from gcache.server.eviction import LRU, EvictionPolicy
+from gcache.server.extents import ExtentAllocator
 from gcache.server.movement import ColdObject, LockRank, MemoryHooks, ranked_lock
 from gcache.server.tier import HeldObject, Pinned, PutSlot, Tier, held_snapshot
 
@@ -157,12 +161,6 @@ class _Pending:
         return True
 
 
-@dataclass(slots=True)
-class _Class:
-    size: int
-    partial: dict = field(default_factory=dict)  # page -> list[chunk offset] (free chunks)
-
-
 class MemoryTier(Tier):
     def __init__(self, arena: Arena, *, high_watermark: float = 0.95,
                  low_watermark: float = 0.90, pending_put_timeout_ms: int = 10_000,
@@ -200,9 +198,7 @@ class MemoryTier(Tier):
         self._quota_wants: dict[bytes, int] = {}  # ns -> bytes a put waits for (0: none)
         self._quota_gen = -1
         self._pending: dict[tuple[bytes, bytes, int], _Pending] = {}
-        self._classes: dict[int, _Class] = {}
-        self._free_pages: list[int] = []
-        self._page_live = [0] * arena.npages
+        self._extents = ExtentAllocator(0)  # the free runs; _recover builds them
         self._next_version = max(1, arena.next_version)
         self.live_bytes = 0  # chunk bytes of committed + pending objects
         self.uncommitted_bytes = 0  # of which not committed yet (puts in flight)
@@ -225,36 +221,21 @@ class MemoryTier(Tier):
     # ------------------------------------------------------------------ startup
     def _recover(self) -> None:
         t0 = time.monotonic()
-        pt = self.arena.page_table
         if self.arena.reused:
             objs, counts = self.arena.scan()
         else:
             objs, counts = [], {"torn": 0, "corrupt": 0, "superseded": 0}
         objs.sort(key=lambda r: r.created_ns)  # oldest first: the policy sees them age
-        used: dict[int, set[int]] = {}
+        used: list[tuple[int, int]] = []
         for r in objs:
-            page = self.arena.page_of(r.offset)
-            used.setdefault(page, set()).add(r.offset)
+            used.append((self.arena.granule_of(r.offset), r.chunk // GRANULE))
             o = _Obj(r.ns, r.key, r.offset, r.chunk, r.data_off, r.length, r.version,
                      r.checksum, committed=True, verified=False, ph=r.ph)
             self.do_charge_ns(r.ns, r.chunk)
             self.do_link(o)
-            self._page_live[page] += 1
             self.live_bytes += r.chunk
             self._next_version = max(self._next_version, r.version + 1)
-        for page in range(self.arena.npages):
-            csize = int(pt[page])
-            if csize == 0 or page not in used:
-                pt[page] = 0
-                self._free_pages.append(page)
-                continue
-            cls = self._cls(csize)
-            base = self.arena.page_offset(page)
-            free = [base + i * csize for i in range(self.arena.slab_bytes // csize)
-                    if base + i * csize not in used[page]]
-            if free:
-                cls.partial[page] = free
-        self._free_pages.reverse()  # pop() hands out low pages first
+        self._extents = ExtentAllocator.from_used(self.arena.granules, used)
         self.counters["recovered"] = len(objs)
         self.do_refresh_quotas()  # a restart under a smaller quota: those go first
         self.counters["corrupt_dropped"] = counts["corrupt"]
@@ -280,12 +261,6 @@ class MemoryTier(Tier):
         self._evictor.start()
 
     # ------------------------------------------------------------------ allocator
-    def _cls(self, csize: int) -> _Class:
-        cls = self._classes.get(csize)
-        if cls is None:
-            cls = self._classes[csize] = _Class(csize)
-        return cls
-
     @staticmethod
     def object_bytes(ns: bytes, key: bytes, length: int) -> int:
         """Bytes an allocation for this object needs (header, with room for a placement
@@ -295,31 +270,21 @@ class MemoryTier(Tier):
     def has_room(self, need: int) -> bool:
         """Whether an allocation of ``need`` bytes would succeed without evicting (a hint:
         read without the lock)."""
-        cls = self._classes.get(size_class(need))
-        return bool(self._free_pages) or bool(cls is not None and cls.partial)
+        return self._extents.fits(size_class(need) // GRANULE)
 
     def do_alloc(self, need: int, evict: bool = True) -> int | None:
+        """A chunk for ``need`` bytes (its header is the caller's to write), evicting in
+        the policy's order while no free run is long enough (``evict``); None if none."""
         csize = size_class(need)
         if csize > self.arena.slab_bytes:
             return None
-        cls = self._cls(csize)
+        n = csize // GRANULE
         evicted = 0
         while True:
-            if cls.partial:
-                page, free = next(iter(cls.partial.items()))
-                off = free.pop()
-                if not free:
-                    del cls.partial[page]
-                self._page_live[page] += 1
+            g = self._extents.alloc(n)
+            if g is not None:
                 self.live_bytes += csize
-                return off
-            if self._free_pages:
-                page = self._free_pages.pop()
-                self.arena.page_table[page] = csize  # before any chunk is used
-                base = self.arena.page_offset(page)
-                n = self.arena.slab_bytes // csize
-                cls.partial[page] = [base + i * csize for i in range(n - 1, -1, -1)]
-                continue
+                return self.arena.granule_offset(g)
             if not evict or evicted >= _EVICT_SYNC_LIMIT or not self.do_evict_one():
                 return None
             evicted += 1
@@ -365,18 +330,10 @@ class MemoryTier(Tier):
             del self._ns[o.ns]
             self._over.discard(o.ns)
         self.arena.clear(o.offset)
-        page = self.arena.page_of(o.offset)
-        self._page_live[page] -= 1
+        self._extents.release(self.arena.granule_of(o.offset), o.chunk // GRANULE)
         self.live_bytes -= o.chunk
         if not o.committed:
             self.uncommitted_bytes -= o.chunk
-        cls = self._cls(o.chunk)
-        if self._page_live[page] == 0:
-            cls.partial.pop(page, None)
-            self.arena.page_table[page] = 0
-            self._free_pages.append(page)
-        else:
-            cls.partial.setdefault(page, []).append(o.offset)
 
     def do_evict_one(self, ns: bytes | None = None) -> bool:
         """Evict the policy's first unpinned candidate (of namespace ``ns`` only, when
@@ -990,8 +947,10 @@ class MemoryTier(Tier):
                 "objects": len(self._index),
                 "pending_puts": len(self._pending),
                 "reserved_bytes": self.reserved_bytes,
-                "free_pages": len(self._free_pages),
+                "free_pages": self._extents.free * GRANULE // self.arena.slab_bytes,
                 "pages": self.arena.npages,
+                "free_bytes": self._extents.free * GRANULE,
+                "largest_free_bytes": self._extents.largest() * GRANULE,
                 **self.counters,
             }
 
