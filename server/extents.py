@@ -16,7 +16,8 @@ free neighbours at once, so holes never stay split.
 * It only knows granule numbers: the memory tier turns them into arena offsets, writes
   the chunk headers and the arena's start map (``arena.Arena.mark``), and rebuilds this
   map after a restart as the complement of the recovered objects (``from_used``).
-* Nothing here ever moves an allocated run, so a pinned or leased object's bytes stay
+* Nothing here moves an allocated run; the memory tier may relocate an unpinned
+  object (``MemoryTier.do_compact``), never a pinned or leased one, so its bytes stay
   where its readers (shm one-sided ones too) look.
 
 Not thread-safe: the memory tier calls it with its lock held (``fits`` excepted: a hint
@@ -98,6 +99,17 @@ class ExtentAllocator:
             self._add(start + n, have - n)
         return start
 
+    def alloc_at(self, start: int, n: int) -> int | None:
+        """Take ``n`` granules from the start of the free run that begins at ``start``
+        (``start``), or None if no run of at least ``n`` begins there."""
+        have = self._by_start.get(start, 0)
+        if have < n:
+            return None
+        self._take(start, have)
+        if have > n:
+            self._add(start + n, have - n)
+        return start
+
     def release(self, start: int, n: int) -> None:
         """Give back the run ``[start, start + n)``; it merges with free neighbours."""
         before = self._by_end.get(start)
@@ -123,10 +135,25 @@ class ExtentAllocator:
 
     def largest(self) -> int:
         """Granules in the longest free run (a scan of the top non-empty bin)."""
+        return self.largest_run()[1]
+
+    def largest_run(self) -> tuple[int, int]:
+        """The longest free run ``(start, length)``; ``(0, 0)`` when nothing is free."""
         for bin_ in reversed(self._bins):
             if bin_:
-                return max(bin_.values())
-        return 0
+                return max(bin_.items(), key=lambda r: r[1])
+        return 0, 0
+
+    def take_run(self, start: int) -> int:
+        """Take the whole free run that begins at ``start``; its length (0: none)."""
+        n = self._by_start.get(start, 0)
+        if n:
+            self._take(start, n)
+        return n
+
+    def free_run_at(self, start: int) -> int:
+        """Length of the free run that begins at ``start`` (0: none)."""
+        return self._by_start.get(start, 0)
 
     def runs(self) -> list[tuple[int, int]]:
         """The free runs ``(start, length)``, by start (for tests and stats)."""

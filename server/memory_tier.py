@@ -4,8 +4,8 @@ Design. An object is one chunk: header + data, a run of whole 4 KiB granules siz
 it (``arena.size_class``) anywhere in the arena (``extents.ExtentAllocator``: free runs
 merge with their neighbours, so values of any mix of sizes pack the arena; equal-chunk
 slab pages per size class stranded most of it under mixed sizes: slab calcification).
-A chunk is at most ``slab_bytes``. Chunks never move, so a pinned object's bytes stay
-put. After a restart the free runs are the complement of the recovered chunks.
+A chunk is at most ``slab_bytes``. After a restart the free runs are the complement of
+the recovered chunks.
 
 * Index: a plain dict ``(ns, key) -> _Obj`` of committed objects. The order
   in which they are given up is the eviction policy's (``eviction.EvictionPolicy``,
@@ -14,8 +14,17 @@ put. After a restart the free runs are the complement of the recovered chunks.
   needs room, skipping pinned and claimed ones itself.
 * Eviction: a background thread keeps live bytes between the low and high
   watermarks; an allocation that still finds no free run long enough evicts the
-  policy's unpinned candidates synchronously, in order, until one is (bounded): no
-  object is ever evicted for its size or address, only in the policy's order.
+  policy's unpinned candidates synchronously, in order, until one is (bounded). When
+  the free bytes would do but are split into holes (churn), it first compacts
+  (``do_compact``, counted in ``relocated``): it copies the objects right after the
+  longest free run into other holes, so the run grows, instead of evicting in policy
+  order until a run happens to be long enough (10x the chunk's size after small-value
+  churn); one that no hole takes is evicted (``evicted_for_room``: the one eviction
+  out of the policy's order, bounded by the chunk's size). Only current, committed,
+  unpinned, unclaimed objects move, keeping their
+  ``_Obj`` (the policy and index see nothing), version, checksum and creation time;
+  the new copy is committed before the old one is cleared, so a crash leaves one of
+  two identical copies (recovery keeps one).
 * Leases: ``pin_read`` bumps a pin count; delete, replace and eviction of a
   pinned object only mark it doomed and the last ``unpin`` frees it, so a
   transfer never reads freed bytes.
@@ -75,6 +84,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -207,7 +217,8 @@ class MemoryTier(Tier):
                          "no_space": 0, "clean_dropped": 0, "put_checksum_mismatch": 0,
                          "reservations_refused": 0, "pending_released": 0,
                          "quarantined": 0, "quota_refused": 0, "quota_evictions": 0,
-                         "put_if_absent_skipped": 0}
+                         "put_if_absent_skipped": 0, "relocated": 0,
+                         "evicted_for_room": 0}
         self._on_publish: Callable[[bytes, bytes, int], object] | None = None  # attach()
         self._on_delete: Callable[[bytes, bytes], bool] | None = None
         self._is_clean: Callable[[bytes, bytes, int], bool] | None = None
@@ -279,13 +290,23 @@ class MemoryTier(Tier):
         if csize > self.arena.slab_bytes:
             return None
         n = csize // GRANULE
-        evicted = 0
+        evicted = tries = 0
+        freed_from = self.live_bytes
+        made = None
         while True:
-            g = self._extents.alloc(n)
+            g = self._extents.alloc(n) if made is None else self._extents.alloc_at(made, n)
+            made = None
             if g is not None:
                 self.live_bytes += csize
                 return self.arena.granule_offset(g)
-            if not evict or evicted >= _EVICT_SYNC_LIMIT or not self.do_evict_one():
+            if not evict or evicted >= _EVICT_SYNC_LIMIT:
+                return None
+            if tries < 8 and freed_from - self.live_bytes >= csize:
+                tries += 1  # policy order freed the bytes, but split: make one run of them
+                made = self.do_compact(n)
+                if made is not None:
+                    continue
+            if not self.do_evict_one():
                 return None
             evicted += 1
 
@@ -378,6 +399,74 @@ class MemoryTier(Tier):
             if self.on_quota is not None:
                 self.on_quota("evicted", ns, 1)
         return True
+
+    def do_compact(self, n: int) -> int | None:
+        """Make a free run of ``n`` granules by moving the objects right after the
+        longest free run into other holes (one no hole takes is evicted); returns the
+        run's first granule. None, with nothing moved, when an object in the way may not move (pinned, claimed, a put in
+        flight) or the window would pass the arena's end."""
+        ext, arena = self._extents, self.arena
+        start, length = ext.largest_run()
+        if not length or start + n > arena.granules:
+            return None
+        movers = []
+        holes = [(start, length)]
+        g = start + length
+        while g < start + n:  # chunks and free runs up to the window's end
+            run = ext.free_run_at(g)
+            if run:
+                holes.append((g, run))
+                g += run
+                continue
+            o = self.do_object_at(arena.granule_offset(g))
+            if o is None or o.pins or o.moving:
+                return None
+            movers.append(o)
+            g += o.chunk // GRANULE
+        for h, _ in holes:
+            ext.take_run(h)  # so no mover lands in the window
+        try:
+            for o in movers:
+                at = arena.granule_of(o.offset)
+                if not self.do_relocate(o):  # no hole takes it: it goes, out of order
+                    self.counters["evicted_for_room"] += 1
+                    self.counters["evictions"] += 1
+                    self.counters["evicted_bytes"] += o.length
+                    if self.on_evict:
+                        self.on_evict(1, o.length)
+                    self.do_unindex(o)
+                    self.do_free(o)
+                holes.append((at, ext.take_run(at)))  # its old chunk: no later mover's
+        finally:
+            for h, m in holes:
+                ext.release(h, m)
+        return start
+
+    def do_relocate(self, o: _Obj) -> bool:
+        """Copy ``o`` (current, committed, unpinned) into another hole; False if none."""
+        g = self._extents.alloc(o.chunk // GRANULE)
+        if g is None:
+            return False
+        arena, old = self.arena, o.offset
+        dst = arena.granule_offset(g)
+        created = struct.unpack_from("<Q", arena.mm, old + 40)[0]
+        data_off = arena.write_header(dst, o.ns, o.key, o.version, o.length, created, o.ph)
+        arena.buf[data_off:data_off + o.length] = arena.buf[o.data_off:o.data_off + o.length]
+        arena.commit(dst, o.checksum)  # the new copy first: a crash leaves one of two
+        arena.clear(old)
+        self._extents.release(arena.granule_of(old), o.chunk // GRANULE)
+        o.offset, o.data_off = dst, data_off
+        self.counters["relocated"] += 1
+        return True
+
+    def do_object_at(self, off: int) -> _Obj | None:
+        """The current committed object whose chunk starts at ``off``, else None."""
+        mm = self.arena.mm
+        ns_len, key_len = struct.unpack_from("<HH", mm, off + 10)
+        p = off + HDR_FIXED
+        k = (bytes(mm[p:p + ns_len]), bytes(mm[p + ns_len:p + ns_len + key_len]))
+        o = self._index.get(k)
+        return o if o is not None and o.offset == off else None
 
     # ------------------------------------------------------------------ quotas
     def do_charge_ns(self, ns: bytes, chunk: int) -> None:

@@ -1,8 +1,9 @@
 """MemoryTier in-process with values of many sizes (slab calcification, issue 14): they
 fill the arena to its watermark with no eviction, an overfill evicts strictly in the
-policy's order (never for a size or an address), a pinned chunk is never reused,
-the allocator comes back whole after a restart, and a value whose bytes look like a
-committed chunk header is never taken for an object by recovery."""
+policy's order (never for a size), a large put after small-value churn compacts (moves
+objects, and survives a restart) instead of evicting ten times its size, a pinned chunk
+is never reused or moved, the allocator comes back whole after a restart, and a value
+whose bytes look like a committed chunk header is never taken for an object."""
 
 from __future__ import annotations
 
@@ -150,3 +151,48 @@ def put_value_bytes(m: MemoryTier, key: bytes, data: bytes) -> None:
     slot = m.begin_put(NS, key, len(data), 0, len(data), 0)
     slot.view[:] = data
     assert m.finish_put(slot) == Status.OK
+
+
+def test_a_large_put_after_small_churn_compacts_instead_of_evicting_much(tmp_path) -> None:
+    m = _tier(tmp_path)
+    sizes: dict[bytes, int] = {}
+    rng = random.Random(6)
+    for _ in range(6000):  # random replaces split the free space into small holes
+        k, n = b"s%d" % rng.randrange(3000), rng.randint(1 << 10, 64 << 10)
+        put_value(m, NS, k, n)
+        sizes[k] = n
+    before = m.stats()["evicted_bytes"]
+    for i in range(8):
+        put_value(m, NS, b"big%d" % i, MIB)
+        sizes[b"big%d" % i] = MIB
+    per_put = (m.stats()["evicted_bytes"] - before) / 8
+    assert per_put < 2 * MIB, f"{per_put / MIB:.1f} MiB evicted per 1 MiB put"
+    assert m.stats()["relocated"] > 0
+    here = {k: n for k, n in sizes.items() if m.exists(NS, k)}
+    assert all(m.exists(NS, b"big%d" % i) for i in range(8))
+    m.close(clean=True)
+    m = _tier(tmp_path)  # relocated objects come back from their new chunks
+    try:
+        assert m.recovery["objects"] == len(here)
+        assert all(read_value(m, NS, k) == value_for(k, n) for k, n in here.items())
+    finally:
+        m.close()
+
+
+def test_evicting_for_a_long_run_never_takes_a_pinned_object(tmp_path) -> None:
+    m = _tier(tmp_path)
+    try:
+        keys = [b"k%d" % i for i in range(m.capacity // (64 << 10))]
+        for k in keys:
+            put_value(m, NS, k, (64 << 10) - 256)  # one 64 KiB chunk each: the arena full
+        leases = [m.pin_read(NS, k, 0, 1 << 40, 0) for k in keys[::2]]
+        slot = m.begin_put(NS, b"big", MIB, 0, MIB, 0)
+        assert slot.status == Status.NO_SPACE  # every 1 MiB window holds a pinned chunk
+        assert all(bytes(p.view) == value_for(k, (64 << 10) - 256)
+                   for k, p in zip(keys[::2], leases))
+        assert all(m.exists(NS, k) for k in keys[::2])
+        for p in leases:
+            m.unpin(p)
+        put_value(m, NS, b"big", MIB)  # unpinned: now it finds room
+    finally:
+        m.close()
