@@ -29,6 +29,10 @@ where it left it. The layout:
   (a static-view client) has no PLACED and no 8 bytes. Arenas written before PLACED
   existed never set it and read unchanged, so it needs no ``LAYOUT_VERSION`` bump.
   The chunk's length is not stored: it is ``size_class(header + data length)``.
+  The header's last u32 (outside the header CRC) is the object's recency rank
+  (``set_rank``): the memory tier writes 1..n in its eviction policy's order at a clean
+  stop, so recovery rebuilds that order (rank 0: none, ordered by creation time after
+  the ranked ones). A hint only: a wrong rank changes an eviction order, never bytes.
 
 Recovery reads the fixed headers at every marked granule with one numpy gather
 (vectorised magic/commit filter), then verifies the header CRC per candidate, and
@@ -68,7 +72,7 @@ CHUNK_MAGIC = 0x4F434347  # b"GCCO"
 FLAG_COMMITTED = 0x1
 FLAG_PLACED = 0x2  # 8 bytes of placement hash follow the key (no layout bump: see above)
 # magic u32 | flags u32 | hdr_len u16 | ns_len u16 | key_len u16 | pad u16 |
-# version u64 | data_len u64 | checksum u64 | created_ns u64 | hdr_crc u32 | pad u32
+# version u64 | data_len u64 | checksum u64 | created_ns u64 | hdr_crc u32 | rank u32
 HDR = struct.Struct("<IIHHHHQQQQII")
 HDR_FIXED = 64
 HDR_DTYPE = np.dtype({
@@ -81,6 +85,7 @@ _FLAGS_OFF = 4
 _PH = struct.Struct("<Q")  # the placement hash after the key (FLAG_PLACED)
 _CSUM_OFF = 32
 _CRC_OFF = 48
+_RANK_OFF = 52  # the u32 after hdr_crc, which does not cover it: recency rank (above)
 
 
 def header_len(ns_len: int, key_len: int, placed: bool = False) -> int:
@@ -105,6 +110,7 @@ class Recovered:
     checksum: int
     created_ns: int
     ph: int | None = None  # the placement hash (FLAG_PLACED), else None
+    rank: int = 0  # recency rank from the last clean stop (0: none)
 
 
 class Arena:
@@ -253,6 +259,13 @@ class Arena:
         flags = struct.unpack_from("<I", self.mm, off + _FLAGS_OFF)[0] & FLAG_PLACED
         struct.pack_into("<I", self.mm, off + _FLAGS_OFF, flags | FLAG_COMMITTED)  # last
 
+    def set_rank(self, off: int, rank: int) -> None:
+        """Write the chunk's recency rank (a u32 outside the header CRC)."""
+        struct.pack_into("<I", self.mm, off + _RANK_OFF, rank)
+
+    def rank(self, off: int) -> int:
+        return struct.unpack_from("<I", self.mm, off + _RANK_OFF)[0]
+
     def clear(self, off: int) -> None:
         """Free the chunk at ``off``: header first, then its start mark."""
         struct.pack_into("<II", self.mm, off, 0, 0)
@@ -323,7 +336,9 @@ class Arena:
         p += ns_len
         key = bytes(self.buf[p:p + key_len])
         ph = _PH.unpack_from(self.mm, p + key_len)[0] if placed else None
-        return Recovered(ns, key, off, csize, data_off, length, version, csum, created, ph)
+        rank = struct.unpack_from("<I", self.mm, off + _RANK_OFF)[0]
+        return Recovered(ns, key, off, csize, data_off, length, version, csum, created, ph,
+                         rank)
 
     # ------------------------------------------------------------------ shutdown
     def close(self, clean: bool, next_version: int) -> None:

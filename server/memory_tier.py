@@ -236,7 +236,13 @@ class MemoryTier(Tier):
             objs, counts = self.arena.scan()
         else:
             objs, counts = [], {"torn": 0, "corrupt": 0, "superseded": 0}
-        objs.sort(key=lambda r: r.created_ns)  # oldest first: the policy sees them age
+        # after a clean stop, the policy's order then (ranks: do_save_recency); after a
+        # crash (ranks of an older run), creation time: oldest first, so the policy
+        # sees them age
+        if self.arena.was_clean:
+            objs.sort(key=lambda r: (r.rank or 1 << 32, r.created_ns))
+        else:
+            objs.sort(key=lambda r: r.created_ns)
         used: list[tuple[int, int]] = []
         for r in objs:
             used.append((self.arena.granule_of(r.offset), r.chunk // GRANULE))
@@ -451,6 +457,7 @@ class MemoryTier(Tier):
         dst = arena.granule_offset(g)
         created = struct.unpack_from("<Q", arena.mm, old + 40)[0]
         data_off = arena.write_header(dst, o.ns, o.key, o.version, o.length, created, o.ph)
+        arena.set_rank(dst, arena.rank(old))
         arena.buf[data_off:data_off + o.length] = arena.buf[o.data_off:o.data_off + o.length]
         arena.commit(dst, o.checksum)  # the new copy first: a crash leaves one of two
         arena.clear(old)
@@ -1062,7 +1069,16 @@ class MemoryTier(Tier):
             for p in self._pending.values():
                 self.arena.clear(p.obj.offset)  # never-committed slices must not survive
             self._pending.clear()
+            if clean and not self.arena.mm.closed:
+                self.do_save_recency()
             self.arena.close(clean, self._next_version)
+
+    def do_save_recency(self) -> None:
+        """Write each object's place in the policy's order (1 = first to give up) into
+        its chunk header, so the next start rebuilds that order (``_recover``)."""
+        set_rank = self.arena.set_rank
+        for rank, o in enumerate(self.policy.candidates(), 1):
+            set_rank(o.offset, min(rank, 0xFFFFFFFF))
 
 
 __all__ = ["MemoryTier", "HDR_FIXED"]
