@@ -14,6 +14,11 @@ oracle), at three fills, each on a fresh arena:
 * ``usable``: values totalling 1.5x the arena (so eviction runs); the bytes of the values
   still readable afterwards, as a fraction of the arena: what the arena can really hold.
 
+``--churn`` (in-process, no server: ``churn``): small values (1..64 KiB) replaced at
+random until the free space is split into small holes, then 1 MiB and 3 MiB puts;
+reports the bytes each large put evicted, per byte put, and the arena fraction in use
+after: what fragmentation costs.
+
 Workloads (``sizes``, seeded): ``uniform`` 256 KiB values (one KV page size);
 ``bimodal`` KV + SWA pages, 384 KiB and 64 KiB (6x apart), half and half by count;
 ``spread`` uniform random sizes in [1 KiB, 3 MiB].
@@ -22,7 +27,9 @@ Workloads (``sizes``, seeded): ``uniform`` 256 KiB values (one KV page size);
 from __future__ import annotations
 
 import json
+import os
 import random
+import tempfile
 
 import click
 
@@ -89,6 +96,42 @@ def run(workload: str, memory: int, slab_bytes: int, seed: int) -> dict:
     return out
 
 
+def churn(memory: int, slab_bytes: int, seed: int) -> dict:
+    """Small-value churn, then large puts, on an in-process MemoryTier (see above)."""
+    from gcache.server.arena import Arena
+    from gcache.server.memory_tier import MemoryTier
+
+    rng = random.Random(seed)
+    out: dict = {"memory": memory, "slab_bytes": slab_bytes}
+    with tempfile.TemporaryDirectory(prefix="gcache-capacity-") as d:
+        m = MemoryTier(Arena(os.path.join(d, "a.arena"), memory, slab_bytes, prefault=False))
+        try:
+            keys = 2 * m.capacity // (32 << 10)  # twice what fits: eviction runs
+            for _ in range(5 * keys):
+                _put(m, b"s%d" % rng.randrange(keys), rng.randint(1 << 10, 64 << 10))
+            for big in (1 << 20, 3 << 20):
+                before = m.stats()["evicted_bytes"]
+                for i in range(20):
+                    _put(m, b"big%d-%d" % (big, i), big)
+                out[f"evicted_per_byte_{big >> 20}MiB"] = round(
+                    (m.stats()["evicted_bytes"] - before) / (20 * big), 2)
+            s = m.stats()
+            out["used_fraction"] = round(s["used_bytes"] / s["capacity_bytes"], 3)
+            out.update({k: s.get(k, 0) for k in ("relocated", "evicted_for_room", "evictions")})
+        finally:
+            m.close(clean=False)
+    return out
+
+
+def _put(m, key: bytes, n: int) -> None:
+    slot = m.begin_put(b"bench", key, n, 0, n, 0)
+    if slot.status != Status.OK:
+        raise click.ClickException(f"put of {n} bytes: {slot.status.name}")
+    slot.view[:] = value_for(key, n)
+    if m.finish_put(slot) != Status.OK:
+        raise click.ClickException(f"commit of {n} bytes failed")
+
+
 @click.command(help=__doc__.split("\n\n")[0])
 @click.option("--memory", default="512MiB", show_default=True, help="Arena size.")
 @click.option("--slab-bytes", default="16MiB", show_default=True,
@@ -96,10 +139,19 @@ def run(workload: str, memory: int, slab_bytes: int, seed: int) -> dict:
 @click.option("--workload", "workloads", multiple=True, type=click.Choice(WORKLOADS),
               help="Repeat for several; default: all.")
 @click.option("--seed", default=1, show_default=True)
+@click.option("--churn", "churn_only", is_flag=True,
+              help="Only the in-process small-value churn measure (see above).")
 @click.option("--json", "json_path", default=None, help="Write the results here too.")
 def main(memory: str, slab_bytes: str, workloads: tuple[str, ...], seed: int,
-         json_path: str | None) -> None:
+         churn_only: bool, json_path: str | None) -> None:
     mem, slab = parse_size(memory), parse_size(slab_bytes)
+    if churn_only:
+        r = churn(mem, slab, seed)
+        click.echo(json.dumps(r))
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump(r, f, indent=2)
+        return
     results = [run(w, mem, slab, seed) for w in (workloads or WORKLOADS)]
     click.echo(f"arena {format_size(mem)}, slab pages {format_size(slab)}")
     click.echo(f"{'workload':<9} {'45% misses':>11} {'90% misses':>11} "
