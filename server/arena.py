@@ -382,6 +382,12 @@ def _populate_parallel(mm: mmap.mmap, size: int) -> None:
         raise OSError(errors[0], os.strerror(errors[0]))
 
 
+def arena_bytes_for(npages: int, slab_bytes: int) -> int:
+    """The ``--memory`` that gives an arena of exactly ``npages`` pages of ``slab_bytes``
+    (``npages * slab_bytes`` of data): superblock, start map, padding, data region."""
+    return _align(SUPER_BYTES + npages * (slab_bytes // GRANULE), PAGE_ALIGN) + npages * slab_bytes
+
+
 def _align(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 

@@ -15,7 +15,7 @@ import pytest
 
 from gcache.hashing import checksum
 from gcache.server.arena import (CHUNK_MAGIC, FLAG_COMMITTED, GRANULE, HDR, HDR_FIXED, Arena,
-                                 header_len)
+                                 arena_bytes_for, header_len)
 from gcache.server.memory_tier import MemoryTier
 from gcache.status import Status
 from gcache.testing.oracle import value_for
@@ -196,3 +196,12 @@ def test_evicting_for_a_long_run_never_takes_a_pinned_object(tmp_path) -> None:
         put_value(m, NS, b"big", MIB)  # unpinned: now it finds room
     finally:
         m.close()
+
+
+@pytest.mark.parametrize("npages,slab", [(1, 64 << 10), (1000, 64 << 10), (31, 16 * MIB)])
+def test_arena_bytes_for_gives_exactly_that_many_pages(tmp_path, npages, slab) -> None:
+    a = Arena(str(tmp_path / "x.arena"), arena_bytes_for(npages, slab), slab, prefault=False)
+    try:
+        assert a.npages == npages and a.granules * GRANULE == npages * slab
+    finally:
+        a.close(clean=False, next_version=1)
