@@ -72,6 +72,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from gcache.bench.blast_radius import main as blast_radius_main
+from gcache.bench.capacity import main as capacity_main
 from gcache.bench.trace import main as trace_main
 from gcache.bench.runner import (cluster_capacity, measure_baseline, measure_memcpy, raw_gbps,
                                  run_case,
@@ -526,6 +527,7 @@ def main(ctx: click.Context, servers: str | None, local: int | None, memory: int
 
 main.add_command(blast_radius_main, "blast-radius")
 main.add_command(trace_main, "trace")
+main.add_command(capacity_main, "capacity")
 
 if __name__ == "__main__":
     main()

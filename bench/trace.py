@@ -46,7 +46,7 @@ from gcache.bench.trace_sim import (Request, belady, capacity_blocks, ceiling, l
                                     simulate, unique_blocks)
 from gcache.bench.workload import Step
 from gcache.config import EVICTION_POLICIES
-from gcache.server.arena import PAGE_ALIGN, SUPER_BYTES, header_len
+from gcache.server.arena import arena_bytes_for, header_len
 
 NAMESPACE = "trace"
 CHUNK = 4096  # one size class: every page is one 4 KiB chunk
@@ -60,11 +60,9 @@ def page_bytes_for(key_len: int) -> int:
 
 
 def arena_bytes(pages: int) -> int:
-    """``--memory`` for an arena of exactly ``pages`` / PER_SLAB slab pages (the arena's
-    layout: superblock, u32 page table, page-aligned slabs)."""
-    npages = pages // PER_SLAB
-    table = SUPER_BYTES + 4 * npages
-    return (table + PAGE_ALIGN - 1) // PAGE_ALIGN * PAGE_ALIGN + npages * SLAB
+    """``--memory`` for an arena of exactly ``pages`` / PER_SLAB slab pages of data (the
+    arena's own rule, ``arena_bytes_for``)."""
+    return arena_bytes_for(pages // PER_SLAB, SLAB)
 
 
 def round_capacity(pages: int) -> int:

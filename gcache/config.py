@@ -193,7 +193,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "then write the arena themselves (old SDKs). Off: co-located clients put through "
            "their staging files (PUT_STAGED) and cannot change the arena's bytes; NIXL "
            "peers (--nixl) may ALLOC either way.", "server"),
-    Option("slab_bytes", "size", 16 * _MIB, "Size of one arena slab.", "server"),
+    Option("slab_bytes", "size", 16 * _MIB, "Largest arena chunk (one value plus its "
+           "header): caps the largest value. Changing it starts the arena clean.", "server"),
     Option("max_key_bytes", "int", 512, "Longest accepted key.", "server"),
     Option("max_namespace_bytes", "int", 128, "Longest accepted namespace.", "server"),
     Option("max_value_bytes", "size", 256 * _MIB, "Largest accepted value.", "server"),

@@ -6,14 +6,20 @@ only ever map it read-only; flock'ed by its one server),
 mmapped MAP_SHARED and prefaulted, so a restarted process finds every object
 where it left it. The layout:
 
-    [superblock 4 KiB][page table: u32 per slab page][pad to 4 KiB][slab pages...]
+    [superblock 4 KiB][start map: u8 per 4 KiB granule][pad to 4 KiB][data region]
 
 * superblock: magic, layout version, sizes, a ``clean`` flag and the next
   object version. ``clean`` is consumed at start (set to 0) so a later crash
   cannot reuse it, and written 1 only after a clean stop.
-* page table: chunk size of each slab page (0 = free). A page is carved into
-  equal chunks of one size class; the entry is written before any chunk in it
-  is used, so recovery knows where every chunk header sits.
+* data region: ``npages * slab_bytes`` bytes in 4 KiB granules (``GRANULE``). An object
+  is one chunk: a run of whole granules sized to it (``size_class``), anywhere in the
+  region (``extents.ExtentAllocator`` keeps the free runs; layout 1 carved equal-chunk
+  slab pages per size class, which stranded capacity under mixed sizes). ``slab_bytes``
+  now only bounds one chunk (the largest value).
+* start map: 1 at the granule where a chunk starts. It is written by the server only,
+  after the chunk's uncommitted header (``write_header``), and cleared after the header
+  (``clear``), so recovery looks for headers only where the server put one: a value's
+  bytes that happen to look like a header are never taken for an object.
 * chunk: ``[header: fixed 64 bytes + namespace + key (+ placement hash), padded to
   64][data]``. The header's ``flags`` holds COMMITTED, written last, after the checksum
   (xxh3_64 of the data) and the header CRC. Freeing clears it first. PLACED, set
@@ -22,10 +28,16 @@ where it left it. The layout:
   ``group=`` keys) follow the key; the header CRC covers them. An object put without one
   (a static-view client) has no PLACED and no 8 bytes. Arenas written before PLACED
   existed never set it and read unchanged, so it needs no ``LAYOUT_VERSION`` bump.
+  The chunk's length is not stored: it is ``size_class(header + data length)``.
+  The header's last u32 (outside the header CRC) is the object's recency rank
+  (``set_rank``): the memory tier writes 1..n in its eviction policy's order at a clean
+  stop, so recovery rebuilds that order (rank 0: none, ordered by creation time after
+  the ranked ones). A hint only: a wrong rank changes an eviction order, never bytes.
 
-Recovery scans every carved page with a strided numpy view of the fixed
-headers (vectorised magic/commit filter), then verifies the header CRC per
-candidate; the data checksum is verified on the object's first read. A
+Recovery reads the fixed headers at every marked granule with one numpy gather
+(vectorised magic/commit filter), then verifies the header CRC per candidate, and
+drops a chunk that would overlap one before it or run past the region; every mark
+that is not a recovered object is cleared (its granules are free again); the data checksum is verified on the object's first read. A
 torn or corrupt chunk is dropped and counted; when
 two committed chunks hold the same key (a crash during replace), the higher
 version wins. A layout mismatch (version, sizes) means a clean start, logged.
@@ -50,16 +62,17 @@ from gcache.errors import ArenaError
 log = logging.getLogger("gcache.server.arena")
 
 ARENA_MAGIC = b"GCARENA1"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: variable chunks anywhere + start map (1: slab pages + page table)
 SUPER = struct.Struct("<8sIIQQIIQQQ")  # magic, layout, fixed_hdr, arena, slab, npages, clean, data_off, next_version, created_ns
 SUPER_BYTES = 4096
 PAGE_ALIGN = 4096
+GRANULE = 4096  # allocation unit of the data region; one start-map byte each
 
 CHUNK_MAGIC = 0x4F434347  # b"GCCO"
 FLAG_COMMITTED = 0x1
 FLAG_PLACED = 0x2  # 8 bytes of placement hash follow the key (no layout bump: see above)
 # magic u32 | flags u32 | hdr_len u16 | ns_len u16 | key_len u16 | pad u16 |
-# version u64 | data_len u64 | checksum u64 | created_ns u64 | hdr_crc u32 | pad u32
+# version u64 | data_len u64 | checksum u64 | created_ns u64 | hdr_crc u32 | rank u32
 HDR = struct.Struct("<IIHHHHQQQQII")
 HDR_FIXED = 64
 HDR_DTYPE = np.dtype({
@@ -72,6 +85,7 @@ _FLAGS_OFF = 4
 _PH = struct.Struct("<Q")  # the placement hash after the key (FLAG_PLACED)
 _CSUM_OFF = 32
 _CRC_OFF = 48
+_RANK_OFF = 52  # the u32 after hdr_crc, which does not cover it: recency rank (above)
 
 
 def header_len(ns_len: int, key_len: int, placed: bool = False) -> int:
@@ -80,9 +94,8 @@ def header_len(ns_len: int, key_len: int, placed: bool = False) -> int:
 
 
 def size_class(need: int) -> int:
-    """Chunk size for ``need`` bytes: 4 KiB granules, at most ~6% waste."""
-    align = max(4096, (1 << max(0, (need - 1).bit_length())) >> 4)
-    return (need + align - 1) // align * align
+    """Chunk size for ``need`` bytes: whole 4 KiB granules (less than one wasted)."""
+    return (need + GRANULE - 1) // GRANULE * GRANULE
 
 
 @dataclass(slots=True)
@@ -97,6 +110,7 @@ class Recovered:
     checksum: int
     created_ns: int
     ph: int | None = None  # the placement hash (FLAG_PLACED), else None
+    rank: int = 0  # recency rank from the last clean stop (0: none)
 
 
 class Arena:
@@ -106,8 +120,8 @@ class Arena:
                  group: int | None = None) -> None:
         if slab_bytes < 64 * 1024 or slab_bytes % PAGE_ALIGN:
             raise ArenaError(f"slab_bytes {slab_bytes} must be a multiple of 4096 and >= 64KiB")
-        npages = (size - SUPER_BYTES) // (slab_bytes + 4)
-        data_off = _align(SUPER_BYTES + 4 * npages, PAGE_ALIGN)
+        npages = (size - SUPER_BYTES) // (slab_bytes + slab_bytes // GRANULE)
+        data_off = _align(SUPER_BYTES + npages * (slab_bytes // GRANULE), PAGE_ALIGN)
         while npages > 0 and data_off + npages * slab_bytes > size:
             npages -= 1
         if npages < 1:
@@ -115,6 +129,7 @@ class Arena:
                              f"({slab_bytes} bytes); raise --memory or lower --slab-bytes")
         self.path, self.size, self.slab_bytes = path, size, slab_bytes
         self.npages, self.data_off = npages, data_off
+        self.granules = npages * slab_bytes // GRANULE
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -163,9 +178,10 @@ class Arena:
         self.buf = memoryview(self.mm)
         if prefault:
             self._prefault()
-        self.page_table = np.frombuffer(self.mm, dtype="<u4", count=npages, offset=SUPER_BYTES)
+        self.starts = np.frombuffer(self.mm, dtype=np.uint8, count=self.granules,
+                                    offset=SUPER_BYTES)
         if not self.reused:
-            self.page_table[:] = 0
+            self.starts[:] = 0
             self.next_version = 1
             self._write_super(clean=0, next_version=1, created_ns=time.time_ns())
         else:
@@ -212,17 +228,17 @@ class Arena:
             arr = np.frombuffer(self.mm, dtype=np.uint8)
             int(arr[::4096].sum())  # read-touch fallback
 
-    def page_offset(self, page: int) -> int:
-        return self.data_off + page * self.slab_bytes
+    def granule_offset(self, granule: int) -> int:
+        return self.data_off + granule * GRANULE
 
-    def page_of(self, offset: int) -> int:
-        return (offset - self.data_off) // self.slab_bytes
+    def granule_of(self, offset: int) -> int:
+        return (offset - self.data_off) // GRANULE
 
     # ------------------------------------------------------------------ chunks
     def write_header(self, off: int, ns: bytes, key: bytes, version: int, length: int,
                      created_ns: int, ph: int | None = None) -> int:
-        """Write an uncommitted header (``ph``: the placement hash, FLAG_PLACED); return
-        the absolute data offset."""
+        """Write an uncommitted header (``ph``: the placement hash, FLAG_PLACED), then mark
+        the chunk's start in the start map; return the absolute data offset."""
         placed = ph is not None
         hl = header_len(len(ns), len(key), placed)
         HDR.pack_into(self.mm, off, CHUNK_MAGIC, FLAG_PLACED if placed else 0, hl, len(ns),
@@ -233,6 +249,7 @@ class Arena:
         self.mm[p:p + len(key)] = key
         if placed:
             _PH.pack_into(self.mm, p + len(key), ph)
+        self.starts[(off - self.data_off) // GRANULE] = 1  # after the header: see above
         return off + hl
 
     def commit(self, off: int, csum: int) -> None:
@@ -242,8 +259,17 @@ class Arena:
         flags = struct.unpack_from("<I", self.mm, off + _FLAGS_OFF)[0] & FLAG_PLACED
         struct.pack_into("<I", self.mm, off + _FLAGS_OFF, flags | FLAG_COMMITTED)  # last
 
+    def set_rank(self, off: int, rank: int) -> None:
+        """Write the chunk's recency rank (a u32 outside the header CRC)."""
+        struct.pack_into("<I", self.mm, off + _RANK_OFF, rank)
+
+    def rank(self, off: int) -> int:
+        return struct.unpack_from("<I", self.mm, off + _RANK_OFF)[0]
+
     def clear(self, off: int) -> None:
+        """Free the chunk at ``off``: header first, then its start mark."""
         struct.pack_into("<II", self.mm, off, 0, 0)
+        self.starts[(off - self.data_off) // GRANULE] = 0
 
     def _header_crc(self, off: int) -> int:
         """CRC32 of the header past magic and flags: the fixed fields, namespace, key and
@@ -258,47 +284,49 @@ class Arena:
         """Find every valid committed chunk. Returns (objects, counters)."""
         found: dict[tuple[bytes, bytes], Recovered] = {}
         counts = {"torn": 0, "corrupt": 0, "superseded": 0}
+        marked = np.nonzero(self.starts)[0]
+        if not len(marked):
+            return [], counts
+        every = np.ndarray((self.granules,), dtype=HDR_DTYPE, buffer=self.mm,
+                           offset=self.data_off, strides=(GRANULE,))
+        hdrs = every[marked]  # one gather of the fixed headers at the marks
+        live = hdrs["magic"] == CHUNK_MAGIC
+        committed = live & ((hdrs["flags"] & FLAG_COMMITTED) != 0)
+        counts["torn"] = int((live & ~committed).sum())
+        self.starts[marked[~committed]] = 0  # torn or freed mid-way: free granules
+        end = self.data_off + self.granules * GRANULE
+        taken_to = self.data_off  # chunks come in address order: none may overlap
         losers: list[Recovered] = []
-        for page in np.nonzero(self.page_table)[0]:
-            csize = int(self.page_table[page])
-            if csize > self.slab_bytes or csize < HDR_FIXED:
-                self.page_table[page] = 0
+        for g in marked[committed]:
+            off = self.data_off + int(g) * GRANULE
+            rec = self._verify(off, end - off) if off >= taken_to else None
+            if rec is None:
                 counts["corrupt"] += 1
+                self.starts[g] = 0  # never write there: it may be another chunk's data
                 continue
-            base = self.page_offset(int(page))
-            n = self.slab_bytes // csize
-            hdrs = np.ndarray((n,), dtype=HDR_DTYPE, buffer=self.mm, offset=base,
-                              strides=(csize,))
-            live = (hdrs["magic"] == CHUNK_MAGIC)
-            committed = live & ((hdrs["flags"] & FLAG_COMMITTED) != 0)
-            counts["torn"] += int((live & ~committed).sum())
-            for i in np.nonzero(committed)[0]:
-                off = base + int(i) * csize
-                rec = self._verify(off, csize)
-                if rec is None:
-                    counts["corrupt"] += 1
-                    self.clear(off)
-                    continue
-                k = (rec.ns, rec.key)
-                old = found.get(k)
-                if old is not None:
-                    counts["superseded"] += 1
-                    if old.version > rec.version:
-                        old, rec = rec, old
-                    losers.append(old)
-                found[k] = rec
+            taken_to = off + rec.chunk
+            k = (rec.ns, rec.key)
+            old = found.get(k)
+            if old is not None:
+                counts["superseded"] += 1
+                if old.version > rec.version:
+                    old, rec = rec, old
+                losers.append(old)
+            found[k] = rec
         for r in losers:
             self.clear(r.offset)
         return list(found.values()), counts
 
-    def _verify(self, off: int, csize: int) -> Recovered | None:
-        """Check a committed header (lengths, header CRC). The data checksum is
+    def _verify(self, off: int, room: int) -> Recovered | None:
+        """Check a committed header (lengths, within ``room`` bytes, header CRC). The
+        data checksum is
         checked by the memory tier on the object's first read, which keeps
         restart time proportional to the number of objects, not their bytes."""
         (_m, flags, hl, ns_len, key_len, _p, version, length, csum, created, crc,
          _p2) = HDR.unpack_from(self.mm, off)
         placed = bool(flags & FLAG_PLACED)
-        if hl != header_len(ns_len, key_len, placed) or hl + length > csize:
+        csize = size_class(hl + length)
+        if hl != header_len(ns_len, key_len, placed) or csize > min(room, self.slab_bytes):
             return None
         if self._header_crc(off) != crc:
             return None
@@ -308,7 +336,9 @@ class Arena:
         p += ns_len
         key = bytes(self.buf[p:p + key_len])
         ph = _PH.unpack_from(self.mm, p + key_len)[0] if placed else None
-        return Recovered(ns, key, off, csize, data_off, length, version, csum, created, ph)
+        rank = struct.unpack_from("<I", self.mm, off + _RANK_OFF)[0]
+        return Recovered(ns, key, off, csize, data_off, length, version, csum, created, ph,
+                         rank)
 
     # ------------------------------------------------------------------ shutdown
     def close(self, clean: bool, next_version: int) -> None:
@@ -316,7 +346,7 @@ class Arena:
             return
         sb = SUPER.unpack_from(self.mm, 0)
         self._write_super(clean=1 if clean else 0, next_version=next_version, created_ns=sb[9])
-        del self.page_table
+        del self.starts
         self.buf.release()
         self.mm.close()
         os.close(self.fd)  # releases the flock
@@ -350,6 +380,12 @@ def _populate_parallel(mm: mmap.mmap, size: int) -> None:
     del anchor  # release the buffer export so the mmap can be closed later
     if errors:
         raise OSError(errors[0], os.strerror(errors[0]))
+
+
+def arena_bytes_for(npages: int, slab_bytes: int) -> int:
+    """The ``--memory`` that gives an arena of exactly ``npages`` pages of ``slab_bytes``
+    (``npages * slab_bytes`` of data): superblock, start map, padding, data region."""
+    return _align(SUPER_BYTES + npages * (slab_bytes // GRANULE), PAGE_ALIGN) + npages * slab_bytes
 
 
 def _align(n: int, a: int) -> int:

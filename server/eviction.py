@@ -17,7 +17,8 @@ Primitives (``EvictionPolicy``):
 
 * ``on_insert(obj)`` — ``obj`` became the current object of its key: a put
   committed, a promotion from disk was admitted, or recovery found it after a
-  restart (oldest first, so recovery rebuilds the order by creation time).
+  restart (first to give up first: after a clean stop in the order ``candidates()``
+  had then, which the memory tier saves in the arena; after a crash by creation time).
 * ``on_hit(obj)`` — a read (``pin_read``) or ``touch`` of the current object.
   This is on the per-item GET path: O(1), no allocation beyond the policy's own
   bookkeeping.

@@ -1,9 +1,11 @@
-"""Memory tier: slab allocator, index, eviction and read leases over an Arena.
+"""Memory tier: allocator, index, eviction and read leases over an Arena.
 
-Design. KV pages are mostly one size per model, so memory is carved into slab
-pages (``slab_bytes``), each holding equal chunks of one size class
-(``arena.size_class``: 4 KiB granules, <= ~6% waste). An object is one chunk:
-header + data, so objects are limited to one slab page.
+Design. An object is one chunk: header + data, a run of whole 4 KiB granules sized to
+it (``arena.size_class``) anywhere in the arena (``extents.ExtentAllocator``: free runs
+merge with their neighbours, so values of any mix of sizes pack the arena; equal-chunk
+slab pages per size class stranded most of it under mixed sizes: slab calcification).
+A chunk is at most ``slab_bytes``. After a restart the free runs are the complement of
+the recovered chunks.
 
 * Index: a plain dict ``(ns, key) -> _Obj`` of committed objects. The order
   in which they are given up is the eviction policy's (``eviction.EvictionPolicy``,
@@ -11,8 +13,18 @@ header + data, so objects are limited to one slab page.
   refreshes recency without moving data) and asks it for ``candidates`` when it
   needs room, skipping pinned and claimed ones itself.
 * Eviction: a background thread keeps live bytes between the low and high
-  watermarks; an allocation that still finds no room evicts the policy's first
-  unpinned candidate synchronously (bounded).
+  watermarks; an allocation that still finds no free run long enough evicts the
+  policy's unpinned candidates synchronously, in order, until one is (bounded). When
+  the free bytes would do but are split into holes (churn), it first compacts
+  (``do_compact``, counted in ``relocated``): it copies the objects right after the
+  longest free run into other holes, so the run grows, instead of evicting in policy
+  order until a run happens to be long enough (10x the chunk's size after small-value
+  churn); one that no hole takes is evicted (``evicted_for_room``: the one eviction
+  out of the policy's order, bounded by the chunk's size). Only current, committed,
+  unpinned, unclaimed objects move, keeping their
+  ``_Obj`` (the policy and index see nothing), version, checksum and creation time;
+  the new copy is committed before the old one is cleared, so a crash leaves one of
+  two identical copies (recovery keeps one).
 * Leases: ``pin_read`` bumps a pin count; delete, replace and eviction of a
   pinned object only mark it doomed and the last ``unpin`` frees it, so a
   transfer never reads freed bytes.
@@ -72,6 +84,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -81,8 +94,9 @@ from gcache.errors import WiringError
 from gcache.hashing import checksum
 from gcache.quotas import QuotaStore
 from gcache.status import Status
-from gcache.server.arena import Arena, HDR_FIXED, header_len, size_class
+from gcache.server.arena import GRANULE, Arena, HDR_FIXED, header_len, size_class
 from gcache.server.eviction import LRU, EvictionPolicy
+from gcache.server.extents import ExtentAllocator
 from gcache.server.movement import ColdObject, LockRank, MemoryHooks, ranked_lock
 from gcache.server.tier import HeldObject, Pinned, PutSlot, Tier, held_snapshot
 
@@ -160,12 +174,6 @@ class _Pending:
         return True
 
 
-@dataclass(slots=True)
-class _Class:
-    size: int
-    partial: dict = field(default_factory=dict)  # page -> list[chunk offset] (free chunks)
-
-
 class MemoryTier(Tier):
     def __init__(self, arena: Arena, *, high_watermark: float = 0.95,
                  low_watermark: float = 0.90, pending_put_timeout_ms: int = 10_000,
@@ -207,9 +215,7 @@ class MemoryTier(Tier):
         self._quota_wants: dict[bytes, int] = {}  # ns -> bytes a put waits for (0: none)
         self._quota_gen = -1
         self._pending: dict[tuple[bytes, bytes, int], _Pending] = {}
-        self._classes: dict[int, _Class] = {}
-        self._free_pages: list[int] = []
-        self._page_live = [0] * arena.npages
+        self._extents = ExtentAllocator(0)  # the free runs; _recover builds them
         self._next_version = max(1, arena.next_version)
         self.live_bytes = 0  # chunk bytes of committed + pending objects
         self.uncommitted_bytes = 0  # of which not committed yet (puts in flight)
@@ -218,7 +224,8 @@ class MemoryTier(Tier):
                          "no_space": 0, "clean_dropped": 0, "put_checksum_mismatch": 0,
                          "reservations_refused": 0, "pending_released": 0,
                          "quarantined": 0, "quota_refused": 0, "quota_evictions": 0,
-                         "put_if_absent_skipped": 0}
+                         "put_if_absent_skipped": 0, "relocated": 0,
+                         "evicted_for_room": 0}
         self._on_publish: Callable[[bytes, bytes, int], object] | None = None  # attach()
         self._on_delete: Callable[[bytes, bytes], bool] | None = None
         self._is_clean: Callable[[bytes, bytes, int], bool] | None = None
@@ -232,36 +239,27 @@ class MemoryTier(Tier):
     # ------------------------------------------------------------------ startup
     def _recover(self) -> None:
         t0 = time.monotonic()
-        pt = self.arena.page_table
         if self.arena.reused:
             objs, counts = self.arena.scan()
         else:
             objs, counts = [], {"torn": 0, "corrupt": 0, "superseded": 0}
-        objs.sort(key=lambda r: r.created_ns)  # oldest first: the policy sees them age
-        used: dict[int, set[int]] = {}
+        # after a clean stop, the policy's order then (ranks: do_save_recency); after a
+        # crash (ranks of an older run), creation time: oldest first, so the policy
+        # sees them age
+        if self.arena.was_clean:
+            objs.sort(key=lambda r: (r.rank or 1 << 32, r.created_ns))
+        else:
+            objs.sort(key=lambda r: r.created_ns)
+        used: list[tuple[int, int]] = []
         for r in objs:
-            page = self.arena.page_of(r.offset)
-            used.setdefault(page, set()).add(r.offset)
+            used.append((self.arena.granule_of(r.offset), r.chunk // GRANULE))
             o = _Obj(r.ns, r.key, r.offset, r.chunk, r.data_off, r.length, r.version,
                      r.checksum, committed=True, verified=False, ph=r.ph)
             self.do_charge_ns(r.ns, r.chunk)
             self.do_link(o)
-            self._page_live[page] += 1
             self.live_bytes += r.chunk
             self._next_version = max(self._next_version, r.version + 1)
-        for page in range(self.arena.npages):
-            csize = int(pt[page])
-            if csize == 0 or page not in used:
-                pt[page] = 0
-                self._free_pages.append(page)
-                continue
-            cls = self._cls(csize)
-            base = self.arena.page_offset(page)
-            free = [base + i * csize for i in range(self.arena.slab_bytes // csize)
-                    if base + i * csize not in used[page]]
-            if free:
-                cls.partial[page] = free
-        self._free_pages.reverse()  # pop() hands out low pages first
+        self._extents = ExtentAllocator.from_used(self.arena.granules, used)
         self.counters["recovered"] = len(objs)
         self.do_refresh_quotas()  # a restart under a smaller quota: those go first
         self.counters["corrupt_dropped"] = counts["corrupt"]
@@ -287,12 +285,6 @@ class MemoryTier(Tier):
         self._evictor.start()
 
     # ------------------------------------------------------------------ allocator
-    def _cls(self, csize: int) -> _Class:
-        cls = self._classes.get(csize)
-        if cls is None:
-            cls = self._classes[csize] = _Class(csize)
-        return cls
-
     @staticmethod
     def object_bytes(ns: bytes, key: bytes, length: int) -> int:
         """Bytes an allocation for this object needs (header, with room for a placement
@@ -302,32 +294,32 @@ class MemoryTier(Tier):
     def has_room(self, need: int) -> bool:
         """Whether an allocation of ``need`` bytes would succeed without evicting (a hint:
         read without the lock)."""
-        cls = self._classes.get(size_class(need))
-        return bool(self._free_pages) or bool(cls is not None and cls.partial)
+        return self._extents.fits(size_class(need) // GRANULE)
 
     def do_alloc(self, need: int, evict: bool = True) -> int | None:
+        """A chunk for ``need`` bytes (its header is the caller's to write), evicting in
+        the policy's order while no free run is long enough (``evict``); None if none."""
         csize = size_class(need)
         if csize > self.arena.slab_bytes:
             return None
-        cls = self._cls(csize)
-        evicted = 0
+        n = csize // GRANULE
+        evicted = tries = 0
+        freed_from = self.live_bytes
+        made = None
         while True:
-            if cls.partial:
-                page, free = next(iter(cls.partial.items()))
-                off = free.pop()
-                if not free:
-                    del cls.partial[page]
-                self._page_live[page] += 1
+            g = self._extents.alloc(n) if made is None else self._extents.alloc_at(made, n)
+            made = None
+            if g is not None:
                 self.live_bytes += csize
-                return off
-            if self._free_pages:
-                page = self._free_pages.pop()
-                self.arena.page_table[page] = csize  # before any chunk is used
-                base = self.arena.page_offset(page)
-                n = self.arena.slab_bytes // csize
-                cls.partial[page] = [base + i * csize for i in range(n - 1, -1, -1)]
-                continue
-            if not evict or evicted >= _EVICT_SYNC_LIMIT or not self.do_evict_one():
+                return self.arena.granule_offset(g)
+            if not evict or evicted >= _EVICT_SYNC_LIMIT:
+                return None
+            if tries < 8 and freed_from - self.live_bytes >= csize:
+                tries += 1  # policy order freed the bytes, but split: make one run of them
+                made = self.do_compact(n)
+                if made is not None:
+                    continue
+            if not self.do_evict_one():
                 return None
             evicted += 1
 
@@ -372,18 +364,10 @@ class MemoryTier(Tier):
             del self._ns[o.ns]
             self._over.discard(o.ns)
         self.arena.clear(o.offset)
-        page = self.arena.page_of(o.offset)
-        self._page_live[page] -= 1
+        self._extents.release(self.arena.granule_of(o.offset), o.chunk // GRANULE)
         self.live_bytes -= o.chunk
         if not o.committed:
             self.uncommitted_bytes -= o.chunk
-        cls = self._cls(o.chunk)
-        if self._page_live[page] == 0:
-            cls.partial.pop(page, None)
-            self.arena.page_table[page] = 0
-            self._free_pages.append(page)
-        else:
-            cls.partial.setdefault(page, []).append(o.offset)
 
     def do_evict_one(self, ns: bytes | None = None) -> bool:
         """Evict the policy's first unpinned candidate (of namespace ``ns`` only, when
@@ -428,6 +412,75 @@ class MemoryTier(Tier):
             if self.on_quota is not None:
                 self.on_quota("evicted", ns, 1)
         return True
+
+    def do_compact(self, n: int) -> int | None:
+        """Make a free run of ``n`` granules by moving the objects right after the
+        longest free run into other holes (one no hole takes is evicted); returns the
+        run's first granule. None, with nothing moved, when an object in the way may not move (pinned, claimed, a put in
+        flight) or the window would pass the arena's end."""
+        ext, arena = self._extents, self.arena
+        start, length = ext.largest_run()
+        if not length or start + n > arena.granules:
+            return None
+        movers = []
+        holes = [(start, length)]
+        g = start + length
+        while g < start + n:  # chunks and free runs up to the window's end
+            run = ext.free_run_at(g)
+            if run:
+                holes.append((g, run))
+                g += run
+                continue
+            o = self.do_object_at(arena.granule_offset(g))
+            if o is None or o.pins or o.moving:
+                return None
+            movers.append(o)
+            g += o.chunk // GRANULE
+        for h, _ in holes:
+            ext.take_run(h)  # so no mover lands in the window
+        try:
+            for o in movers:
+                at = arena.granule_of(o.offset)
+                if not self.do_relocate(o):  # no hole takes it: it goes, out of order
+                    self.counters["evicted_for_room"] += 1
+                    self.counters["evictions"] += 1
+                    self.counters["evicted_bytes"] += o.length
+                    if self.on_evict:
+                        self.on_evict(1, o.length)
+                    self.do_unindex(o)
+                    self.do_free(o)
+                holes.append((at, ext.take_run(at)))  # its old chunk: no later mover's
+        finally:
+            for h, m in holes:
+                ext.release(h, m)
+        return start
+
+    def do_relocate(self, o: _Obj) -> bool:
+        """Copy ``o`` (current, committed, unpinned) into another hole; False if none."""
+        g = self._extents.alloc(o.chunk // GRANULE)
+        if g is None:
+            return False
+        arena, old = self.arena, o.offset
+        dst = arena.granule_offset(g)
+        created = struct.unpack_from("<Q", arena.mm, old + 40)[0]
+        data_off = arena.write_header(dst, o.ns, o.key, o.version, o.length, created, o.ph)
+        arena.set_rank(dst, arena.rank(old))
+        arena.buf[data_off:data_off + o.length] = arena.buf[o.data_off:o.data_off + o.length]
+        arena.commit(dst, o.checksum)  # the new copy first: a crash leaves one of two
+        arena.clear(old)
+        self._extents.release(arena.granule_of(old), o.chunk // GRANULE)
+        o.offset, o.data_off = dst, data_off
+        self.counters["relocated"] += 1
+        return True
+
+    def do_object_at(self, off: int) -> _Obj | None:
+        """The current committed object whose chunk starts at ``off``, else None."""
+        mm = self.arena.mm
+        ns_len, key_len = struct.unpack_from("<HH", mm, off + 10)
+        p = off + HDR_FIXED
+        k = (bytes(mm[p:p + ns_len]), bytes(mm[p + ns_len:p + ns_len + key_len]))
+        o = self._index.get(k)
+        return o if o is not None and o.offset == off else None
 
     # ------------------------------------------------------------------ quotas
     def do_charge_ns(self, ns: bytes, chunk: int) -> None:
@@ -1004,8 +1057,10 @@ class MemoryTier(Tier):
                 "objects": len(self._index),
                 "pending_puts": len(self._pending),
                 "reserved_bytes": self.reserved_bytes,
-                "free_pages": len(self._free_pages),
+                "free_pages": self._extents.free * GRANULE // self.arena.slab_bytes,
                 "pages": self.arena.npages,
+                "free_bytes": self._extents.free * GRANULE,
+                "largest_free_bytes": self._extents.largest() * GRANULE,
                 **self.counters,
             }
 
@@ -1028,7 +1083,16 @@ class MemoryTier(Tier):
             for p in self._pending.values():
                 self.arena.clear(p.obj.offset)  # never-committed slices must not survive
             self._pending.clear()
+            if clean and not self.arena.mm.closed:
+                self.do_save_recency()
             self.arena.close(clean, self._next_version)
+
+    def do_save_recency(self) -> None:
+        """Write each object's place in the policy's order (1 = first to give up) into
+        its chunk header, so the next start rebuilds that order (``_recover``)."""
+        set_rank = self.arena.set_rank
+        for rank, o in enumerate(self.policy.candidates(), 1):
+            set_rank(o.offset, min(rank, 0xFFFFFFFF))
 
 
 __all__ = ["MemoryTier", "HDR_FIXED"]

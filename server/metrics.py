@@ -216,7 +216,7 @@ class _NamespaceCollector:
 
 class _TierCollector:
     _GAUGES = ("capacity_bytes", "used_bytes", "objects", "pending_puts", "free_pages",
-               "connections")
+               "largest_free_bytes", "connections")
     _COUNTERS = ("evictions", "evicted_bytes", "corrupt_dropped", "torn_dropped",
                  "pending_expired", "no_space", "clean_dropped", "quota_refused",
                  "quota_evictions", "put_if_absent_skipped")

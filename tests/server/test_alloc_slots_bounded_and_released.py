@@ -54,7 +54,7 @@ def test_alloc_slots_bounded_and_released(make_cluster, monkeypatch):
     rep = _call(c, Op.ALLOC, 2, {"ns": b"a", "items": items})
     st = [x[0] for x in rep["items"]]
     ok = [x[2] for x in rep["items"] if x[0] == Status.OK]
-    assert 0 < len(ok) <= 16 and st.count(Status.BUSY) == 63 - len(ok), st
+    assert 0 < len(ok) <= 17 and st.count(Status.BUSY) == 63 - len(ok), st  # 904 KiB chunks
     assert _stats(addr)["reserved_bytes"] <= 16 << 20
     # nothing was evicted for them, and other writers still get space
     with Client([addr], transport="tcp", timeout_ms=5000) as w:

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
 NS = b"ns"
 MIB = 1 << 20
-SIZE = 200_000  # 4 per 1 MiB slab page; 7 pages: 28 fit
+SIZE = 260_000  # a 256 KiB chunk (64 granules); 7 MiB of chunks: 28 fit
 
 
 class NewestFirst(EvictionPolicy):

@@ -13,7 +13,7 @@ import pytest
 
 from gcache.hashing import checksum
 from gcache.server.arena import (CHUNK_MAGIC, FLAG_COMMITTED, FLAG_PLACED, HDR, HDR_FIXED,
-                                 Arena, header_len, size_class)
+                                 Arena, header_len)
 from gcache.server.disk import SegmentLog
 from gcache.server.memory_tier import MemoryTier
 from gcache.server.tiered_store import TieredStore
@@ -90,10 +90,8 @@ def _write_old_format_chunk(a: Arena, ns: bytes, key: bytes, data: bytes, versio
     """Lay out one committed chunk exactly as arenas did before FLAG_PLACED: flags is
     COMMITTED alone and the header CRC covers the fixed fields, namespace and key."""
     hl = (HDR_FIXED + len(ns) + len(key) + 63) & ~63
-    csize = size_class(hl + len(data))
-    page = 0
-    a.page_table[page] = csize
-    off = a.page_offset(page)
+    off = a.granule_offset(0)
+    a.starts[0] = 1
     HDR.pack_into(a.mm, off, CHUNK_MAGIC, 0, hl, len(ns), len(key), 0, version, len(data),
                   checksum(data), 123, 0, 0)
     a.mm[off + HDR_FIXED:off + HDR_FIXED + len(ns) + len(key)] = ns + key
@@ -122,8 +120,7 @@ def test_an_arena_written_before_the_placed_flag_still_recovers(tmp_path):
 def test_the_commit_keeps_the_placed_flag(tmp_path):
     a = _arena(tmp_path)
     try:
-        a.page_table[0] = 4096
-        off = a.page_offset(0)
+        off = a.granule_offset(0)
         a.write_header(off, NS, b"k", 1, 10, 0, ph=PH)
         assert struct.unpack_from("<I", a.mm, off + 4)[0] == FLAG_PLACED  # uncommitted
         a.commit(off, checksum(bytes(10)))
