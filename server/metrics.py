@@ -22,7 +22,8 @@ size (an EXISTS counts as the read it decides); ``gcache_mrc_actual_hit_ratio{na
 is what memory served for the same sampled reads and ``gcache_mrc_gets{namespace}`` how
 many reads the estimate stands for.
 Namespace ``*`` is all of them, next to the 8 with the most GETs (past 16 distinct
-namespaces, later ones count as ``other``).
+namespaces, later ones count as ``other``) that also have a label of their own in the
+per-namespace series below (ratios of the rest cannot be summed under ``other``).
 ``gcache_mrc_sample_rate`` and ``gcache_mrc_tracked_keys`` describe the sample.
 
 Per-namespace counters (``gcache_namespace_{hits,misses,bytes}_total``) carry a
@@ -93,6 +94,12 @@ class NamespaceLabels:
                     label += "~"
                 self._labels[ns] = label
         return label
+
+    def labelled(self, name: str) -> str | None:
+        """The label of the namespace decoded as ``name`` if it has its own (None: it is
+        counted under ``other``, or was never seen)."""
+        ns = name.encode("utf-8", "surrogateescape")
+        return self._labels.get(ns)
 
 
 class ServerMetrics:
@@ -242,8 +249,9 @@ class _TierCollector:
                         "no owner)"),
                        ("active", "1 while a handoff pass runs"))
 
-    def __init__(self, stats_fn: Callable[[], dict]) -> None:
+    def __init__(self, stats_fn: Callable[[], dict], namespace: NamespaceLabels) -> None:
         self.stats_fn = stats_fn
+        self.namespace = namespace  # the per-namespace label bound (the curve follows it)
 
     def collect(self):
         s = self.stats_fn()
@@ -303,10 +311,11 @@ class _TierCollector:
             g.add_metric(["disk"], s.get(f"disk_{what}", 0))
             yield g
 
-    @staticmethod
-    def _mrc(doc: dict | None):
+    def _mrc(self, doc: dict | None):
         """The miss-ratio curve (``server.mrc``): estimated hit ratios per namespace and
-        capacity factor."""
+        capacity factor, for ``*`` and the namespaces with a label of their own (the same
+        bounded set as every per-namespace series: ratios of the rest cannot be summed
+        under ``other``)."""
         if not doc:
             return
         factors = [f"{f:g}" for f in doc["factors"]]
@@ -322,7 +331,10 @@ class _TierCollector:
         gets = GaugeMetricFamily("gcache_mrc_gets", "reads (GETs, and EXISTS that decide "
                                  "them) the curve's estimate stands for (sampled, scaled by "
                                  "the sample rate)", labels=["namespace"])
-        for ns, d in doc["namespaces"].items():
+        for name, d in doc["namespaces"].items():
+            ns = name if name == "*" else self.namespace.labelled(name)
+            if ns is None:
+                continue
             for f, h, b in zip(factors, d["hit_ratio"], d["byte_hit_ratio"]):
                 hit.add_metric([ns, f], h)
                 byte_hit.add_metric([ns, f], b)
@@ -370,7 +382,7 @@ class MetricsEndpoint:
                  tls: ssl.SSLContext | None = None) -> None:
         # read at scrape time, after the counters (the order the scrape has always had)
         collectors = CollectorRegistry()
-        collectors.register(_TierCollector(stats_fn))
+        collectors.register(_TierCollector(stats_fn, metrics.namespace))
         collectors.register(_NamespaceCollector(usage_fn, quotas, metrics.namespace))
         registries = (metrics.registry, collectors)
 
