@@ -118,7 +118,7 @@ def test_s3fifo_walk_survives_skipped_candidates_and_offers_each_once() -> None:
 # ------------------------------------------------------------ through the memory tier
 
 MIB = 1 << 20
-SIZE = 200_000  # 4 per 1 MiB slab page; 7 pages: 28 fit
+SIZE = 200_000
 NS = b"ns"
 
 
@@ -128,10 +128,14 @@ def test_memory_tier_evicts_the_unread_before_the_read(tmp_path, name: str) -> N
     arena = Arena(str(tmp_path / "a.arena"), 8 * MIB, MIB, prefault=False)
     m = MemoryTier(arena, eviction_policy=make_policy(name), clock=clock.monotonic)
     try:
-        keys = [b"k%d" % i for i in range(28)]
-        for k in keys:
+        put_value(m, NS, b"k0", SIZE)  # what one object takes, as the allocator sizes it
+        clock.advance(0.001)
+        s = m.stats()
+        keys = [b"k%d" % i for i in range(s["capacity_bytes"] // s["used_bytes"])]
+        for k in keys[1:]:  # the arena is now full: the next put evicts
             put_value(m, NS, k, SIZE)
             clock.advance(0.001)
+        assert m.stats()["evictions"] == 0
         read = keys[:4]  # the oldest four are read again (a shared prefix)
         for k in read:
             assert m.touch(NS, k)
