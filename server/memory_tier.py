@@ -15,7 +15,9 @@ header + data, so objects are limited to one slab page.
   unpinned candidate synchronously (bounded).
 * Leases: ``pin_read`` bumps a pin count; delete, replace and eviction of a
   pinned object only mark it doomed and the last ``unpin`` frees it, so a
-  transfer never reads freed bytes.
+  transfer never reads freed bytes. A GET frame pins and unpins all its items
+  with one lock hold each (``pin_read_many`` / ``unpin_many``); views are cut
+  and first reads verified outside the lock.
 * Puts: ``begin_put`` allocates an uncommitted chunk; sliced puts (several
   frames, maybe several connections) share one pending chunk keyed by
   ``(ns, key, put_id)``. Each slice claims its byte range ``[offset, offset+length)``;

@@ -10,14 +10,11 @@ import pytest
 
 from gcache import failpoints
 from gcache.server.arena import Arena
-from gcache.server.disk import SegmentLog
 from gcache.server.memory_tier import MemoryTier
-from gcache.server.tiered_store import TieredStore
-from gcache.server.tiering import make_promote_policy
 from gcache.status import Status
 from gcache.testing.oracle import value_for
 
-from tierops import put_value
+from tierops import put_value, small_tiered_store
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -73,19 +70,10 @@ def test_frame_unpin_frees_what_was_deleted_while_pinned(memory):
     memory.unpin_many(again)
 
 
-def _tiered(tmp_path) -> TieredStore:
-    arena = Arena(str(tmp_path / "t.arena"), 8 * MIB, MIB, prefault=False)
-    mem = MemoryTier(arena, high_watermark=0.8, low_watermark=0.5)
-    disk = SegmentLog(str(tmp_path), "t", capacity_bytes=64 * MIB, segment_bytes=4 * MIB,
-                      max_value_bytes=MIB)
-    return TieredStore(mem, disk, make_promote_policy("never", 1000, lambda: 0.0),
-                       room_wait_s=0.0)
-
-
 @pytest.mark.parametrize("fault", ["disk_read=eio:1x", "disk_read_corrupt=1x"])
 def test_failing_disk_read_mid_frame_is_that_items_error_only(tmp_path, no_failpoints,
                                                                fault):
-    st = _tiered(tmp_path)
+    st = small_tiered_store(tmp_path)
     try:
         keys = [f"k{i}".encode() for i in range(40)]
         for k in keys:
