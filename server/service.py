@@ -735,7 +735,7 @@ class _Connection:
         out_meta, payload, budget = [], [], lim.max_frame_bytes
         # pin every owned item at once (one tier lock hold; a disk tier reads them in
         # parallel), then cut the views to the frame budget in item order
-        if any(refused):
+        if refused.count(None) != len(refused):  # some item refused (C-level count)
             pins = tier.pin_read_many(ns, [it for it, no in zip(items, refused) if no is None])
         else:
             pins, refused = tier.pin_read_many(ns, items), None
