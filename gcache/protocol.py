@@ -304,7 +304,11 @@ def sendmsg_all(sock: socket.socket, buffers: Sequence[bytes | bytearray | memor
     """Scatter-gather send of every buffer by ``deadline``, handling partial writes
     (a peer that reads slowly cannot hold the sender past it). TLS sockets have no
     ``sendmsg``: they send buffer by buffer (``_send_each``)."""
-    bufs = [memoryview(b).cast("B") for b in buffers if len(b)]
+    # byte views (arena slices: a GET reply's payload) are sliced as they are on a partial
+    # write; anything else is viewed as bytes first
+    bufs = [b if type(b) is memoryview and b.ndim == 1 and b.format == "B"
+            else memoryview(b).cast("B")
+            for b in buffers if len(b)]
     if isinstance(sock, ssl.SSLSocket):
         return _send_each(sock, bufs, deadline)
     i = 0

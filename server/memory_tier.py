@@ -27,7 +27,9 @@ the recovered chunks.
   two identical copies (recovery keeps one).
 * Leases: ``pin_read`` bumps a pin count; delete, replace and eviction of a
   pinned object only mark it doomed and the last ``unpin`` frees it, so a
-  transfer never reads freed bytes.
+  transfer never reads freed bytes. A GET frame pins and unpins all its items
+  with one lock hold each (``pin_read_many`` / ``unpin_many``); views are cut
+  and first reads verified outside the lock.
 * Puts: ``begin_put`` allocates an uncommitted chunk; sliced puts (several
   frames, maybe several connections) share one pending chunk keyed by
   ``(ns, key, put_id)``. Each slice claims its byte range ``[offset, offset+length)``;
@@ -106,6 +108,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gcache.server.memory")
 
 _EVICT_SYNC_LIMIT = 100_000
+_OK = Status.OK  # an enum attribute lookup costs more than a global one, per item
 
 
 @dataclass(slots=True, eq=False)
@@ -596,6 +599,53 @@ class MemoryTier(Tier):
         end = min(o.length, start + max_len)
         view = self.arena.buf[o.data_off + start:o.data_off + end]
         return Pinned(Status.OK, o.length, o.version, view, o, o.checksum)
+
+    def pin_read_many(self, ns: bytes, items: list[tuple[bytes, int, int, int]]
+                      ) -> list[Pinned]:
+        """``pin_read`` of every ``(key, offset, max_len, expect_version)`` of one frame,
+        in order, with one lock hold for the whole frame (index lookups, recency, pins);
+        views and first-read verification happen after it, outside the lock."""
+        index, on_hit = self._index, self.policy.on_hit
+        found: list[_Obj | Pinned] = []
+        with self._lock:
+            for key, _off, _mx, ev in items:
+                o = index.get((ns, key))
+                if o is None:
+                    found.append(Pinned(Status.MISS))
+                elif ev and o.version != ev:
+                    found.append(Pinned(Status.CONFLICT, o.length, o.version))
+                else:
+                    on_hit(o)
+                    o.pins += 1
+                    found.append(o)
+        buf, out = self.arena.buf, []
+        for o, (_key, offset, max_len, _ev) in zip(found, items):
+            if type(o) is Pinned:
+                out.append(o)
+            elif not o.verified and not self._verify(o):
+                out.append(Pinned(Status.CORRUPT))
+            else:
+                start = o.data_off + min(offset, o.length)
+                end = min(o.data_off + o.length, start + max_len)
+                out.append(Pinned(_OK, o.length, o.version, buf[start:end], o, o.checksum))
+        return out
+
+    def unpin_many(self, pins: list[Pinned]) -> None:
+        """``unpin`` of every lease of one frame, with one lock hold."""
+        objs = []
+        for p in pins:
+            if p.view is not None:
+                p.view.release()
+                p.view = None
+            if p.token is not None:
+                objs.append(p.token)
+        if not objs:
+            return
+        with self._lock:
+            for o in objs:
+                o.pins -= 1
+                if o.pins == 0 and o.doomed:
+                    self.do_free(o)
 
     def _verify(self, o: _Obj) -> bool:
         """First read after a restart: check the data checksum (pinned, outside the lock).

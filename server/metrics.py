@@ -108,6 +108,7 @@ class ServerMetrics:
 
     def __init__(self, max_namespaces: int = 64) -> None:
         self.registry = CollectorRegistry()
+        self._children: dict[tuple, Any] = {}  # child(): labelled children, cached
         self.items = Counter("gcache_items_total", "Items served, by op and status",
                              ["op", "status"], registry=self.registry)
         self.bytes = Counter("gcache_bytes_total", "Payload bytes, by direction (in=put, out=get)",
@@ -155,6 +156,16 @@ class ServerMetrics:
                                           "quota", ["namespace", "tier"],
                                           registry=self.registry)
 
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, cached: the hot paths count per frame, and a
+        ``labels`` call (a lock, label checks) cost about as much as a frame's per-item
+        work for small frames. Label sets are bounded (ops, statuses, namespace labels)."""
+        key = (id(metric), labels)
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = metric.labels(*labels)
+        return c
+
     def quota_event(self, event: str, ns: bytes, n: int) -> None:
         """A tier's quota event (``refused``, ``evicted``, ``disk_evicted``); must not block
         (runs under the tier's lock)."""
@@ -169,24 +180,24 @@ class ServerMetrics:
         """One read frame's items, when it is a handoff read (``"ho": 1``)."""
         if meta.get("ho") == 1:
             if hits:
-                self.read_throughs.labels("hit").inc(hits)
+                self.child(self.read_throughs, "hit").inc(hits)
             if misses:
-                self.read_throughs.labels("miss").inc(misses)
+                self.child(self.read_throughs, "miss").inc(misses)
 
     def namespace_reads(self, ns: bytes, hits: int, misses: int, nbytes: int) -> None:
         """One frame's reads of namespace ``ns`` (GET or LEASE)."""
         label = self.namespace(ns)
         if hits:
-            self.ns_hits.labels(label).inc(hits)
+            self.child(self.ns_hits, label).inc(hits)
         if misses:
-            self.ns_misses.labels(label).inc(misses)
+            self.child(self.ns_misses, label).inc(misses)
         if nbytes:
-            self.ns_bytes.labels(label, "out").inc(nbytes)
+            self.child(self.ns_bytes, label, "out").inc(nbytes)
 
     def namespace_writes(self, ns: bytes, nbytes: int) -> None:
         """Payload bytes one frame put into namespace ``ns`` (PUT or COMMIT)."""
         if nbytes:
-            self.ns_bytes.labels(self.namespace(ns), "in").inc(nbytes)
+            self.child(self.ns_bytes, self.namespace(ns), "in").inc(nbytes)
 
 
 class _NamespaceCollector:

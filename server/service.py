@@ -365,6 +365,36 @@ class Service:
         linger(conn, _LINGER_S)
 
 
+_OK = int(Status.OK)
+
+
+def _get_items(items: list, lim: Limits) -> list:
+    """Validate GET items ``[key, offset, max_len, expect_version]`` in place (``max_len``
+    capped at ``max_frame_bytes``); returns the same lists, so nothing is allocated per
+    item. The common shape (bytes key, non-negative ints) passes one type check per
+    field; anything else goes through the full checks."""
+    max_key, max_frame = lim.max_key_bytes, lim.max_frame_bytes
+    for it in items:
+        if not (type(it) is list and len(it) == 4 and type(it[0]) is bytes
+                and 0 < len(it[0]) <= max_key and type(it[1]) is int and type(it[2]) is int
+                and type(it[3]) is int and it[1] >= 0 and 0 <= it[2] <= max_frame
+                and it[3] >= 0):
+            _check_get_item(it, lim)
+    return items
+
+
+def _check_get_item(it: Any, lim: Limits) -> None:
+    """The full check of one GET item (raises ProtocolError); a bytearray key becomes
+    bytes, ``max_len`` is capped at ``max_frame_bytes``."""
+    if not (isinstance(it, list) and len(it) == 4 and all(isinstance(x, int) for x in it[1:])):
+        raise ProtocolError("GET item must be [key, offset, max_len, expect_version]",
+                            Status.BAD_REQUEST)
+    if it[1] < 0 or it[2] < 0 or it[3] < 0:
+        raise ProtocolError("GET item has a negative field", Status.BAD_REQUEST)
+    it[0] = check_key(it[0], lim)
+    it[2] = min(it[2], lim.max_frame_bytes)
+
+
 _REFUSALS = {
     "max_connections": "max_connections reached",
     "preauth_per_ip": "this address already holds max_preauth_per_ip unauthenticated "
@@ -428,6 +458,7 @@ class _Connection:
 
     def run(self) -> None:
         svc = self.svc
+        m = svc.metrics
         # a per-call cap as well; the handshake deadline itself is Service._watch's
         self.sock.settimeout(svc.handshake_s)
         self.reply(Op.HELLO, 0, {"v": 1, "name": svc.name, "nonce": self.nonce,
@@ -448,8 +479,8 @@ class _Connection:
             if self.authed:  # idle until the next request: an open pooled connection is fine
                 self.deadline, self.phase = math.inf, "idle"
             name = Op.NAMES.get(fh.opcode, "UNKNOWN")
-            svc.metrics.frames.labels(name).inc()
-            svc.metrics.latency.labels(name).observe(time.perf_counter() - t0)
+            m.child(m.frames, name).inc()
+            m.child(m.latency, name).observe(time.perf_counter() - t0)
 
     def next_request(self) -> tuple[FrameHeader, Any] | None:
         """Read the next request's prefix and header; None after a frame-level error
@@ -686,62 +717,60 @@ class _Connection:
             if guard is not None and statuses[i] == Status.OK:
                 guard.settle(tier, parsed[i][0])
         m = self.svc.metrics
-        m.bytes.labels("in").inc(plen)
+        m.child(m.bytes, "in").inc(plen)
         if allowed:
             m.namespace_writes(ns, sum(p[3] for p, st in zip(parsed, statuses)
                                        if st == Status.OK))
         for st in set(statuses):
-            m.items.labels("put", st.name).inc(statuses.count(st))
+            m.child(m.items, "put", st.name).inc(statuses.count(st))
         self.reply(Op.PUT, rid, {"st": [int(s) for s in statuses]})
 
     def get(self, rid: int, meta: Any) -> None:
         lim = self.limits
         ns = check_namespace(meta.get("ns", b""), lim)
-        items = check_items(meta, lim)
-        parsed = []
-        for it in items:
-            if not (isinstance(it, list) and len(it) == 4 and all(isinstance(x, int) for x in it[1:])):
-                raise ProtocolError("GET item must be [key, offset, max_len, expect_version]",
-                                    Status.BAD_REQUEST)
-            if it[1] < 0 or it[2] < 0 or it[3] < 0:
-                raise ProtocolError("GET item has a negative field", Status.BAD_REQUEST)
-            parsed.append((check_key(it[0], lim), it[1], it[2], it[3]))
+        items = _get_items(check_items(meta, lim), lim)
         tier = self.svc.tier
         if not self.may(Right.READ, ns, Op.GET):
             self.reply(Op.GET, rid,
-                       {"items": [[int(Status.AUTH), 0, 0, 0, 0]] * len(parsed)})
+                       {"items": [[int(Status.AUTH), 0, 0, 0, 0]] * len(items)})
             return
-        refused = self.read_refusals(ns, meta, len(parsed))
+        refused = self.read_refusals(ns, meta, len(items))
         out_meta, payload, budget = [], [], lim.max_frame_bytes
-        # pin every owned item at once (a disk tier reads them in parallel), then cut the
-        # views to the frame budget in item order
-        pins = tier.pin_read_many(ns, [(key, off, min(mx, budget), ev) for (key, off, mx, ev),
-                                       no in zip(parsed, refused) if no is None])
+        # pin every owned item at once (one tier lock hold; a disk tier reads them in
+        # parallel), then cut the views to the frame budget in item order
+        if refused.count(None) != len(refused):  # some item refused (C-level count)
+            pins = tier.pin_read_many(ns, [it for it, no in zip(items, refused) if no is None])
+        else:
+            pins, refused = tier.pin_read_many(ns, items), None
         try:
             it = iter(pins)
-            for no in refused:
-                if no is not None:
-                    out_meta.append([int(no), 0, 0, 0, 0])
+            for no in refused or pins:
+                if refused is not None:
+                    if no is not None:
+                        out_meta.append([int(no), 0, 0, 0, 0])
+                        continue
+                    p = next(it)
+                else:
+                    p = no
+                v = p.view
+                if v is None:
+                    out_meta.append([int(p.status), p.total_len, p.version, 0, p.checksum])
                     continue
-                p = next(it)
-                if p.status == Status.OK:
-                    if len(p.view) > budget:
-                        p.view = p.view[:budget]
-                    budget -= len(p.view)
-                    payload.append(p.view)
-                out_meta.append([int(p.status), p.total_len, p.version,
-                                 len(p.view) if p.view is not None else 0, p.checksum])
+                if len(v) > budget:
+                    v = p.view = v[:budget]
+                budget -= len(v)
+                payload.append(v)
+                out_meta.append([_OK, p.total_len, p.version, len(v), p.checksum])
             self.reply(Op.GET, rid, {"items": out_meta}, payload)
         finally:
-            for p in pins:
-                tier.unpin(p)
+            tier.unpin_many(pins)
         m = self.svc.metrics
-        nbytes = sum(x[3] for x in out_meta)
-        m.bytes.labels("out").inc(nbytes)
-        hits = sum(1 for x in out_meta if x[0] == Status.OK)
-        m.items.labels("get", "OK").inc(hits)
+        nbytes = lim.max_frame_bytes - budget
+        m.child(m.bytes, "out").inc(nbytes)
+        hits = len(payload)
+        m.child(m.items, "get", "OK").inc(hits)
         if len(out_meta) - hits:
-            m.items.labels("get", "MISS").inc(len(out_meta) - hits)
+            m.child(m.items, "get", "MISS").inc(len(out_meta) - hits)
         m.namespace_reads(ns, hits, len(out_meta) - hits, nbytes)
         m.handoff_reads(meta, hits, len(out_meta) - hits)
 
@@ -766,7 +795,8 @@ class _Connection:
             if no is None and tombs is not None:
                 tombs.deleted(ns, k)  # before the delete: see tombstones.IfAbsentGuard
             st.append(no if no is not None else Status.OK if fn(ns, k) else Status.MISS)
-        self.svc.metrics.items.labels(Op.NAMES[op].lower(), "all").inc(len(st))
+        m = self.svc.metrics
+        m.child(m.items, Op.NAMES[op].lower(), "all").inc(len(st))
         if op == Op.EXISTS:
             found = st.count(Status.OK)
             self.svc.metrics.handoff_reads(meta, found, len(st) - found)

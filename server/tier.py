@@ -12,7 +12,9 @@ for bookkeeping only; data is copied *outside* the lock, protected by pins:
   never free those bytes until ``unpin``. The memory tier never blocks on IO;
   a disk-tier hit reads (and verifies) the record before it returns.
   ``pin_read_many`` pins a whole GET frame's items; a tier may run their disk
-  reads in parallel (the default just loops over ``pin_read``).
+  reads in parallel, and takes its lock once per frame, not once per item (the
+  default just loops over ``pin_read``); ``unpin_many`` releases a frame's leases
+  the same way.
 * ``begin_put`` reserves space (evicting if needed) and returns a ``PutSlot``
   whose ``view`` the caller fills (``recv_into``); ``finish_put`` checksums and
   commits, ``abort_put`` releases. ``csum`` is the writer's checksum of the whole
@@ -119,6 +121,11 @@ class Tier(abc.ABC):
 
     @abc.abstractmethod
     def unpin(self, pinned: Pinned) -> None: ...
+
+    def unpin_many(self, pins: list[Pinned]) -> None:
+        """``unpin`` of each lease of one frame (a tier may take its lock once for all)."""
+        for p in pins:
+            self.unpin(p)
 
     @abc.abstractmethod
     def begin_put(self, ns: bytes, key: bytes, total_len: int, offset: int, length: int,

@@ -153,7 +153,7 @@ class TieredStore(Tier):
                       ) -> list[Pinned]:
         """Memory hits at once; disk hits read in parallel: the caller claims and reads
         items itself while idle IO threads claim the rest (no per-item futures)."""
-        out = [self.memory.pin_read(ns, k, off, mx, ev) for k, off, mx, ev in items]
+        out = self.memory.pin_read_many(ns, items)
         todo = [i for i, p in enumerate(out) if p.status == Status.MISS]
         if not todo:
             return out
@@ -163,9 +163,7 @@ class TieredStore(Tier):
         self._drain(frame)
         frame.done.wait()
         if frame.failed is not None:  # never leak a pin: release what was pinned, then raise
-            for p in out:
-                if p.token is not None:
-                    self.unpin(p)
+            self.unpin_many([p for p in out if p.token is not None])
             raise frame.failed
         return out
 
@@ -206,6 +204,17 @@ class TieredStore(Tier):
                     self._enqueue(lease.ns, lease.key, lease.version)
         finally:
             self.disk.release(lease)
+
+    def unpin_many(self, pins: list[Pinned]) -> None:
+        """Memory leases with one memory lock hold; disk leases one by one (``unpin``:
+        each may promote)."""
+        mem = []
+        for p in pins:
+            if isinstance(p.token, ReadLease):
+                self.unpin(p)
+            else:
+                mem.append(p)
+        self.memory.unpin_many(mem)
 
     def _admit(self, ns: bytes, key: bytes, data: memoryview, version: int, csum: int,
                ph: int | None) -> bool:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from gcache.server.arena import Arena
+from gcache.server.disk import SegmentLog
+from gcache.server.memory_tier import MemoryTier
 from gcache.server.tier import Tier
+from gcache.server.tiered_store import TieredStore
+from gcache.server.tiering import make_promote_policy
 from gcache.status import Status
 from gcache.testing.oracle import value_for
 
@@ -25,3 +30,14 @@ def read_value(tier: Tier, ns: bytes, key: bytes) -> bytes | None:
         return bytes(p.view) if p.status == Status.OK else None
     finally:
         tier.unpin(p)
+
+
+def small_tiered_store(tmp_path, promote: str = "never") -> TieredStore:
+    """An 8 MiB memory tier (watermarks 0.8 / 0.5, 1 MiB slabs) in front of a 64 MiB
+    segment log of 4 MiB segments under ``tmp_path``; the mover is stepped by hand."""
+    arena = Arena(str(tmp_path / "t.arena"), 8 << 20, 1 << 20, prefault=False)
+    mem = MemoryTier(arena, high_watermark=0.8, low_watermark=0.5)
+    disk = SegmentLog(str(tmp_path), "t", capacity_bytes=64 << 20, segment_bytes=4 << 20,
+                      max_value_bytes=1 << 20)
+    return TieredStore(mem, disk, make_promote_policy(promote, 1000, lambda: 0.0),
+                       room_wait_s=0.0)
