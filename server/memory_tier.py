@@ -606,10 +606,13 @@ class MemoryTier(Tier):
         in order, with one lock hold for the whole frame (index lookups, recency, pins);
         views and first-read verification happen after it, outside the lock."""
         index, on_hit = self._index, self.policy.on_hit
+        seen = self.access_observer
         found: list[_Obj | Pinned] = []
         with self._lock:
-            for key, _off, _mx, ev in items:
+            for key, off, _mx, ev in items:
                 o = index.get((ns, key))
+                if seen is not None and not off:  # the miss-ratio curve, as pin_read
+                    seen.on_get(ns, key, None if o is None else o.length)
                 if o is None:
                     found.append(Pinned(Status.MISS))
                 elif ev and o.version != ev:

@@ -156,5 +156,13 @@ def test_memory_tier_feeds_whole_reads_hits_and_misses_and_puts(tmp_path):
         assert curve.sampled == 3  # the put, the hit, the miss (sized by the mean put)
         assert m.exists(b"ns", b"k") and not m.exists(b"ns", b"nope")
         assert curve.snapshot()["namespaces"]["ns"]["gets"] == 4
+        # a TCP GET frame pins all its items at once: each whole read counts the same
+        # (k2: a key no EXISTS decided, whose GET is the access)
+        put_value(m, b"ns", b"k2", 10_000)
+        pins = m.pin_read_many(b"ns", [(b"k2", 0, 1 << 20, 0), (b"gone", 0, 1 << 20, 0),
+                                       (b"k2", 5000, 100, 0)])
+        m.unpin_many(pins)
+        d = curve.snapshot()["namespaces"]["ns"]
+        assert d["gets"] == 6 and d["actual_hit_ratio"] == 0.5
     finally:
         m.close()
