@@ -42,21 +42,28 @@ from gcache.testing.oracle import value_for
 from gcache.testing.waiting import wait_for
 
 _PASS = re.compile(r"^(\S+ \S+) INFO +gcache\.server\.handoff: handoff pass at epoch (\d+)"
-                   r"(?:: (\d+) objects \((\d+) bytes\)| done: (\d+) moved)", re.M)
+                   r"(?:: (\d+) objects \((\d+) bytes\)| (copied|done): (\d+) moved)", re.M)
 
 
 def pass_rates(log: str) -> list[dict]:
-    """The handoff passes a server's text log records: epoch, objects, bytes, seconds."""
+    """The handoff passes a server's text log records: epoch, objects, bytes, the seconds
+    until every put was answered (``gb_per_s``: the handoff's rate) and until the pass
+    ended (``pass_seconds``: that plus the grace before the old copies are deleted)."""
     starts: dict[str, tuple[float, int, int]] = {}
+    copied: dict[str, float] = {}
     out = []
     for m in _PASS.finditer(log):
         t = datetime.datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
         if m[3] is not None:
             starts[m[2]] = (t, int(m[3]), int(m[4]))
+        elif m[5] == "copied":
+            copied[m[2]] = t
         elif m[2] in starts:
             t0, n, b = starts.pop(m[2])
-            out.append({"epoch": int(m[2]), "objects": n, "bytes": b, "moved": int(m[5]),
-                        "seconds": round(t - t0, 3), "gb_per_s": round(b / (t - t0) / 1e9, 3)})
+            t1 = copied.pop(m[2], t)
+            out.append({"epoch": int(m[2]), "objects": n, "bytes": b, "moved": int(m[6]),
+                        "seconds": round(t1 - t0, 3), "gb_per_s": round(b / (t1 - t0) / 1e9, 3),
+                        "pass_seconds": round(t - t0, 3)})
     return out
 
 

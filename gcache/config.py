@@ -250,7 +250,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "server"),
     Option("migrate_mbps", "float", 0.0, "Cap on the handoff worker's bytes (MB/s, 10^6 "
            "bytes per second): what this server pushes to the new owners on a drain or a "
-           "join, so foreground IO keeps its latency. 0 = no cap.", "server"),
+           "join, so foreground IO keeps its latency; under a cap the handoff also runs at "
+           "background CPU priority (SCHED_IDLE) in 2 MiB batches. 0 = no cap: full "
+           "speed, normal priority.", "server"),
     Option("handoff_grace_ms", "duration_ms", 2000, "How long a handed-off object's local "
            "copy stays after its new owner acknowledged it. A reader that missed at the "
            "new owner just before the copy landed asks this server next (the SDK's "

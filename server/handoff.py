@@ -40,9 +40,11 @@ the tier already drops and counts what it finds corrupt itself. A newer view aba
 pass at the next batch and starts a new one. A server outside the ring re-checks every
 ``IDLE_OUT_S`` so a straggler put still leaves; inside the ring only views and retries
 start passes. Bytes are capped by a token bucket (``migrate_mbps``, MB/s; 0 = no cap).
-The worker thread, its clients' dispatch threads and the owners' threads serving their
-connections run at background CPU priority (``gcache.sched``: ``SCHED_IDLE``), so a
-foreground request never waits behind a handoff burst for the CPU.
+Under a cap the worker thread, its clients' dispatch threads and the owners' threads
+serving their connections run at background CPU priority (``gcache.sched``:
+``SCHED_IDLE``), so a foreground request never waits behind a handoff burst for the CPU;
+uncapped, the operator asked for speed and they keep normal priority (SCHED_IDLE cost
+a third of the uncapped rate: any normal thread's wake-up preempts it).
 
 Groups: every object keeps the placement hash its writer's client routed it by (the
 ``ph`` of a master-routed put: its group's hash for ``group=`` keys and the SGLang
@@ -242,7 +244,8 @@ class Handoff:
                 self._c["handoff_" + k] = v
 
     def _run(self) -> None:
-        background_thread()  # the copies must not delay foreground requests (gcache.sched)
+        if self.bucket.rate > 0:  # capped: foreground first (gcache.sched)
+            background_thread()
         retry = RETRY_S
         next_wait: float | None = None
         try:
@@ -319,6 +322,9 @@ class Handoff:
             if res is None:
                 return None
             total = _add(total, res)
+        if n:  # every put answered; the old copies go after the grace (the pass ends then)
+            log.info("handoff pass at epoch %d copied: %d moved; the old copies go %.1f s "
+                     "after their put", view.epoch, total.moved, self.grace_s)
         if not self._reap(view, wait=True):
             return None
         if self._replaced:  # replaced here after the walk: the next pass moves them
@@ -372,7 +378,8 @@ class Handoff:
                 client = self._new_client(masters=self.masters, namespace=ns,
                                           transport="tcp", verify_checksums=True,
                                           tls=self._tls, limits=self._limits,
-                                          timeout_ms=PUT_TIMEOUT_MS, background=True,
+                                          timeout_ms=PUT_TIMEOUT_MS,
+                                          background=self.bucket.rate > 0,
                                           **self._auth)
             except (GCacheError, ValueError, OSError) as exc:
                 log.error("handoff: cannot build a client for namespace %r: %s", ns, exc)

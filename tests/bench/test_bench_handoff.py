@@ -24,11 +24,24 @@ LOG = """\
 """
 
 
+COPIED = """\
+2026-11-23 15:00:01,000 INFO    gcache.server.handoff: handoff pass at epoch 3 copied: 10 \
+moved; the old copies go 1.0 s after their put
+"""
+
+
 @pytest.mark.unit
 def test_pass_rates_pairs_start_and_done_lines():
     assert pass_rates(LOG) == [{"epoch": 3, "objects": 10, "bytes": 2_000_000_000,
-                                "moved": 10, "seconds": 2.0, "gb_per_s": 1.0}]
+                                "moved": 10, "seconds": 2.0, "gb_per_s": 1.0,
+                                "pass_seconds": 2.0}]
     assert pass_rates(LOG.splitlines()[0]) == []  # a pass that never finished
+    # the rate counts until every put was answered, not the grace before the deletes
+    lines = LOG.splitlines(keepends=True)
+    log = lines[0] + COPIED + "".join(lines[1:])
+    assert pass_rates(log) == [{"epoch": 3, "objects": 10, "bytes": 2_000_000_000,
+                                "moved": 10, "seconds": 1.0, "gb_per_s": 2.0,
+                                "pass_seconds": 2.0}]
 
 
 @pytest.mark.integration
