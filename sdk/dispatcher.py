@@ -131,56 +131,63 @@ class Lane:
                     return
                 if not self._claim(work):
                     continue  # the reaper expired it
-                if self._closed:
-                    self._finish(work, None, Status.CLOSED)
-                    continue
-                if self.suspect:
-                    self._finish(work, None, Status.UNAVAILABLE)
-                    continue
-                if self.clock.monotonic() >= work.deadline:
-                    self._finish(work, None, Status.TIMEOUT)
-                    continue
-                if gen != self.generation:
-                    transport.close()  # reconnect: the server failed since we connected
-                    gen = self.generation
-                reused = getattr(transport, "sock", None) is not None
-                try:
-                    try:
-                        results = transport.execute(work)
-                    except (OSError, ConnectionError) as exc:
-                        if not reused or isinstance(exc, TimeoutError) \
-                                or self.clock.monotonic() >= work.deadline:
-                            raise
-                        # A pooled connection that died while idle (the server restarted,
-                        # a NAT dropped it): one fresh connection before calling the
-                        # server suspect. Every op is idempotent (a put rewrites the
-                        # same bytes), and a dead server refuses the connect at once.
-                        transport.close()
-                        results = transport.execute(work)
-                    self.kind = transport.kind
-                except TransportTimeout:
-                    self.consecutive_timeouts += 1
-                    if self.consecutive_timeouts >= 2:
-                        self.mark_suspect("two requests in a row timed out")
-                    self._finish(work, None, Status.TIMEOUT)
-                    continue
-                except AuthError as exc:
-                    self.mark_suspect(f"authentication failed: {exc}")
-                    self._finish(work, None, Status.AUTH)
-                    continue
-                except (OSError, ConnectionError) as exc:
-                    self.mark_suspect(str(exc) or type(exc).__name__)
-                    self._finish(work, None, Status.UNAVAILABLE)
-                    continue
-                except Exception as exc:  # a bug must not kill the dispatch thread
-                    log.exception("dispatch failed for %s", self.address)
-                    self._finish(work, None, Status.ERROR)
-                    del exc
-                    continue
-                self.consecutive_timeouts = 0
-                self._finish(work, results, Status.OK)
+                gen = self._serve(transport, gen, work)
         finally:
             transport.close()
+
+    def _serve(self, transport: Transport, gen: int, work: Work) -> int:
+        """Run claimed (RUNNING) ``work`` on ``transport``, made in lane generation ``gen``,
+        and complete it: the lane's rules (closed, suspect, deadline, reconnect after a
+        failure, suspicion on failures). Returns the transport's generation now."""
+        if self._closed:
+            self._finish(work, None, Status.CLOSED)
+            return gen
+        if self.suspect:
+            self._finish(work, None, Status.UNAVAILABLE)
+            return gen
+        if self.clock.monotonic() >= work.deadline:
+            self._finish(work, None, Status.TIMEOUT)
+            return gen
+        if gen != self.generation:
+            transport.close()  # reconnect: the server failed since we connected
+            gen = self.generation
+        reused = getattr(transport, "sock", None) is not None
+        try:
+            try:
+                results = transport.execute(work)
+            except (OSError, ConnectionError) as exc:
+                if not reused or isinstance(exc, TimeoutError) \
+                        or self.clock.monotonic() >= work.deadline:
+                    raise
+                # A pooled connection that died while idle (the server restarted,
+                # a NAT dropped it): one fresh connection before calling the
+                # server suspect. Every op is idempotent (a put rewrites the
+                # same bytes), and a dead server refuses the connect at once.
+                transport.close()
+                results = transport.execute(work)
+            self.kind = transport.kind
+        except TransportTimeout:
+            self.consecutive_timeouts += 1
+            if self.consecutive_timeouts >= 2:
+                self.mark_suspect("two requests in a row timed out")
+            self._finish(work, None, Status.TIMEOUT)
+            return gen
+        except AuthError as exc:
+            self.mark_suspect(f"authentication failed: {exc}")
+            self._finish(work, None, Status.AUTH)
+            return gen
+        except (OSError, ConnectionError) as exc:
+            self.mark_suspect(str(exc) or type(exc).__name__)
+            self._finish(work, None, Status.UNAVAILABLE)
+            return gen
+        except Exception as exc:  # a bug must not kill the dispatch thread
+            log.exception("dispatch failed for %s", self.address)
+            self._finish(work, None, Status.ERROR)
+            del exc
+            return gen
+        self.consecutive_timeouts = 0
+        self._finish(work, results, Status.OK)
+        return gen
 
     def _finish(self, work: Work, results: list[ItemResult] | None, status: Status) -> None:
         with self._state_lock:
