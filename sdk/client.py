@@ -100,6 +100,13 @@ class Client:
             window that still holds data: up, joining or draining), within the op's
             deadline; deletes go to both (default 120000; 0 = never). Counted in
             ``counters`` (``handoff_reads``, ``handoff_read_hits``).
+        one_hop_max_bytes: a synchronous call (``get``, ``get_batch_into``, ``exists``,
+            ``put``, ...) whose items make one frame of at most this many bytes for one
+            server runs its IO on the calling thread when one of that server's
+            ``conns_per_server`` one-hop connections is idle: no dispatch-thread wake-ups
+            (default 1 MiB; 0 = never). Larger or multi-server calls, calls finding every
+            one-hop connection busy, and every ``*_async`` call go through the dispatch
+            threads. Same deadlines, statuses and exactly-once callbacks either way.
         config_file: TOML file with ``[client]`` keys; env ``GCACHE_*`` overrides it,
             and explicit arguments override both.
 
@@ -119,7 +126,8 @@ class Client:
                  verify_checksums: bool | None = None,
                  tls: bool | ssl.SSLContext | None = None, tls_ca_file: str | None = None,
                  tls_cert_file: str | None = None, tls_key_file: str | None = None,
-                 handoff_read_window_ms: int | None = None) -> None:
+                 handoff_read_window_ms: int | None = None,
+                 one_hop_max_bytes: int | None = None) -> None:
         if isinstance(servers, str):
             servers = servers.split(",")
         if isinstance(masters, str):
@@ -134,7 +142,8 @@ class Client:
             "connect_timeout_ms": connect_timeout_ms, "transport": transport,
             "nixl_bounce_bytes": nixl_bounce_bytes, "verify_checksums": verify_checksums,
             "tls_ca_file": tls_ca_file, "tls_cert_file": tls_cert_file,
-            "tls_key_file": tls_key_file, "handoff_read_window_ms": handoff_read_window_ms})
+            "tls_key_file": tls_key_file, "handoff_read_window_ms": handoff_read_window_ms,
+            "one_hop_max_bytes": one_hop_max_bytes})
         cfg = self.config = s.config
         self.namespace, self.limits, self.transport = s.namespace, s.limits, s.transport
         self.timeout = s.timeout_s
@@ -142,6 +151,7 @@ class Client:
         self.frame_target = int(cfg.frame_target_bytes)
         self.conns = int(cfg.conns_per_server)
         self.verify = bool(cfg.verify_checksums)
+        self.one_hop_max = int(cfg.one_hop_max_bytes)
         self._checks = Checksums(self.verify)
         # reads refused by verify_checksums; the router adds handoff_reads/_read_hits
         self.counters = self._checks.counters
@@ -153,7 +163,8 @@ class Client:
                 int(cfg.nixl_bounce_bytes), int(cfg.one_sided_min_bytes), s.tls),
             self._dial, conns=self.conns, queue_depth=cfg.queue_depth,
             probe_interval=cfg.probe_interval_ms / 1000.0,
-            connect_timeout=s.connect_timeout_s)
+            connect_timeout=s.connect_timeout_s,
+            here_conns=self.conns if self.one_hop_max else 0)
         master = None
         if masters:
             master = MasterClient(masters, bearer_of(s.token),
@@ -162,7 +173,7 @@ class Client:
                               Framing(self.slice, self.frame_target, self.conns,
                                       s.limits.max_batch_items),
                               handoff_window_s=cfg.handoff_read_window_ms / 1000.0,
-                              counters=self.counters)
+                              counters=self.counters, one_hop_max_bytes=self.one_hop_max)
         self._router.start()
 
     # ------------------------------------------------------------------ registration
@@ -295,6 +306,16 @@ class Client:
             Per-key statuses: TOO_LARGE, NO_SPACE, TIMEOUT, UNAVAILABLE, AUTH,
             QUEUE_FULL, CLOSED, ... — never raised. Bad arguments raise ValueError.
         """
+        return self._put_from(keys, buffers, group=group, timeout_ms=timeout_ms,
+                              callback=callback, on_key=on_key, stream=stream,
+                              if_absent=if_absent, placement=placement)
+
+    def _put_from(self, keys: Sequence[Key], buffers: Sequence[Any], *, group: Any = None,
+                  timeout_ms: int | None = None, callback: BatchCallback | None = None,
+                  on_key: KeyCallback | None = None, stream: Any = None,
+                  if_absent: bool = False, placement: Sequence[int] | None = None,
+                  here: bool = False) -> Future:
+        """``put_batch_from_async``; ``here``: a synchronous call (see ``_start``)."""
         if len(keys) != len(buffers):
             raise ValueError("keys and buffers differ in length")
         if placement is not None:
@@ -309,7 +330,7 @@ class Client:
         views = [as_view(b, writable=False, device=device) for b in buffers]
         return self._start(PutBatch(ks, views, self.limits, self._deadline(timeout_ms),
                                     self._router, callback, on_key, if_absent), group,
-                           placement)
+                           placement, here)
 
     def put_batch_from(self, keys: Sequence[Key], buffers: Sequence[Any], **kw: Any
                        ) -> list[Status]:
@@ -318,7 +339,8 @@ class Client:
         Returns:
             ``list[Status]``, one per key.
         """
-        return self._wait(self.put_batch_from_async(keys, buffers, **kw), len(keys), Status.TIMEOUT)
+        return self._wait(self._put_from(keys, buffers, here=True, **kw), len(keys),
+                          Status.TIMEOUT)
 
     def put_batch(self, keys: Sequence[Key], values: Sequence[bytes], **kw: Any) -> list[Status]:
         """Store byte values: ``put_batch_from`` (same Args and Failure).
@@ -375,6 +397,14 @@ class Client:
         Failure:
             Per-key statuses, never raised. Bad arguments raise ValueError.
         """
+        return self._get_into(keys, buffers, group=group, timeout_ms=timeout_ms,
+                              callback=callback, on_key=on_key, stream=stream)
+
+    def _get_into(self, keys: Sequence[Key], buffers: Sequence[Any], *, group: Any = None,
+                  timeout_ms: int | None = None, callback: BatchCallback | None = None,
+                  on_key: KeyCallback | None = None, stream: Any = None,
+                  here: bool = False) -> Future:
+        """``get_batch_into_async``; ``here``: a synchronous call (see ``_start``)."""
         if len(keys) != len(buffers):
             raise ValueError("keys and buffers differ in length")
         outer = None
@@ -385,7 +415,7 @@ class Client:
         ks = [self._key(k) for k in keys]
         views = [as_view(b, writable=True, device=device) for b in buffers]
         fut = self._start(IntoBatch(ks, views, self._checks, self._deadline(timeout_ms),
-                                    self._router, callback, on_key), group)
+                                    self._router, callback, on_key), group, None, here)
         return fut if outer is None else outer
 
     def get_batch_into(self, keys: Sequence[Key], buffers: Sequence[Any], **kw: Any
@@ -395,7 +425,8 @@ class Client:
         Returns:
             ``list[Status]``, one per key.
         """
-        return self._wait(self.get_batch_into_async(keys, buffers, **kw), len(keys), Status.TIMEOUT)
+        return self._wait(self._get_into(keys, buffers, here=True, **kw), len(keys),
+                          Status.TIMEOUT)
 
     def get_batch_async(self, keys: Sequence[Key], *, group: Any = None,
                         timeout_ms: int | None = None, callback: BatchCallback | None = None,
@@ -412,9 +443,16 @@ class Client:
         Failure:
             Misses are ``None``, never raised. Bad arguments raise ValueError.
         """
+        return self._get_bytes(keys, group=group, timeout_ms=timeout_ms, callback=callback,
+                               on_key=on_key)
+
+    def _get_bytes(self, keys: Sequence[Key], *, group: Any = None,
+                   timeout_ms: int | None = None, callback: BatchCallback | None = None,
+                   on_key: KeyCallback | None = None, here: bool = False) -> Future:
+        """``get_batch_async``; ``here``: a synchronous call (see ``_start``)."""
         return self._start(BytesBatch([self._key(k) for k in keys], self._checks,
                                       self._deadline(timeout_ms), self._router, callback,
-                                      on_key), group)
+                                      on_key), group, None, here)
 
     def get_batch(self, keys: Sequence[Key], **kw: Any) -> list[bytes | None]:
         """Synchronous ``get_batch_async`` (same Args and Failure).
@@ -422,7 +460,7 @@ class Client:
         Returns:
             ``list[bytes | None]``; ``None`` for every kind of miss.
         """
-        return self._wait(self.get_batch_async(keys, **kw), len(keys), None)
+        return self._wait(self._get_bytes(keys, here=True, **kw), len(keys), None)
 
     def get(self, key: Key, **kw: Any) -> bytes | None:
         """Read one value.
@@ -457,7 +495,8 @@ class Client:
         Failure:
             Misses are False, never raised. Bad arguments raise ValueError.
         """
-        return self._keyed_async(Op.EXISTS, keys, group, timeout_ms, callback, on_key)
+        return self._keyed(Op.EXISTS, keys, group=group, timeout_ms=timeout_ms,
+                           callback=callback, on_key=on_key)
 
     def exists_batch(self, keys: Sequence[Key], **kw: Any) -> list[bool]:
         """Synchronous ``exists_batch_async`` (same Args and Failure).
@@ -465,7 +504,7 @@ class Client:
         Returns:
             True per key that is stored now; False for absent, timeout or dead server.
         """
-        return self._wait(self.exists_batch_async(keys, **kw), len(keys), False)
+        return self._wait(self._keyed(Op.EXISTS, keys, here=True, **kw), len(keys), False)
 
     def exists(self, key: Key, **kw: Any) -> bool:
         """Whether one key is stored now (``kw`` as ``exists_batch_async``).
@@ -493,7 +532,8 @@ class Client:
             Per-key statuses (TIMEOUT, UNAVAILABLE, AUTH, ...), never raised. Bad
             arguments raise ValueError.
         """
-        return self._keyed_async(Op.DELETE, keys, group, timeout_ms, callback, on_key)
+        return self._keyed(Op.DELETE, keys, group=group, timeout_ms=timeout_ms,
+                           callback=callback, on_key=on_key)
 
     def delete_batch(self, keys: Sequence[Key], **kw: Any) -> list[Status]:
         """Synchronous ``delete_batch_async`` (same Args and Failure).
@@ -501,7 +541,7 @@ class Client:
         Returns:
             OK per key that was deleted, MISS per key that was absent.
         """
-        return self._wait(self.delete_batch_async(keys, **kw), len(keys), Status.TIMEOUT)
+        return self._wait(self._keyed(Op.DELETE, keys, here=True, **kw), len(keys), Status.TIMEOUT)
 
     def delete(self, key: Key, **kw: Any) -> Status:
         """Delete one key (``kw`` as ``delete_batch_async``).
@@ -528,7 +568,8 @@ class Client:
         Failure:
             Per-key statuses, never raised. Bad arguments raise ValueError.
         """
-        return self._keyed_async(Op.TOUCH, keys, group, timeout_ms, callback, on_key)
+        return self._keyed(Op.TOUCH, keys, group=group, timeout_ms=timeout_ms,
+                           callback=callback, on_key=on_key)
 
     def touch_batch(self, keys: Sequence[Key], **kw: Any) -> list[Status]:
         """Synchronous ``touch_batch_async`` (same Args and Failure).
@@ -536,7 +577,7 @@ class Client:
         Returns:
             ``list[Status]``, one per key.
         """
-        return self._wait(self.touch_batch_async(keys, **kw), len(keys), Status.TIMEOUT)
+        return self._wait(self._keyed(Op.TOUCH, keys, here=True, **kw), len(keys), Status.TIMEOUT)
 
     def touch(self, key: Key, **kw: Any) -> Status:
         """Refresh one key's recency (``kw`` as ``touch_batch_async``).
@@ -603,9 +644,11 @@ class Client:
         now = self._dispatcher.clock.monotonic()  # deadlines are the dispatcher's clock's
         return now + (self.timeout if timeout_ms is None else timeout_ms / 1000.0)
 
-    def _start(self, batch: Batch, group: Any, placement: list[int] | None = None) -> Future:
+    def _start(self, batch: Batch, group: Any, placement: list[int] | None = None,
+               here: bool = False) -> Future:
         """Route ``batch``'s keys (by ``group``, or the checked hashes ``placement``) and
-        send its items (CLOSED when closed): its future."""
+        send its items (CLOSED when closed): its future. ``here``: a synchronous call, so
+        a small one may run its IO on this thread (``Router.send``, one-hop)."""
         if self._closed:
             return batch.fail_all(Status.CLOSED).future
         if batch.keys:
@@ -613,14 +656,15 @@ class Client:
             batch.hashes = hashes = (router.hashes(batch.keys, group) if placement is None
                                      else placement)
             batch.handoff = router.handoff_for(batch)
-            router.send(batch, batch.route(router.owners(hashes), self.slice))
+            router.send(batch, batch.route(router.owners(hashes), self.slice), here=here)
         return batch.future
 
-    def _keyed_async(self, op: int, keys: Sequence[Key], group: Any, timeout_ms: int | None,
-                     callback: BatchCallback | None, on_key: KeyCallback | None) -> Future:
+    def _keyed(self, op: int, keys: Sequence[Key], *, group: Any = None,
+               timeout_ms: int | None = None, callback: BatchCallback | None = None,
+               on_key: KeyCallback | None = None, here: bool = False) -> Future:
         return self._start(KeyBatch(op, [self._key(k) for k in keys],
                                     self._deadline(timeout_ms), self._router, callback,
-                                    on_key), group)
+                                    on_key), group, None, here)
 
     def _put_after_stream(self, keys: Sequence[Key], buffers: Sequence[Any], stream: Any,
                           group: Any, timeout_ms: int | None, callback: BatchCallback | None,

@@ -70,7 +70,7 @@ def fail_work(work: Work, status: Status) -> None:
 class Lane:
     def __init__(self, address: str, make_transport: Callable[[], Transport], *, threads: int,
                  queue_depth: int, probe_interval: float, state_lock: threading.Lock,
-                 clock: Clock = SYSTEM) -> None:
+                 clock: Clock = SYSTEM, here_conns: int = 0) -> None:
         self.address = address
         self.clock = clock
         self.make_transport = make_transport
@@ -83,6 +83,12 @@ class Lane:
         self._state_lock = state_lock
         self._closed = False
         self.kind: TransportKind | None = None  # data path of the last connection, once known
+        # one-hop: idle (transport, generation) pairs a calling thread may check out, and
+        # how many such connections exist (at most here_conns)
+        self._idle: list[tuple[Transport, int]] = []
+        self._here_made = 0
+        self._here_conns = here_conns
+        self._here_lock = threading.Lock()
         self.threads = [threading.Thread(target=self._run, name=f"gcache-dispatch-{address}-{i}",
                                          daemon=True) for i in range(threads)]
         for t in self.threads:
@@ -117,6 +123,45 @@ class Lane:
         work.state = DONE  # nobody else has seen this work yet
         fail_work(work, status)
         return False
+
+    def run_here(self, work: Work) -> bool:
+        """One-hop: run ``work``, which nobody else has seen, on the calling thread over an
+        idle connection of this lane, and complete it (every rule of ``_serve``). False,
+        with nothing done, when no connection is idle and no more may be made, or the
+        lane is closed or suspect (``submit`` then queues or fails it)."""
+        if self._closed or self.suspect:
+            return False
+        try:
+            transport, gen = self._idle.pop()  # atomic: one caller per connection
+        except IndexError:
+            with self._here_lock:
+                if self._here_made >= self._here_conns:
+                    return False  # every one-hop connection is busy: the dispatcher's
+                self._here_made += 1
+            transport, gen = self.make_transport(), self.generation
+        work.state = RUNNING  # unseen by the reaper and the queue: no claim to race
+        try:
+            gen = self._serve(transport, gen, work)
+        except BaseException:  # e.g. KeyboardInterrupt on the calling thread, mid-IO
+            transport.close()  # its stream position is unknown
+            with self._state_lock:
+                unfinished = work.state != DONE
+            if unfinished:
+                self._finish(work, None, Status.ERROR)  # callbacks still fire once
+            raise
+        finally:
+            self._idle.append((transport, gen))
+            if self._closed:
+                self._close_idle()  # close() may have drained the pool before our append
+        return True
+
+    def _close_idle(self) -> None:
+        while True:
+            try:
+                transport, _ = self._idle.pop()
+            except IndexError:
+                return
+            transport.close()
 
     def _claim(self, work: Work) -> bool:
         return claim(self._state_lock, work, RUNNING)
@@ -209,6 +254,7 @@ class Lane:
                 break
             if w is not _STOP and self._claim(w):
                 self._finish(w, None, Status.CLOSED)
+        self._close_idle()
         for _ in self.threads:
             self.q.put(_STOP)
 
@@ -297,9 +343,12 @@ class Dispatcher:
 
     def __init__(self, make_transport: Callable[[str], Transport],
                  dial: Callable[[str], TcpTransport], *, conns: int, queue_depth: int,
-                 probe_interval: float, connect_timeout: float, clock: Clock = SYSTEM) -> None:
-        """``make_transport(address)``: a dispatch thread's transport; ``dial(address)``:
-        a plain transport for probes."""
+                 probe_interval: float, connect_timeout: float, clock: Clock = SYSTEM,
+                 here_conns: int = 0) -> None:
+        """``make_transport(address)``: a dispatch thread's (or one-hop) transport;
+        ``dial(address)``: a plain transport for probes; ``here_conns``: one-hop
+        connections per server (0: none, every frame goes through the queues)."""
+        self._here_conns = here_conns
         self._make_transport = make_transport
         self._dial = dial
         self._conns, self._queue_depth = conns, queue_depth
@@ -322,7 +371,8 @@ class Dispatcher:
                     lane = Lane(address, lambda: self._make_transport(address),
                                 threads=self._conns, queue_depth=self._queue_depth,
                                 probe_interval=self._probe_interval,
-                                state_lock=self.state_lock, clock=self.clock)
+                                state_lock=self.state_lock, clock=self.clock,
+                                here_conns=self._here_conns)
                     self._lanes[address] = lane
         return lane
 
@@ -334,6 +384,12 @@ class Dispatcher:
         complete it at once (QUEUE_FULL, UNAVAILABLE, CLOSED)."""
         if lane.submit(work):
             self.reaper.watch(work)
+
+    def run_here(self, lane: Lane, work: Work) -> bool:
+        """One-hop: run ``work`` on the calling thread if a connection of ``lane`` is idle
+        (``Lane.run_here``); False when it is not (then ``submit`` it). Blocks up to
+        ``work.deadline``."""
+        return lane.run_here(work)
 
     def watch(self, work: Work) -> None:
         """Expire ``work`` held outside the lanes (a NOT_OWNER re-route) at its deadline."""

@@ -154,14 +154,19 @@ class Framing:
     conns: int  # dispatch threads (connections) per server
     max_items: int  # items per frame (``Limits.max_batch_items``)
 
+    @staticmethod
+    def item_bytes(op: int, items: list) -> list[int]:
+        """What each item counts for when packing: a get slice's ``max_len``, a put
+        slice's ``length``, ``KEY_ITEM_BYTES`` for a key op."""
+        if op == Op.GET:
+            return [it.max_len for it in items]
+        if op == Op.PUT:
+            return [it.length for it in items]
+        return [KEY_ITEM_BYTES] * len(items)
+
     def frames(self, kind: TransportKind | None, op: int, items: list) -> list[list]:
         """``items`` (one server's, in order) as frames for a lane of ``kind``."""
-        if op == Op.GET:
-            sizes = [it.max_len for it in items]
-        elif op == Op.PUT:
-            sizes = [it.length for it in items]
-        else:
-            sizes = [KEY_ITEM_BYTES] * len(items)
+        sizes = self.item_bytes(op, items)
         total = sum(sizes)
         per_conn = -(-total // self.conns)
         if kind == TransportKind.SHM:
