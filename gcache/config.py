@@ -377,7 +377,8 @@ def _show(opt: Option, value: Any) -> str:
 
 
 # numeric options where 0 means "off"
-_ZERO_OK = frozenset({"handoff_read_window_ms", "drain_on_stop_ms", "auto_drain_after_ms"})
+_ZERO_OK = frozenset({"handoff_read_window_ms", "drain_on_stop_ms", "auto_drain_after_ms",
+                      "one_hop_max_bytes"})
 
 
 def _check(opt: Option, value: Any) -> str | None:
