@@ -6,8 +6,13 @@ This module is the public API only. How a call runs (docs/architecture.md, "SDK"
   each key into work items (values larger than ``slice_bytes`` into slices); the
   ``Router`` (routing.py) maps each key to its owner on the consistent-hash ring of
   the current view and cuts each owner's items into frames (``Framing``, by data
-  path); the ``Dispatcher`` (dispatcher.py) queues them on the owner's ``Lane``. The
-  user thread never does IO;
+  path); the ``Dispatcher`` (dispatcher.py) queues them on the owner's ``Lane``;
+* one-hop: a synchronous call whose items make one frame of at most
+  ``one_hop_max_bytes`` for one server runs that frame on the calling thread
+  (blocked anyway) over an idle one-hop connection of the lane (``Lane.run_here``),
+  under the same rules; async calls, bigger calls and calls finding every one-hop
+  connection busy are queued. Follow-up frames (a large byte get's other slices, a
+  NOT_OWNER re-route, a previous-owner read) always go through the queues;
 * dispatch threads run the frames through their transports (transports/); every
   completion folds into the batch, per key (all slices) and per batch, and each key
   callback and each batch callback/future fires exactly once — on success, miss,

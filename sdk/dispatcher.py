@@ -1,9 +1,19 @@
 """Dispatch threads: bounded per-server queues, workers, deadlines, suspicion.
 
 Design. Each server gets a ``Lane``: a bounded queue and ``conns_per_server``
-dispatch threads, each owning one ``Transport``. User threads only enqueue
-``Work`` (never IO); a full queue is an immediate ``QUEUE_FULL``. A client's
-``Dispatcher`` owns its lanes (made on first use), the ``Reaper`` and the probe.
+dispatch threads, each owning one ``Transport``. User threads enqueue ``Work``; a
+full queue is an immediate ``QUEUE_FULL``. A client's ``Dispatcher`` owns its lanes
+(made on first use), the ``Reaper`` and the probe.
+
+One-hop (``run_here``). A lane also keeps up to ``here_conns`` one-hop transports,
+idle ones in a pool: a synchronous caller with one small frame pops one (an atomic
+``list.pop``: one caller per connection), runs the frame on its own thread through
+``_serve`` (the same rules as a dispatch thread: closed, suspect, deadline,
+generation, reconnect once, suspicion) and puts it back; with none idle and no more
+to make it queues the frame instead. Such work never enters the queue or the
+reaper: it moves straight to RUNNING, nobody else can complete it, and its deadline
+is held inside the transport. An exception escaping on the caller's thread (e.g.
+KeyboardInterrupt mid-IO) closes that connection and still completes the work once.
 
 Exactly-once completion: ``Work.state`` moves queued -> running (a worker
 claims it) or queued -> done (the reaper expires it, or the holder of a NOT_OWNER
@@ -24,11 +34,12 @@ Time: every deadline, suspicion window and probe period is read from an injected
 on a ``VirtualClock``. Deadlines are values of that clock.
 
 Threads. ``Lane.submit`` runs on user threads (and on whichever thread re-sends
-work) and never blocks: a full queue is ``QUEUE_FULL``. Each lane's dispatch threads
+work) and never blocks: a full queue is ``QUEUE_FULL``. ``Lane.run_here`` runs on a
+synchronous caller's thread and blocks up to the work's deadline. Each lane's dispatch threads
 own one transport each and block in it up to a frame's deadline. ``Reaper.watch``
 never blocks; the reaper thread sleeps until the earliest deadline or the next probe.
 ``Work.on_done`` runs on a dispatch thread, the reaper thread, or the submitting
-thread (for work completed at once), and must not block.
+thread (for work completed at once, or run one-hop), and must not block.
 """
 
 from __future__ import annotations

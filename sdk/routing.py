@@ -22,7 +22,9 @@ the one copy of that rule; the ring maps hashes to members. Requests routed by a
   thread.
 
 ``send`` cuts each owner's items into frames (``Framing``, by the lane's data path)
-and hands them to the dispatcher.
+and hands them to the dispatcher; with ``here`` (a synchronous call) a call that is
+one frame of at most ``one_hop_max_bytes`` for one server runs on the calling thread
+when a one-hop connection of that lane is idle (``Dispatcher.run_here``).
 
 Previous-owner fallback (reads keep hitting while a membership change moves data).
 When a master view changes the ring, the router keeps the ring it replaced, each for
