@@ -7,8 +7,8 @@ This module is the public API only. How a call runs (docs/architecture.md, "SDK"
   ``Router`` (routing.py) maps each key to its owner on the consistent-hash ring of
   the current view and cuts each owner's items into frames (``Framing``, by data
   path); the ``Dispatcher`` (dispatcher.py) queues them on the owner's ``Lane``;
-* one-hop: a synchronous call whose items make one frame of at most
-  ``one_hop_max_bytes`` for one server runs that frame on the calling thread
+* one-hop: a synchronous call whose items make one frame for one server, of one
+  item or at most ``one_hop_max_bytes``, runs that frame on the calling thread
   (blocked anyway) over an idle one-hop connection of the lane (``Lane.run_here``),
   under the same rules; async calls, bigger calls and calls finding every one-hop
   connection busy are queued. Follow-up frames (a large byte get's other slices, a
@@ -106,10 +106,10 @@ class Client:
             deadline; deletes go to both (default 120000; 0 = never). Counted in
             ``counters`` (``handoff_reads``, ``handoff_read_hits``).
         one_hop_max_bytes: a synchronous call (``get``, ``get_batch_into``, ``exists``,
-            ``put``, ...) whose items make one frame of at most this many bytes for one
-            server runs its IO on the calling thread when one of that server's
-            ``conns_per_server`` one-hop connections is idle: no dispatch-thread wake-ups
-            (default 1 MiB; 0 = never). Larger or multi-server calls, calls finding every
+            ``put``, ...) whose items make one frame for one server, of one key (slice)
+            or of at most this many bytes, runs its IO on the calling thread when one of
+            that server's ``conns_per_server`` one-hop connections is idle: no
+            dispatch-thread wake-ups (default 128 KiB; 0 = never). Larger or multi-server calls, calls finding every
             one-hop connection busy, and every ``*_async`` call go through the dispatch
             threads. Same deadlines, statuses and exactly-once callbacks either way.
         config_file: TOML file with ``[client]`` keys; env ``GCACHE_*`` overrides it,

@@ -23,7 +23,7 @@ the one copy of that rule; the ring maps hashes to members. Requests routed by a
 
 ``send`` cuts each owner's items into frames (``Framing``, by the lane's data path)
 and hands them to the dispatcher; with ``here`` (a synchronous call) a call that is
-one frame of at most ``one_hop_max_bytes`` for one server runs on the calling thread
+one frame for one server, of one item or at most ``one_hop_max_bytes``, runs on the calling thread
 when a one-hop connection of that lane is idle (``Dispatcher.run_here``).
 
 Previous-owner fallback (reads keep hitting while a membership change moves data).
@@ -128,8 +128,8 @@ class Router:
         master answers). With ``master`` the first refresh runs here, once.
         ``handoff_window_s``: how long after a ring change misses ask the previous owner
         (0: never); ``counters``: where ``handoff_reads``/``handoff_read_hits`` count;
-        ``one_hop_max_bytes``: the largest frame ``send(here=True)`` runs on the calling
-        thread (0: none)."""
+        ``one_hop_max_bytes``: the largest frame of several items ``send(here=True)``
+        runs on the calling thread (a one-item frame always may; 0: none)."""
         self.namespace = namespace
         self._one_hop_max = one_hop_max_bytes
         self._master = master
@@ -249,9 +249,9 @@ class Router:
         """Frame each owner's items and queue them on its lane ('' owner: UNAVAILABLE).
         ``flags``: header flags for these frames on top of the batch's; ``on_done``:
         instead of ``batch.frame_done``. ``here`` (a synchronous call, whose thread waits
-        anyway): when everything is one frame of at most ``one_hop_max_bytes`` for one
-        server, run it on this thread over an idle connection of that server's lane
-        (one-hop; blocks up to the batch's deadline), else queue it as usual."""
+        anyway): when everything is one frame for one server holding one item or at most
+        ``one_hop_max_bytes``, run it on this thread over an idle connection of that
+        server's lane (one-hop; blocks up to the batch's deadline), else queue it."""
         dispatcher, framing, op = self._dispatcher, self._framing, batch.op
         flags = {**batch.flags, **flags} if flags and batch.flags else flags or batch.flags
         done = on_done or batch.frame_done
@@ -262,8 +262,8 @@ class Router:
                 continue
             lane = dispatcher.lane(addr)
             frames = framing.frames(lane.kind, op, items)
-            one_hop = here and len(frames) == 1 \
-                and sum(framing.item_bytes(op, items)) <= self._one_hop_max
+            one_hop = here and len(frames) == 1 and self._one_hop_max > 0 and (
+                len(items) == 1 or sum(framing.item_bytes(op, items)) <= self._one_hop_max)
             for frame in frames:
                 extra = flags
                 if self._master is not None:

@@ -74,6 +74,17 @@ def test_sync_runs_on_the_calling_thread_async_on_a_dispatch_thread(cluster):
         calls = Calls()
         assert c.get_batch_async(["k"], on_key=calls.on_key).result(5) == [b"v" * 1000]
         assert calls.threads[0].startswith("gcache-dispatch-")
+        # several keys: one-hop while the frame is at most one_hop_max_bytes (128 KiB)
+        keys = ["m%d" % i for i in range(4)]
+        assert c.put_batch(keys, [bytes(64 << 10)] * 4) == [Status.OK] * 4
+        if len(set(c.owners(keys))) == 1:
+            calls = Calls()
+            assert c.exists_batch(keys, on_key=calls.on_key) == [True] * 4  # 4 x 64 B
+            assert calls.threads == [me] * 4
+            calls = Calls()  # 4 x 64 KiB = 256 KiB: the dispatch threads
+            assert c.get_batch_into(keys, [bytearray(64 << 10) for _ in keys],
+                                    on_key=calls.on_key) == [Status.OK] * 4
+            assert all(t.startswith("gcache-dispatch-") for t in calls.threads)
     with Client(cluster.addresses, namespace="onehop", one_hop_max_bytes=0) as c:
         calls = Calls()
         assert c.get_batch(["k"], on_key=calls.on_key) == [b"v" * 1000]
