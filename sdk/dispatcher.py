@@ -149,7 +149,13 @@ class Lane:
                 if self._here_made >= self._here_conns:
                     return False  # every one-hop connection is busy: the dispatcher's
                 self._here_made += 1
-            transport, gen = self.make_transport(), self.generation
+            try:
+                transport, gen = self.make_transport(), self.generation
+            except Exception:
+                log.exception("one-hop transport for %s failed; using the queue", self.address)
+                with self._here_lock:
+                    self._here_made -= 1
+                return False
         work.state = RUNNING  # unseen by the reaper and the queue: no claim to race
         try:
             gen = self._serve(transport, gen, work)
