@@ -75,8 +75,7 @@ from gcache.bench.blast_radius import main as blast_radius_main
 from gcache.bench.capacity import main as capacity_main
 from gcache.bench.trace import main as trace_main
 from gcache.bench.runner import (cluster_capacity, measure_baseline, measure_memcpy, raw_gbps,
-                                 run_case,
-                                 run_demotion_impact)
+                                 raw_latency, run_case, run_demotion_impact)
 from gcache.bench.disk_baseline import measure_raw_pread
 from gcache.bench.runner import TARGET_BYTES
 from gcache.config import format_size, parse_size
@@ -115,11 +114,17 @@ def render_table(cases: list[dict[str, Any]], baseline: dict[str, Any] | None) -
     title = "gcache-bench"
     if baseline:
         rtt = baseline["rtt"]
-        title += f"  (raw TCP 64 B RTT p50 {rtt['p50_us']:.1f} µs, p99 {rtt['p99_us']:.1f} µs)"
+        title += f"  (raw TCP 64 B RTT p50 {rtt['p50_us']:.1f} µs, p99 {rtt['p99_us']:.1f} µs"
+        for size, r in baseline.get("request_reply", {}).items():
+            title += f"; 64 B -> {size} reply p50 {r['p50_us']:.1f} µs"
+        title += ")"
     t = Table(title=title)
     disk = any("raw_disk" in c for c in cases)
+    single = bool(baseline) and any(raw_latency(baseline, c["op"], c["size"])
+                                    and c["batch"] == 1 for c in cases)
     cols = ["transport", "threads", "op", "size", "batch", "conc", "GB/s", "keys/s", "p50 µs", "p99 µs", "µs/key",
             "errors"] + (["raw GB/s", "vs raw"] if baseline else []) + (
+            ["raw p50 µs", "p50/raw"] if single else []) + (
             ["from disk", "pread GB/s", "vs pread"] if disk else [])
     memcpy = any(c.get("memcpy_gbps") for c in cases)
     cols += ["memcpy GB/s", "vs memcpy"] if memcpy else []
@@ -135,6 +140,9 @@ def render_table(cases: list[dict[str, Any]], baseline: dict[str, Any] | None) -
         if baseline:
             row += [_fmt(raw_gbps(baseline, c["op"], c["size"])),
                     "-" if c["vs_raw"] is None else f"{c['vs_raw']:.0%}"]
+        if single:
+            lat = raw_latency(baseline, c["op"], c["size"]) if c["batch"] == 1 else None
+            row += [_fmt(lat, ",.1f"), "-" if not lat else f"{c['p50_us'] / lat:.2f}x"]
         if disk:
             rd = c.get("raw_disk")
             row += ["-" if c.get("disk_fraction") is None else f"{c['disk_fraction']:.0%}",
@@ -185,8 +193,11 @@ def _wait_settled(client: Client, quiet_s: float = 0.5, timeout_s: float = 120.0
               help="Arena size per --local server (128MiB with --tier disk unless given).")
 @click.option("--slab-bytes", default="16MiB", show_default=True, callback=_size,
               help="Slab size per --local server (largest value is a bit less).")
-@click.option("--op", "ops", multiple=True, type=click.Choice(["get", "put"]),
-              default=("put", "get"), show_default=True)
+@click.option("--op", "ops", multiple=True, type=click.Choice(["get", "put", "exists"]),
+              default=("put", "get"), show_default=True,
+              help="Op (repeatable). Single-key rows (--batch 1) of get and exists show "
+              "their p50 against the raw baseline: a 64 B request answered by --size bytes "
+              "(get), the 64 B round trip (exists).")
 @click.option("--size", "sizes", multiple=True, default=("64KiB", "1MiB", "4MiB"),
               show_default=True, callback=_size, help="Value size (repeatable).")
 @click.option("--batch", "batches", multiple=True, type=click.IntRange(min=1), default=(64,),

@@ -16,6 +16,7 @@ PREPARE    total, chunk           child sizes + prefills its buffer, acks u64 si
 GET        total, chunk           child sends ``total`` bytes in chunks
 PUT        total, chunk           parent sends ``total`` bytes; child acks u64 count
 PING       size, rounds           ``rounds`` x (parent sends size, child echoes)
+REQREP     size, rounds           ``rounds`` x (parent sends 64 B, child replies size)
 QUIT       -                      child exits (EOF does the same)
 =========  =====================  ===============================================
 
@@ -45,12 +46,15 @@ import sys
 import time
 from typing import Any, TextIO
 
-__all__ = ["BUFFER_CAP", "RawSocketPeer", "measure_rtt", "measure_stream", "serve"]
+__all__ = ["BUFFER_CAP", "REQUEST_BYTES", "RawSocketPeer", "measure_rtt", "measure_stream",
+           "serve"]
 
 BUFFER_CAP = 64 << 20
 """Largest buffer either side allocates; longer transfers reuse it cyclically."""
 
-OP_QUIT, OP_PREPARE, OP_GET, OP_PUT, OP_PING = range(5)
+OP_QUIT, OP_PREPARE, OP_GET, OP_PUT, OP_PING, OP_REQREP = range(6)
+REQUEST_BYTES = 64
+"""What one REQREP request carries (a small GET frame's worth)."""
 _HDR = struct.Struct("<IIQQ")
 _U64 = struct.Struct("<Q")
 _DIRECTIONS = {"get": OP_GET, "put": OP_PUT}
@@ -124,9 +128,9 @@ def _serve_connection(sock: socket.socket) -> None:
         op, _reserved, a, b = _HDR.unpack(header)
         if op == OP_QUIT:
             return
-        if op not in (OP_PREPARE, OP_GET, OP_PUT, OP_PING):
+        if op not in (OP_PREPARE, OP_GET, OP_PUT, OP_PING, OP_REQREP):
             raise ValueError(f"unknown op {op}")
-        size = a if op == OP_PING else _buffer_size(a, b)
+        size = max(a, REQUEST_BYTES) if op in (OP_PING, OP_REQREP) else _buffer_size(a, b)
         if len(buf) < size:
             buf = bytearray()  # free the old one first
             buf = _prefilled(size)
@@ -138,9 +142,13 @@ def _serve_connection(sock: socket.socket) -> None:
         elif op == OP_PUT:
             _move(sock, view, a, b, send=False)
             sock.sendall(_U64.pack(a))
-        else:
+        elif op == OP_PING:
             for _ in range(b):
                 _recv_exact(sock, view[:a])
+                sock.sendall(view[:a])
+        else:
+            for _ in range(b):
+                _recv_exact(sock, view[:REQUEST_BYTES])
                 sock.sendall(view[:a])
 
 
@@ -305,16 +313,26 @@ class RawSocketPeer:
 
     def rtt(self, size: int = 64, iterations: int = 2000) -> dict[str, Any]:
         """Ping-pong ``size`` bytes ``iterations`` times (after a short warmup)."""
+        return self._round_trips(OP_PING, size, size, iterations)
+
+    def request_reply(self, size: int, iterations: int = 2000) -> dict[str, Any]:
+        """``iterations`` requests of 64 B, each answered by ``size`` bytes: what a
+        single-key get of ``size`` costs on a plain socket (after a short warmup)."""
+        return self._round_trips(OP_REQREP, REQUEST_BYTES, size, iterations)
+
+    def _round_trips(self, op: int, out_size: int, size: int, iterations: int
+                     ) -> dict[str, Any]:
+        """Send ``out_size`` bytes, read ``size`` back, ``iterations`` times; latency."""
         _positive("size", size)
         _positive("iterations", iterations)
         sock = self._conn()
         try:
-            self._prepare(sock, size, size)
-            payload = self._local_buffer(2 * size)
-            out, back = payload[:size], payload[size:]
+            self._prepare(sock, max(size, REQUEST_BYTES), max(size, REQUEST_BYTES))
+            payload = self._local_buffer(out_size + size)
+            out, back = payload[:out_size], payload[out_size:]
             samples: list[int] = []
             clock = time.perf_counter_ns
-            sock.sendall(_HDR.pack(OP_PING, 0, size, iterations + _RTT_WARMUP))
+            sock.sendall(_HDR.pack(op, 0, size, iterations + _RTT_WARMUP))
             for i in range(iterations + _RTT_WARMUP):
                 t0 = clock()
                 sock.sendall(out)

@@ -44,8 +44,7 @@ from gcache.sdk import Client, Status
 from gcache.testing.oracle import check_value, fill_value
 
 __all__ = ["TARGET_BYTES", "cluster_capacity", "measure_baseline", "measure_memcpy", "raw_gbps",
-           "run_case",
-           "run_demotion_impact", "working_set_keys"]
+           "raw_latency", "run_case", "run_demotion_impact", "working_set_keys"]
 
 TARGET_BYTES = 256 << 20
 """Working-set size a case aims for (more keys than the batch, so gets rotate)."""
@@ -114,7 +113,7 @@ def run_case(client: Client, op: str, size: int, batch: int, concurrency: int, *
         fill_value(k, row)
     rows = list(src)
     kinds: Counter[str] = Counter()
-    if op == "get":  # prefill the working set, then drop the source buffers
+    if op in ("get", "exists"):  # prefill the working set, then drop the source buffers
         for sl in _chunks(n, size, prefill_bytes):
             kinds.update(Status(s).name for s in client.put_batch_from(keys[sl], rows[sl])
                          if s != Status.OK)
@@ -158,6 +157,10 @@ def run_case(client: Client, op: str, size: int, batch: int, concurrency: int, *
 
                 def call(g: int) -> list[Status]:
                     return client.get_batch_into(gkeys[g], bufs)
+            elif op == "exists":
+                def call(g: int) -> list[Status]:
+                    return [Status.OK if e else Status.MISS
+                            for e in client.exists_batch(gkeys[g])]
             else:
                 def call(g: int) -> list[Status]:
                     return client.put_batch_from(gkeys[g], gsrc[g])
@@ -242,8 +245,9 @@ BASELINE_BYTES = 1 << 30  # long enough (~0.3 s) that one scheduler hiccup can't
 def measure_baseline(sizes: list[int], *, repeats: int = 5, rtt_iters: int = 2000
                      ) -> dict[str, Any]:
     """Loopback TCP: stream GB/s per direction and chunk size (median of ``repeats``
-    transfers of max(1 GiB, 4 chunks)) over ONE connection, plus 64-byte ping-pong
-    RTT. The SDK stripes over ``conns_per_server`` connections, so it can beat this."""
+    transfers of max(1 GiB, 4 chunks)) over ONE connection, the 64-byte ping-pong RTT,
+    and per size a request/reply (64 B out, one value back: ``request_reply``). The
+    SDK stripes over ``conns_per_server`` connections, so it can beat the streams."""
     stream: dict[str, dict[str, dict[str, Any]]] = {"get": {}, "put": {}}
     with RawSocketPeer() as peer:
         for size in sizes:
@@ -253,7 +257,26 @@ def measure_baseline(sizes: list[int], *, repeats: int = 5, rtt_iters: int = 200
                 best = dict(runs[0], gbps=statistics.median(r["gbps"] for r in runs))
                 stream[direction][format_size(size)] = best
         rtt = peer.rtt(64, rtt_iters)
-    return {"connections": 1, "stream": stream, "rtt": rtt}
+        # a 64 B request answered by one value: the floor of a single-key get's latency
+        reply = {format_size(size): peer.request_reply(
+            size, max(20, min(rtt_iters, REQREP_BYTES // size))) for size in sizes}
+    return {"connections": 1, "stream": stream, "rtt": rtt, "request_reply": reply}
+
+
+REQREP_BYTES = 256 << 20  # bytes one request/reply baseline moves at most (fewer rounds)
+
+
+def raw_latency(baseline: dict[str, Any] | None, op: str, size: int) -> float | None:
+    """The raw p50 (µs) a single-key case compares with: a 64 B request answered by
+    ``size`` bytes for a get, the 64 B round trip for exists; None otherwise."""
+    if not baseline:
+        return None
+    if op == "exists":
+        return baseline["rtt"]["p50_us"]
+    if op == "get":
+        entry = baseline.get("request_reply", {}).get(format_size(size))
+        return entry["p50_us"] if entry else None
+    return None
 
 
 MEMCPY_SOURCE_BYTES = 256 << 20  # a case's working set: more than the caches hold

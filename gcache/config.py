@@ -332,6 +332,12 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("conns_per_server", "int", 4, "Connections the client opens per server.", "client"),
     Option("queue_depth", "int", 1024, "Most queued operations per client.", "client"),
     Option("frame_target_bytes", "size", 8 * _MIB, "Batch size the client aims for.", "client"),
+    Option("one_hop_max_bytes", "size", 128 << 10, "One-hop: a synchronous call whose "
+           "items form one frame for one server, of one key (slice) or of at most this "
+           "many bytes, runs its IO on the calling thread when a one-hop connection of that "
+           "server is idle (no dispatch-thread wake-ups); else, and for every async call, "
+           "the dispatch threads run it. A byte get counts slice_bytes per key, a key op "
+           "64 B per key. 0 = always the dispatch threads.", "client"),
     Option("probe_interval_ms", "duration_ms", 1000, "Health-probe interval.", "client"),
     Option("connect_timeout_ms", "duration_ms", 500, "Deadline to connect.", "client"),
     Option("transport", "str", "auto", "Data path: auto (shm when co-located, else nixl "
@@ -397,7 +403,8 @@ def _show(opt: Option, value: Any) -> str:
 
 
 # numeric options where 0 means "off"
-_ZERO_OK = frozenset({"handoff_read_window_ms", "drain_on_stop_ms", "auto_drain_after_ms"})
+_ZERO_OK = frozenset({"handoff_read_window_ms", "drain_on_stop_ms", "auto_drain_after_ms",
+                      "one_hop_max_bytes"})
 
 
 def _check(opt: Option, value: Any) -> str | None:

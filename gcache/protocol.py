@@ -24,6 +24,8 @@ docs/protocol.md is the normative description; keep the two in step.
 
 from __future__ import annotations
 
+import math
+import select
 import socket
 import ssl
 import struct
@@ -207,6 +209,12 @@ def decode_meta(header: bytes | bytearray, limits: Limits | None = None) -> Any:
 # deadline: a socket timeout alone restarts on every byte and is not a deadline. When
 # the time is gone they raise ``socket.timeout`` (``TimeoutError``), as a socket timeout
 # would. Without one they leave the socket's own timeout alone (the server sets its own).
+#
+# A non-blocking socket (timeout 0.0: the SDK's plain TCP connections) keeps the same
+# rule more cheaply (``_io``): each call is tried at once and, only when it would
+# block, ``poll`` waits for the time left before the deadline. CPython's timeout mode
+# costs an ioctl (``settimeout``) and a poll before every call; this costs the call
+# alone when the bytes are already there.
 
 _IOV_MAX = 512
 
@@ -223,13 +231,43 @@ def arm(sock: socket.socket, deadline: float | None) -> None:
     sock.settimeout(left)
 
 
+def _wait_ready(sock: socket.socket, deadline: float | None, events: int) -> None:
+    """Block until the non-blocking ``sock`` is ready for ``events`` or ``deadline``
+    passes (then ``socket.timeout``, as ``arm``)."""
+    ms = -1
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("deadline passed")
+        ms = math.ceil(left * 1000)
+    p = select.poll()
+    p.register(sock, events)
+    p.poll(ms)
+
+
+def _io(sock: socket.socket, deadline: float | None, events: int, call: Any, *args: Any
+        ) -> Any:
+    """``call(*args)`` (one socket call) by ``deadline``: armed on a socket with a timeout
+    (or blocking), tried at once then polled for on a non-blocking one. Without a
+    deadline the socket's own mode applies, as ``arm``."""
+    if deadline is None:
+        return call(*args)
+    if sock.gettimeout() != 0.0:
+        arm(sock, deadline)
+        return call(*args)
+    while True:
+        try:
+            return call(*args)
+        except BlockingIOError:
+            _wait_ready(sock, deadline, events)
+
+
 def recv_exact_into(sock: socket.socket, view: memoryview, deadline: float | None = None
                     ) -> None:
     """Fill ``view`` completely from ``sock`` by ``deadline``; ConnectionError on EOF."""
     got, n = 0, len(view)
     while got < n:
-        arm(sock, deadline)
-        k = sock.recv_into(view[got:], n - got)
+        k = _io(sock, deadline, select.POLLIN, sock.recv_into, view[got:], n - got)
         if k == 0:
             raise ConnectionError(f"peer closed the connection after {got} of {n} bytes")
         got += k
@@ -249,8 +287,7 @@ def recv_into_many(sock: socket.socket, views: Sequence[memoryview],
         return _recv_into_each(sock, bufs, deadline)
     i = 0
     while i < len(bufs):
-        arm(sock, deadline)
-        k = sock.recvmsg_into(bufs[i:i + _IOV_MAX])[0]
+        k = _io(sock, deadline, select.POLLIN, sock.recvmsg_into, bufs[i:i + _IOV_MAX])[0]
         if k == 0:
             raise ConnectionError("peer closed the connection in the middle of a payload")
         while i < len(bufs) and k >= len(bufs[i]):
@@ -292,8 +329,7 @@ def discard(sock: socket.socket, n: int, scratch: memoryview,
             deadline: float | None = None) -> None:
     """Read and drop ``n`` bytes through a bounded scratch buffer."""
     while n > 0:
-        arm(sock, deadline)
-        k = sock.recv_into(scratch, min(n, len(scratch)))
+        k = _io(sock, deadline, select.POLLIN, sock.recv_into, scratch, min(n, len(scratch)))
         if k == 0:
             raise ConnectionError("peer closed the connection while draining a payload")
         n -= k
@@ -314,8 +350,7 @@ def sendmsg_all(sock: socket.socket, buffers: Sequence[bytes | bytearray | memor
     i = 0
     while i < len(bufs):
         chunk = bufs[i:i + _IOV_MAX]
-        arm(sock, deadline)
-        sent = sock.sendmsg(chunk)
+        sent = _io(sock, deadline, select.POLLOUT, sock.sendmsg, chunk)
         while chunk and sent >= len(chunk[0]):
             sent -= len(chunk[0])
             chunk.pop(0)
@@ -364,8 +399,8 @@ def recv_header(sock: socket.socket, n: int, deadline: float | None = None) -> b
         return recv_exact(sock, n, deadline)
     buf, step = bytearray(), memoryview(bytearray(_HEADER_STEP))
     while len(buf) < n:
-        arm(sock, deadline)
-        k = sock.recv_into(step, min(_HEADER_STEP, n - len(buf)))
+        k = _io(sock, deadline, select.POLLIN, sock.recv_into, step,
+                min(_HEADER_STEP, n - len(buf)))
         if k == 0:
             raise ConnectionError(f"peer closed the connection after {len(buf)} of {n} "
                                   "header bytes")

@@ -6,8 +6,13 @@ This module is the public API only. How a call runs (docs/architecture.md, "SDK"
   each key into work items (values larger than ``slice_bytes`` into slices); the
   ``Router`` (routing.py) maps each key to its owner on the consistent-hash ring of
   the current view and cuts each owner's items into frames (``Framing``, by data
-  path); the ``Dispatcher`` (dispatcher.py) queues them on the owner's ``Lane``. The
-  user thread never does IO;
+  path); the ``Dispatcher`` (dispatcher.py) queues them on the owner's ``Lane``;
+* one-hop: a synchronous call whose items make one frame for one server, of one
+  item or at most ``one_hop_max_bytes``, runs that frame on the calling thread
+  (blocked anyway) over an idle one-hop connection of the lane (``Lane.run_here``),
+  under the same rules; async calls, bigger calls and calls finding every one-hop
+  connection busy are queued. Follow-up frames (a large byte get's other slices, a
+  NOT_OWNER re-route, a previous-owner read) always go through the queues;
 * dispatch threads run the frames through their transports (transports/); every
   completion folds into the batch, per key (all slices) and per batch, and each key
   callback and each batch callback/future fires exactly once — on success, miss,
@@ -104,6 +109,13 @@ class Client:
             and ask each server to run this client's connection threads so too (AUTH flag
             ``bg``): for bulk movers (the servers' handoff, prefetchers) that must not
             delay foreground requests on shared cores; see ``gcache.sched``. Default off.
+        one_hop_max_bytes: a synchronous call (``get``, ``get_batch_into``, ``exists``,
+            ``put``, ...) whose items make one frame for one server, of one key (slice)
+            or of at most this many bytes, runs its IO on the calling thread when one of
+            that server's ``conns_per_server`` one-hop connections is idle: no
+            dispatch-thread wake-ups (default 128 KiB; 0 = never). Larger or multi-server calls, calls finding every
+            one-hop connection busy, and every ``*_async`` call go through the dispatch
+            threads. Same deadlines, statuses and exactly-once callbacks either way.
         config_file: TOML file with ``[client]`` keys; env ``GCACHE_*`` overrides it,
             and explicit arguments override both.
 
@@ -124,7 +136,8 @@ class Client:
                  tls: bool | ssl.SSLContext | None = None, tls_ca_file: str | None = None,
                  tls_cert_file: str | None = None, tls_key_file: str | None = None,
                  handoff_read_window_ms: int | None = None,
-                 background: bool | None = None) -> None:
+                 background: bool | None = None,
+                 one_hop_max_bytes: int | None = None) -> None:
         if isinstance(servers, str):
             servers = servers.split(",")
         if isinstance(masters, str):
@@ -140,7 +153,8 @@ class Client:
             "nixl_bounce_bytes": nixl_bounce_bytes, "verify_checksums": verify_checksums,
             "tls_ca_file": tls_ca_file, "tls_cert_file": tls_cert_file,
             "tls_key_file": tls_key_file, "handoff_read_window_ms": handoff_read_window_ms,
-            "background": background})
+            "background": background,
+            "one_hop_max_bytes": one_hop_max_bytes})
         cfg = self.config = s.config
         self.namespace, self.limits, self.transport = s.namespace, s.limits, s.transport
         self.timeout = s.timeout_s
@@ -148,6 +162,7 @@ class Client:
         self.frame_target = int(cfg.frame_target_bytes)
         self.conns = int(cfg.conns_per_server)
         self.verify = bool(cfg.verify_checksums)
+        self.one_hop_max = int(cfg.one_hop_max_bytes)
         self._checks = Checksums(self.verify)
         # reads refused by verify_checksums; the router adds handoff_reads/_read_hits
         self.counters = self._checks.counters
@@ -160,7 +175,8 @@ class Client:
                 background=bool(cfg.background)),
             self._dial, conns=self.conns, queue_depth=cfg.queue_depth,
             probe_interval=cfg.probe_interval_ms / 1000.0,
-            connect_timeout=s.connect_timeout_s)
+            connect_timeout=s.connect_timeout_s,
+            here_conns=self.conns if self.one_hop_max else 0)
         master = None
         if masters:
             master = MasterClient(masters, bearer_of(s.token),
@@ -169,7 +185,7 @@ class Client:
                               Framing(self.slice, self.frame_target, self.conns,
                                       s.limits.max_batch_items),
                               handoff_window_s=cfg.handoff_read_window_ms / 1000.0,
-                              counters=self.counters)
+                              counters=self.counters, one_hop_max_bytes=self.one_hop_max)
         self._router.start()
 
     # ------------------------------------------------------------------ registration
@@ -302,6 +318,16 @@ class Client:
             Per-key statuses: TOO_LARGE, NO_SPACE, TIMEOUT, UNAVAILABLE, AUTH,
             QUEUE_FULL, CLOSED, ... — never raised. Bad arguments raise ValueError.
         """
+        return self._put_from(keys, buffers, group=group, timeout_ms=timeout_ms,
+                              callback=callback, on_key=on_key, stream=stream,
+                              if_absent=if_absent, placement=placement)
+
+    def _put_from(self, keys: Sequence[Key], buffers: Sequence[Any], *, group: Any = None,
+                  timeout_ms: int | None = None, callback: BatchCallback | None = None,
+                  on_key: KeyCallback | None = None, stream: Any = None,
+                  if_absent: bool = False, placement: Sequence[int] | None = None,
+                  here: bool = False) -> Future:
+        """``put_batch_from_async``; ``here``: a synchronous call (see ``_start``)."""
         if len(keys) != len(buffers):
             raise ValueError("keys and buffers differ in length")
         if placement is not None:
@@ -316,7 +342,7 @@ class Client:
         views = as_views(buffers, writable=False, device=device)
         return self._start(PutBatch(ks, views, self.limits, self._deadline(timeout_ms),
                                     self._router, callback, on_key, if_absent), group,
-                           placement)
+                           placement, here)
 
     def put_batch_from(self, keys: Sequence[Key], buffers: Sequence[Any], **kw: Any
                        ) -> list[Status]:
@@ -325,7 +351,8 @@ class Client:
         Returns:
             ``list[Status]``, one per key.
         """
-        return self._wait(self.put_batch_from_async(keys, buffers, **kw), len(keys), Status.TIMEOUT)
+        return self._wait(self._put_from(keys, buffers, here=True, **kw), len(keys),
+                          Status.TIMEOUT)
 
     def put_batch(self, keys: Sequence[Key], values: Sequence[bytes], **kw: Any) -> list[Status]:
         """Store byte values: ``put_batch_from`` (same Args and Failure).
@@ -382,6 +409,14 @@ class Client:
         Failure:
             Per-key statuses, never raised. Bad arguments raise ValueError.
         """
+        return self._get_into(keys, buffers, group=group, timeout_ms=timeout_ms,
+                              callback=callback, on_key=on_key, stream=stream)
+
+    def _get_into(self, keys: Sequence[Key], buffers: Sequence[Any], *, group: Any = None,
+                  timeout_ms: int | None = None, callback: BatchCallback | None = None,
+                  on_key: KeyCallback | None = None, stream: Any = None,
+                  here: bool = False) -> Future:
+        """``get_batch_into_async``; ``here``: a synchronous call (see ``_start``)."""
         if len(keys) != len(buffers):
             raise ValueError("keys and buffers differ in length")
         outer = None
@@ -392,7 +427,7 @@ class Client:
         ks = [self._key(k) for k in keys]
         views = as_views(buffers, writable=True, device=device)
         fut = self._start(IntoBatch(ks, views, self._checks, self._deadline(timeout_ms),
-                                    self._router, callback, on_key), group)
+                                    self._router, callback, on_key), group, None, here)
         return fut if outer is None else outer
 
     def get_batch_into(self, keys: Sequence[Key], buffers: Sequence[Any], **kw: Any
@@ -402,7 +437,8 @@ class Client:
         Returns:
             ``list[Status]``, one per key.
         """
-        return self._wait(self.get_batch_into_async(keys, buffers, **kw), len(keys), Status.TIMEOUT)
+        return self._wait(self._get_into(keys, buffers, here=True, **kw), len(keys),
+                          Status.TIMEOUT)
 
     def get_batch_async(self, keys: Sequence[Key], *, group: Any = None,
                         timeout_ms: int | None = None, callback: BatchCallback | None = None,
@@ -419,9 +455,16 @@ class Client:
         Failure:
             Misses are ``None``, never raised. Bad arguments raise ValueError.
         """
+        return self._get_bytes(keys, group=group, timeout_ms=timeout_ms, callback=callback,
+                               on_key=on_key)
+
+    def _get_bytes(self, keys: Sequence[Key], *, group: Any = None,
+                   timeout_ms: int | None = None, callback: BatchCallback | None = None,
+                   on_key: KeyCallback | None = None, here: bool = False) -> Future:
+        """``get_batch_async``; ``here``: a synchronous call (see ``_start``)."""
         return self._start(BytesBatch([self._key(k) for k in keys], self._checks,
                                       self._deadline(timeout_ms), self._router, callback,
-                                      on_key), group)
+                                      on_key), group, None, here)
 
     def get_batch(self, keys: Sequence[Key], **kw: Any) -> list[bytes | None]:
         """Synchronous ``get_batch_async`` (same Args and Failure).
@@ -429,7 +472,7 @@ class Client:
         Returns:
             ``list[bytes | None]``; ``None`` for every kind of miss.
         """
-        return self._wait(self.get_batch_async(keys, **kw), len(keys), None)
+        return self._wait(self._get_bytes(keys, here=True, **kw), len(keys), None)
 
     def get(self, key: Key, **kw: Any) -> bytes | None:
         """Read one value.
@@ -464,7 +507,8 @@ class Client:
         Failure:
             Misses are False, never raised. Bad arguments raise ValueError.
         """
-        return self._keyed_async(Op.EXISTS, keys, group, timeout_ms, callback, on_key)
+        return self._keyed(Op.EXISTS, keys, group=group, timeout_ms=timeout_ms,
+                           callback=callback, on_key=on_key)
 
     def exists_batch(self, keys: Sequence[Key], **kw: Any) -> list[bool]:
         """Synchronous ``exists_batch_async`` (same Args and Failure).
@@ -472,7 +516,7 @@ class Client:
         Returns:
             True per key that is stored now; False for absent, timeout or dead server.
         """
-        return self._wait(self.exists_batch_async(keys, **kw), len(keys), False)
+        return self._wait(self._keyed(Op.EXISTS, keys, here=True, **kw), len(keys), False)
 
     def exists(self, key: Key, **kw: Any) -> bool:
         """Whether one key is stored now (``kw`` as ``exists_batch_async``).
@@ -500,7 +544,8 @@ class Client:
             Per-key statuses (TIMEOUT, UNAVAILABLE, AUTH, ...), never raised. Bad
             arguments raise ValueError.
         """
-        return self._keyed_async(Op.DELETE, keys, group, timeout_ms, callback, on_key)
+        return self._keyed(Op.DELETE, keys, group=group, timeout_ms=timeout_ms,
+                           callback=callback, on_key=on_key)
 
     def delete_batch(self, keys: Sequence[Key], **kw: Any) -> list[Status]:
         """Synchronous ``delete_batch_async`` (same Args and Failure).
@@ -508,7 +553,7 @@ class Client:
         Returns:
             OK per key that was deleted, MISS per key that was absent.
         """
-        return self._wait(self.delete_batch_async(keys, **kw), len(keys), Status.TIMEOUT)
+        return self._wait(self._keyed(Op.DELETE, keys, here=True, **kw), len(keys), Status.TIMEOUT)
 
     def delete(self, key: Key, **kw: Any) -> Status:
         """Delete one key (``kw`` as ``delete_batch_async``).
@@ -535,7 +580,8 @@ class Client:
         Failure:
             Per-key statuses, never raised. Bad arguments raise ValueError.
         """
-        return self._keyed_async(Op.TOUCH, keys, group, timeout_ms, callback, on_key)
+        return self._keyed(Op.TOUCH, keys, group=group, timeout_ms=timeout_ms,
+                           callback=callback, on_key=on_key)
 
     def touch_batch(self, keys: Sequence[Key], **kw: Any) -> list[Status]:
         """Synchronous ``touch_batch_async`` (same Args and Failure).
@@ -543,7 +589,7 @@ class Client:
         Returns:
             ``list[Status]``, one per key.
         """
-        return self._wait(self.touch_batch_async(keys, **kw), len(keys), Status.TIMEOUT)
+        return self._wait(self._keyed(Op.TOUCH, keys, here=True, **kw), len(keys), Status.TIMEOUT)
 
     def touch(self, key: Key, **kw: Any) -> Status:
         """Refresh one key's recency (``kw`` as ``touch_batch_async``).
@@ -610,9 +656,11 @@ class Client:
         now = self._dispatcher.clock.monotonic()  # deadlines are the dispatcher's clock's
         return now + (self.timeout if timeout_ms is None else timeout_ms / 1000.0)
 
-    def _start(self, batch: Batch, group: Any, placement: list[int] | None = None) -> Future:
+    def _start(self, batch: Batch, group: Any, placement: list[int] | None = None,
+               here: bool = False) -> Future:
         """Route ``batch``'s keys (by ``group``, or the checked hashes ``placement``) and
-        send its items (CLOSED when closed): its future."""
+        send its items (CLOSED when closed): its future. ``here``: a synchronous call, so
+        a small one may run its IO on this thread (``Router.send``, one-hop)."""
         if self._closed:
             return batch.fail_all(Status.CLOSED).future
         if batch.keys:
@@ -620,14 +668,15 @@ class Client:
             batch.hashes = hashes = (router.hashes(batch.keys, group) if placement is None
                                      else placement)
             batch.handoff = router.handoff_for(batch)
-            router.send(batch, batch.route(router.owners(hashes), self.slice))
+            router.send(batch, batch.route(router.owners(hashes), self.slice), here=here)
         return batch.future
 
-    def _keyed_async(self, op: int, keys: Sequence[Key], group: Any, timeout_ms: int | None,
-                     callback: BatchCallback | None, on_key: KeyCallback | None) -> Future:
+    def _keyed(self, op: int, keys: Sequence[Key], *, group: Any = None,
+               timeout_ms: int | None = None, callback: BatchCallback | None = None,
+               on_key: KeyCallback | None = None, here: bool = False) -> Future:
         return self._start(KeyBatch(op, [self._key(k) for k in keys],
                                     self._deadline(timeout_ms), self._router, callback,
-                                    on_key), group)
+                                    on_key), group, None, here)
 
     def _put_after_stream(self, keys: Sequence[Key], buffers: Sequence[Any], stream: Any,
                           group: Any, timeout_ms: int | None, callback: BatchCallback | None,

@@ -1,9 +1,19 @@
 """Dispatch threads: bounded per-server queues, workers, deadlines, suspicion.
 
 Design. Each server gets a ``Lane``: a bounded queue and ``conns_per_server``
-dispatch threads, each owning one ``Transport``. User threads only enqueue
-``Work`` (never IO); a full queue is an immediate ``QUEUE_FULL``. A client's
-``Dispatcher`` owns its lanes (made on first use), the ``Reaper`` and the probe.
+dispatch threads, each owning one ``Transport``. User threads enqueue ``Work``; a
+full queue is an immediate ``QUEUE_FULL``. A client's ``Dispatcher`` owns its lanes
+(made on first use), the ``Reaper`` and the probe.
+
+One-hop (``run_here``). A lane also keeps up to ``here_conns`` one-hop transports,
+idle ones in a pool: a synchronous caller with one small frame pops one (an atomic
+``list.pop``: one caller per connection), runs the frame on its own thread through
+``_serve`` (the same rules as a dispatch thread: closed, suspect, deadline,
+generation, reconnect once, suspicion) and puts it back; with none idle and no more
+to make it queues the frame instead. Such work never enters the queue or the
+reaper: it moves straight to RUNNING, nobody else can complete it, and its deadline
+is held inside the transport. An exception escaping on the caller's thread (e.g.
+KeyboardInterrupt mid-IO) closes that connection and still completes the work once.
 
 Exactly-once completion: ``Work.state`` moves queued -> running (a worker
 claims it) or queued -> done (the reaper expires it, or the holder of a NOT_OWNER
@@ -24,11 +34,12 @@ Time: every deadline, suspicion window and probe period is read from an injected
 on a ``VirtualClock``. Deadlines are values of that clock.
 
 Threads. ``Lane.submit`` runs on user threads (and on whichever thread re-sends
-work) and never blocks: a full queue is ``QUEUE_FULL``. Each lane's dispatch threads
+work) and never blocks: a full queue is ``QUEUE_FULL``. ``Lane.run_here`` runs on a
+synchronous caller's thread and blocks up to the work's deadline. Each lane's dispatch threads
 own one transport each and block in it up to a frame's deadline. ``Reaper.watch``
 never blocks; the reaper thread sleeps until the earliest deadline or the next probe.
 ``Work.on_done`` runs on a dispatch thread, the reaper thread, or the submitting
-thread (for work completed at once), and must not block.
+thread (for work completed at once, or run one-hop), and must not block.
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ import time
 from typing import Callable
 
 from gcache.clock import SYSTEM, Clock
+from gcache.sched import background_thread
 from gcache.status import Status
 from gcache.config import TransportKind
 from gcache.sdk.transports.base import AuthError, ItemResult, Transport, TransportTimeout, Work
@@ -70,7 +82,7 @@ def fail_work(work: Work, status: Status) -> None:
 class Lane:
     def __init__(self, address: str, make_transport: Callable[[], Transport], *, threads: int,
                  queue_depth: int, probe_interval: float, state_lock: threading.Lock,
-                 clock: Clock = SYSTEM) -> None:
+                 clock: Clock = SYSTEM, here_conns: int = 0) -> None:
         self.address = address
         self.clock = clock
         self.make_transport = make_transport
@@ -83,6 +95,12 @@ class Lane:
         self._state_lock = state_lock
         self._closed = False
         self.kind: TransportKind | None = None  # data path of the last connection, once known
+        # one-hop: idle (transport, generation) pairs a calling thread may check out, and
+        # how many such connections exist (at most here_conns)
+        self._idle: list[tuple[Transport, int]] = []
+        self._here_made = 0
+        self._here_conns = here_conns
+        self._here_lock = threading.Lock()
         self.threads = [threading.Thread(target=self._run, name=f"gcache-dispatch-{address}-{i}",
                                          daemon=True) for i in range(threads)]
         for t in self.threads:
@@ -118,11 +136,58 @@ class Lane:
         fail_work(work, status)
         return False
 
+    def run_here(self, work: Work) -> bool:
+        """One-hop: run ``work``, which nobody else has seen, on the calling thread over an
+        idle connection of this lane, and complete it (every rule of ``_serve``). False,
+        with nothing done, when no connection is idle and no more may be made, or the
+        lane is closed or suspect (``submit`` then queues or fails it)."""
+        if self._closed or self.suspect:
+            return False
+        try:
+            transport, gen = self._idle.pop()  # atomic: one caller per connection
+        except IndexError:
+            with self._here_lock:
+                if self._here_made >= self._here_conns:
+                    return False  # every one-hop connection is busy: the dispatcher's
+                self._here_made += 1
+            try:
+                transport, gen = self.make_transport(), self.generation
+            except Exception:
+                log.exception("one-hop transport for %s failed; using the queue", self.address)
+                with self._here_lock:
+                    self._here_made -= 1
+                return False
+        work.state = RUNNING  # unseen by the reaper and the queue: no claim to race
+        try:
+            gen = self._serve(transport, gen, work)
+        except BaseException:  # e.g. KeyboardInterrupt on the calling thread, mid-IO
+            transport.close()  # its stream position is unknown
+            with self._state_lock:
+                unfinished = work.state != DONE
+            if unfinished:
+                self._finish(work, None, Status.ERROR)  # callbacks still fire once
+            raise
+        finally:
+            self._idle.append((transport, gen))
+            if self._closed:
+                self._close_idle()  # close() may have drained the pool before our append
+        return True
+
+    def _close_idle(self) -> None:
+        while True:
+            try:
+                transport, _ = self._idle.pop()
+            except IndexError:
+                return
+            transport.close()
+
     def _claim(self, work: Work) -> bool:
         return claim(self._state_lock, work, RUNNING)
 
     def _run(self) -> None:
         transport = self.make_transport()
+        if getattr(transport, "background", False):  # a bulk mover's dispatch thread (Client(background=True))
+            background_thread()
         gen = self.generation
         try:
             while True:
@@ -131,56 +196,63 @@ class Lane:
                     return
                 if not self._claim(work):
                     continue  # the reaper expired it
-                if self._closed:
-                    self._finish(work, None, Status.CLOSED)
-                    continue
-                if self.suspect:
-                    self._finish(work, None, Status.UNAVAILABLE)
-                    continue
-                if self.clock.monotonic() >= work.deadline:
-                    self._finish(work, None, Status.TIMEOUT)
-                    continue
-                if gen != self.generation:
-                    transport.close()  # reconnect: the server failed since we connected
-                    gen = self.generation
-                reused = getattr(transport, "sock", None) is not None
-                try:
-                    try:
-                        results = transport.execute(work)
-                    except (OSError, ConnectionError) as exc:
-                        if not reused or isinstance(exc, TimeoutError) \
-                                or self.clock.monotonic() >= work.deadline:
-                            raise
-                        # A pooled connection that died while idle (the server restarted,
-                        # a NAT dropped it): one fresh connection before calling the
-                        # server suspect. Every op is idempotent (a put rewrites the
-                        # same bytes), and a dead server refuses the connect at once.
-                        transport.close()
-                        results = transport.execute(work)
-                    self.kind = transport.kind
-                except TransportTimeout:
-                    self.consecutive_timeouts += 1
-                    if self.consecutive_timeouts >= 2:
-                        self.mark_suspect("two requests in a row timed out")
-                    self._finish(work, None, Status.TIMEOUT)
-                    continue
-                except AuthError as exc:
-                    self.mark_suspect(f"authentication failed: {exc}")
-                    self._finish(work, None, Status.AUTH)
-                    continue
-                except (OSError, ConnectionError) as exc:
-                    self.mark_suspect(str(exc) or type(exc).__name__)
-                    self._finish(work, None, Status.UNAVAILABLE)
-                    continue
-                except Exception as exc:  # a bug must not kill the dispatch thread
-                    log.exception("dispatch failed for %s", self.address)
-                    self._finish(work, None, Status.ERROR)
-                    del exc
-                    continue
-                self.consecutive_timeouts = 0
-                self._finish(work, results, Status.OK)
+                gen = self._serve(transport, gen, work)
         finally:
             transport.close()
+
+    def _serve(self, transport: Transport, gen: int, work: Work) -> int:
+        """Run claimed (RUNNING) ``work`` on ``transport``, made in lane generation ``gen``,
+        and complete it: the lane's rules (closed, suspect, deadline, reconnect after a
+        failure, suspicion on failures). Returns the transport's generation now."""
+        if self._closed:
+            self._finish(work, None, Status.CLOSED)
+            return gen
+        if self.suspect:
+            self._finish(work, None, Status.UNAVAILABLE)
+            return gen
+        if self.clock.monotonic() >= work.deadline:
+            self._finish(work, None, Status.TIMEOUT)
+            return gen
+        if gen != self.generation:
+            transport.close()  # reconnect: the server failed since we connected
+            gen = self.generation
+        reused = getattr(transport, "sock", None) is not None
+        try:
+            try:
+                results = transport.execute(work)
+            except (OSError, ConnectionError) as exc:
+                if not reused or isinstance(exc, TimeoutError) \
+                        or self.clock.monotonic() >= work.deadline:
+                    raise
+                # A pooled connection that died while idle (the server restarted,
+                # a NAT dropped it): one fresh connection before calling the
+                # server suspect. Every op is idempotent (a put rewrites the
+                # same bytes), and a dead server refuses the connect at once.
+                transport.close()
+                results = transport.execute(work)
+            self.kind = transport.kind
+        except TransportTimeout:
+            self.consecutive_timeouts += 1
+            if self.consecutive_timeouts >= 2:
+                self.mark_suspect("two requests in a row timed out")
+            self._finish(work, None, Status.TIMEOUT)
+            return gen
+        except AuthError as exc:
+            self.mark_suspect(f"authentication failed: {exc}")
+            self._finish(work, None, Status.AUTH)
+            return gen
+        except (OSError, ConnectionError) as exc:
+            self.mark_suspect(str(exc) or type(exc).__name__)
+            self._finish(work, None, Status.UNAVAILABLE)
+            return gen
+        except Exception as exc:  # a bug must not kill the dispatch thread
+            log.exception("dispatch failed for %s", self.address)
+            self._finish(work, None, Status.ERROR)
+            del exc
+            return gen
+        self.consecutive_timeouts = 0
+        self._finish(work, results, Status.OK)
+        return gen
 
     def _finish(self, work: Work, results: list[ItemResult] | None, status: Status) -> None:
         with self._state_lock:
@@ -202,6 +274,7 @@ class Lane:
                 break
             if w is not _STOP and self._claim(w):
                 self._finish(w, None, Status.CLOSED)
+        self._close_idle()
         for _ in self.threads:
             self.q.put(_STOP)
 
@@ -305,9 +378,12 @@ class Dispatcher:
 
     def __init__(self, make_transport: Callable[[str], Transport],
                  dial: Callable[[str], TcpTransport], *, conns: int, queue_depth: int,
-                 probe_interval: float, connect_timeout: float, clock: Clock = SYSTEM) -> None:
-        """``make_transport(address)``: a dispatch thread's transport; ``dial(address)``:
-        a plain transport for probes."""
+                 probe_interval: float, connect_timeout: float, clock: Clock = SYSTEM,
+                 here_conns: int = 0) -> None:
+        """``make_transport(address)``: a dispatch thread's (or one-hop) transport;
+        ``dial(address)``: a plain transport for probes; ``here_conns``: one-hop
+        connections per server (0: none, every frame goes through the queues)."""
+        self._here_conns = here_conns
         self._make_transport = make_transport
         self._dial = dial
         self._conns, self._queue_depth = conns, queue_depth
@@ -330,7 +406,8 @@ class Dispatcher:
                     lane = Lane(address, lambda: self._make_transport(address),
                                 threads=self._conns, queue_depth=self._queue_depth,
                                 probe_interval=self._probe_interval,
-                                state_lock=self.state_lock, clock=self.clock)
+                                state_lock=self.state_lock, clock=self.clock,
+                                here_conns=self._here_conns)
                     self._lanes[address] = lane
         return lane
 
@@ -342,6 +419,12 @@ class Dispatcher:
         complete it at once (QUEUE_FULL, UNAVAILABLE, CLOSED)."""
         if lane.submit(work):
             self.reaper.watch(work)
+
+    def run_here(self, lane: Lane, work: Work) -> bool:
+        """One-hop: run ``work`` on the calling thread if a connection of ``lane`` is idle
+        (``Lane.run_here``); False when it is not (then ``submit`` it). Blocks up to
+        ``work.deadline``."""
+        return lane.run_here(work)
 
     def watch(self, work: Work) -> None:
         """Expire ``work`` held outside the lanes (a NOT_OWNER re-route) at its deadline."""

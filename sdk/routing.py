@@ -22,7 +22,9 @@ the one copy of that rule; the ring maps hashes to members. Requests routed by a
   thread.
 
 ``send`` cuts each owner's items into frames (``Framing``, by the lane's data path)
-and hands them to the dispatcher.
+and hands them to the dispatcher; with ``here`` (a synchronous call) a call that is
+one frame for one server, of one item or at most ``one_hop_max_bytes``, runs on the calling thread
+when a one-hop connection of that lane is idle (``Dispatcher.run_here``).
 
 Previous-owner fallback (reads keep hitting while a membership change moves data).
 When a master view changes the ring, the router keeps the ring it replaced, each for
@@ -125,12 +127,16 @@ class Router:
 
     def __init__(self, namespace: bytes, servers: Sequence[str], master: MasterClient | None,
                  dispatcher: Dispatcher, framing: Framing, *,
-                 handoff_window_s: float = 0.0, counters: dict | None = None) -> None:
+                 handoff_window_s: float = 0.0, counters: dict | None = None,
+                 one_hop_max_bytes: int = 0) -> None:
         """``servers``: the static view (or, with ``master``, the bootstrap until a
         master answers). With ``master`` the first refresh runs here, once.
         ``handoff_window_s``: how long after a ring change misses ask the previous owner
-        (0: never); ``counters``: where ``handoff_reads``/``handoff_read_hits`` count."""
+        (0: never); ``counters``: where ``handoff_reads``/``handoff_read_hits`` count;
+        ``one_hop_max_bytes``: the largest frame of several items ``send(here=True)``
+        runs on the calling thread (a one-item frame always may; 0: none)."""
         self.namespace = namespace
+        self._one_hop_max = one_hop_max_bytes
         self._master = master
         self._dispatcher = dispatcher
         self._framing = framing
@@ -243,27 +249,36 @@ class Router:
 
     # ------------------------------------------------------------------ sending
     def send(self, batch: Batch, routed: Routed, retried: bool = False,
-             flags: dict | None = None, on_done: Callable | None = None) -> None:
+             flags: dict | None = None, on_done: Callable | None = None,
+             here: bool = False) -> None:
         """Frame each owner's items and queue them on its lane ('' owner: UNAVAILABLE).
         ``flags``: header flags for these frames on top of the batch's; ``on_done``:
-        instead of ``batch.frame_done``."""
+        instead of ``batch.frame_done``. ``here`` (a synchronous call, whose thread waits
+        anyway): when everything is one frame for one server holding one item or at most
+        ``one_hop_max_bytes``, run it on this thread over an idle connection of that
+        server's lane (one-hop; blocks up to the batch's deadline), else queue it."""
         dispatcher, framing, op = self._dispatcher, self._framing, batch.op
         flags = {**batch.flags, **flags} if flags and batch.flags else flags or batch.flags
         done = on_done or batch.frame_done
+        here = here and len(routed) == 1
         for addr, items in routed.items():
             if not addr:  # empty view: no server to ask
                 batch.fail(items, Status.UNAVAILABLE)
                 continue
             lane = dispatcher.lane(addr)
-            for frame in framing.frames(lane.kind, op, items):
+            frames = framing.frames(lane.kind, op, items)
+            one_hop = here and len(frames) == 1 and self._one_hop_max > 0 and (
+                len(items) == 1 or sum(framing.item_bytes(op, items)) <= self._one_hop_max)
+            for frame in frames:
                 extra = flags
                 if self._master is not None:
                     hashes = batch.hashes
                     extra = {"ep": self.view.epoch, "ph": [hashes[it.index] for it in frame],
                              **(extra or {})}
-                dispatcher.submit(lane, Work(op, self.namespace, frame, batch.deadline,
-                                             done, extra, retried, addr,
-                                             verify=batch.verify))
+                work = Work(op, self.namespace, frame, batch.deadline, done, extra, retried,
+                            addr, verify=batch.verify)
+                if not (one_hop and dispatcher.run_here(lane, work)):
+                    dispatcher.submit(lane, work)
 
     # ------------------------------------------------------------------ previous owners
     def handoff_for(self, batch: Batch) -> Callable | None:

@@ -101,9 +101,26 @@ class _Daemon:
             self.proc.kill()
             self.proc.wait(10)
 
-    def pause(self) -> None:
+    def pause(self, timeout: float = 2.0) -> None:
+        """SIGSTOP, then wait (up to ``timeout``) until every thread has stopped: the
+        signal is asynchronous, and a request sent at once could still be answered."""
         if self.alive:
             self.proc.send_signal(signal.SIGSTOP)
+            end = time.monotonic() + timeout
+            while time.monotonic() < end and not self._stopped():
+                time.sleep(0.001)
+
+    def _stopped(self) -> bool:
+        """Every thread of the daemon is in the stopped state (Linux /proc)."""
+        try:
+            tasks = os.listdir(f"/proc/{self.proc.pid}/task")
+            for tid in tasks:
+                with open(f"/proc/{self.proc.pid}/task/{tid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+                        return False
+        except OSError:
+            return True  # gone, or no /proc: nothing to wait for
+        return True
 
     def resume(self) -> None:
         if self.alive:

@@ -7,8 +7,10 @@ one-sided data paths of onesided.py over the same socket); ``factory.make_transp
 picks one per ``Client(transport=...)``.
 
 Threads and blocking. A transport is owned by exactly one dispatch thread
-(``dispatcher.Lane``), which makes it, calls every method on it, and closes it; it is
-never shared, so it takes no locks. The probe and ``Client.stats`` make their own
+(``dispatcher.Lane``), which makes it, calls every method on it, and closes it; or it
+is a lane's one-hop transport, checked out by one synchronous caller at a time
+(``Lane.run_here``: the pool's pop and append order those uses). It is never used by
+two threads at once, so it takes no locks. The probe and ``Client.stats`` make their own
 short-lived ``TcpTransport`` on the reaper or a stats thread.
 
 * ``kind``: the data path of the current connection (``TransportKind``: tcp, shm,
@@ -20,7 +22,9 @@ short-lived ``TcpTransport`` on the reaper or a stats thread.
   timeout from the time left before each syscall (``gcache.protocol.arm``), because a
   socket timeout alone restarts on every byte and is not a deadline. ``execute``
   connects on its own when there is no connection; callers call ``connect`` only to
-  probe a server or to inspect the handshake.
+  probe a server or to inspect the handshake. A plain TCP connection is non-blocking
+  after the handshake (``TcpTransport``): all its IO must go through the
+  ``gcache.protocol`` socket helpers, which poll for the time left.
 * ``execute(work)``: send one request frame and read its reply; blocks until
   ``work.deadline`` at the latest. Returns one ``ItemResult`` per item, or raises:
 
@@ -160,14 +164,19 @@ class Framing:
     conns: int  # dispatch threads (connections) per server
     max_items: int  # items per frame (``Limits.max_batch_items``)
 
+    @staticmethod
+    def item_bytes(op: int, items: list) -> list[int]:
+        """What each item counts for when packing: a get slice's ``max_len``, a put
+        slice's ``length``, ``KEY_ITEM_BYTES`` for a key op."""
+        if op == Op.GET:
+            return [it.max_len for it in items]
+        if op == Op.PUT:
+            return [it.length for it in items]
+        return [KEY_ITEM_BYTES] * len(items)
+
     def frames(self, kind: TransportKind | None, op: int, items: list) -> list[list]:
         """``items`` (one server's, in order) as frames for a lane of ``kind``."""
-        if op == Op.GET:
-            sizes = [it.max_len for it in items]
-        elif op == Op.PUT:
-            sizes = [it.length for it in items]
-        else:
-            sizes = [KEY_ITEM_BYTES] * len(items)
+        sizes = self.item_bytes(op, items)
         total = sum(sizes)
         per_conn = -(-total // self.conns)
         if kind == TransportKind.SHM:

@@ -14,7 +14,6 @@ import ssl
 from gcache.config import TRANSPORTS
 from gcache.credentials import ClientCredential
 from gcache.protocol import Limits
-from gcache.sched import background_thread
 from gcache.sdk.transports.base import Transport
 from gcache.sdk.transports.onesided import OneSidedTransport
 from gcache.sdk.transports.shm import ShmTransport
@@ -32,12 +31,12 @@ def make_transport(mode: str, address: str, token: str | ClientCredential, limit
     the server offers NIXL, else TCP (decided per connection). With ``tls`` every
     connection is TLS; nixl is refused (its bytes bypass the TLS channel), shm works
     unchanged (its control RPCs ride the TLS socket, its bytes stay on this host).
-    ``background``: the calling (dispatch) thread drops to background CPU priority and
-    the transport asks the server for the same on its connection (``gcache.sched``)."""
+    ``background``: the transport asks the server to serve its connection at background
+    CPU priority (``gcache.sched``); the dispatch thread that owns it lowers itself
+    (``Lane``), never a caller's thread that borrows one (the one-hop path)."""
     t = _transport(mode, address, token, limits, connect_timeout, nixl_bounce_bytes,
                    one_sided_min_bytes, tls)
     if background:
-        background_thread()
         t.background = True
     return t
 

@@ -98,6 +98,10 @@ class TcpTransport(Transport):
             if fh.status != 0:
                 raise ConnectionError(f"{self.address} refused the handshake: {meta}")
             self.auth_reply = meta if isinstance(meta, dict) else {}
+            if self.tls is None:
+                # non-blocking from here on: every call is tried at once and only polled
+                # for when it would block, still by the deadline (gcache.protocol._io)
+                sock.settimeout(0.0)
         except socket.timeout:
             self.close()
             raise TransportTimeout() from None

@@ -82,3 +82,16 @@ def test_close_is_idempotent_and_reaps_child() -> None:
     peer.close()
     peer.close()
     assert proc is not None and proc.returncode == 0
+
+
+@pytest.mark.unit
+def test_request_reply_carries_the_reply_size_on_one_child() -> None:
+    """The single-get baseline: 64 B out, ``size`` back, on the same child as the
+    streams and the RTT; a reply short of ``size`` would hang, so it would time out."""
+    with RawSocketPeer() as peer:
+        small = peer.request_reply(64, 200)
+        big = peer.request_reply(256 << 10, 100)
+        assert measure_rtt(64, 100, peer=peer)["p50_us"] > 0  # the stream is still in sync
+    assert small["size"] == 64 and big["size"] == 256 << 10
+    assert big["iterations"] == 100
+    assert 0 < small["p50_us"] and 0 < big["p50_us"] <= big["p99_us"]

@@ -409,3 +409,49 @@ def test_recv_exact_into_socketpair_large_threaded():
             a.sendall(payload[off:off + 100_003])
         t.join(20)
         assert out.get("data") == payload
+
+
+@pytest.mark.unit
+@pytest.mark.timeout(30)
+def test_non_blocking_socket_keeps_the_deadline() -> None:
+    """A non-blocking socket (the SDK's TCP connections) is polled for the time left:
+    a silent or trickling peer ends the call by its deadline, bytes already there cost
+    no wait, and a peer that stops reading cannot hold a sender past it."""
+    import time
+
+    from gcache.protocol import recv_exact_into, sendmsg_all
+
+    a, b = socket.socketpair()
+    try:
+        a.settimeout(0.0)
+        buf = bytearray(8)
+        t0 = time.monotonic()
+        with pytest.raises(socket.timeout):
+            recv_exact_into(a, memoryview(buf), time.monotonic() + 0.1)
+        assert 0.09 <= time.monotonic() - t0 < 0.5
+        b.sendall(b"12345678")
+        recv_exact_into(a, memoryview(buf), time.monotonic() + 0.1)
+        assert buf == b"12345678"
+
+        def drip() -> None:
+            for _ in range(20):
+                time.sleep(0.02)
+                try:
+                    b.send(b"x")
+                except OSError:
+                    return
+
+        th = threading.Thread(target=drip, daemon=True)
+        th.start()
+        t0 = time.monotonic()
+        with pytest.raises(socket.timeout):
+            recv_exact_into(a, memoryview(bytearray(20)), time.monotonic() + 0.1)
+        assert time.monotonic() - t0 < 0.5  # not 20 drips x 20 ms
+        th.join(2)
+        t0 = time.monotonic()
+        with pytest.raises(socket.timeout):  # b never reads: the send buffer fills
+            sendmsg_all(a, [bytes(64 << 20)], time.monotonic() + 0.1)
+        assert time.monotonic() - t0 < 0.5
+    finally:
+        a.close()
+        b.close()

@@ -278,3 +278,21 @@ def test_member_is_frozen() -> None:
     m = Member("a", "h:1")
     with pytest.raises(AttributeError):
         m.weight = 2.0  # type: ignore[misc]
+
+
+@pytest.mark.unit
+@pytest.mark.timeout(30)
+def test_small_lookup_is_the_vectorized_rule() -> None:
+    """``owners`` of a short list bisects Python lists (the single-key fast path); it
+    must name the same owner as the numpy search for every hash, wrap included."""
+    import random
+
+    rnd = random.Random(13)
+    ring = Ring([Member(f"s{i}", f"h:{i}", 1.0 + i % 3) for i in range(7)])
+    hashes = [rnd.getrandbits(64) for _ in range(5000)] + [0, 1, 2**64 - 1]
+    hashes += ring._positions[:50].tolist() + [p + 1 for p in ring._positions[:50].tolist()]
+    want = ring.owners(np.array(hashes, dtype=np.uint64))
+    assert [ring.owners([h])[0] for h in hashes] == want
+    assert ring.owners(hashes[:8]) == want[:8]
+    with pytest.raises(ValueError):
+        ring.owners([1.5])

@@ -55,6 +55,8 @@ def test_background_client_and_its_server_threads_run_idle(make_cluster):
         # both dispatch threads (each dialled one connection) and the server threads
         # serving those connections
         wait_for(lambda: idle_threads(mine) == before + 2, 5)
+        # the sync calls above ran on this thread (one-hop): a caller keeps its priority
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER
         wait_for(lambda: idle_threads(pid) >= 1, 5)
 
 
