@@ -255,6 +255,8 @@ def _io(sock: socket.socket, deadline: float | None, events: int, call: Any, *ar
     if sock.gettimeout() != 0.0:
         arm(sock, deadline)
         return call(*args)
+    if time.monotonic() >= deadline:  # as arm: nothing starts after the deadline
+        raise socket.timeout("deadline passed")
     while True:
         try:
             return call(*args)
