@@ -30,9 +30,14 @@ from gcache.errors import ConfigError
 
 _SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
                "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+# what parse_size also takes, case-insensitively: Kubernetes' "4Gi" / "4G" and "12gb"
+_SIZE_ALIASES = {**{u.lower(): v for u, v in _SIZE_UNITS.items()},
+                 **{u[0].lower(): v for u, v in _SIZE_UNITS.items() if u.endswith("B") and
+                    len(u) == 2},
+                 **{u[:2].lower(): v for u, v in _SIZE_UNITS.items() if u.endswith("iB")}}
 _MS_UNITS = {"ms": 1, "s": 1000, "m": 60_000}
-_SIZE_RE, _MS_RE = (re.compile(r"([0-9]+(?:\.[0-9]+)?)(?: ?(" + "|".join(units) + "))?")
-                    for units in (_SIZE_UNITS, _MS_UNITS))
+_SIZE_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(?: ?([A-Za-z]+))?")
+_MS_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(?: ?(" + "|".join(_MS_UNITS) + "))?")
 _INT_RE = re.compile(r"-?[0-9]+")
 _FLOAT_RE = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 _BOOLS = {"true": True, "1": True, "yes": True, "on": True,
@@ -49,7 +54,7 @@ def _scaled(text: object, units: dict[str, int], pattern: re.Pattern[str],
             raise ConfigError(f"{what} {text!r} is negative or not finite")
         amount = Fraction(text)
     elif isinstance(text, str) and (match := pattern.fullmatch(text)):
-        amount = Fraction(match[1]) * units[match[2] or base]
+        amount = Fraction(match[1]) * _unit(units, match[2] or base, text, what)
     else:
         raise ConfigError(f"{text!r} is not a {what}")
     if amount.denominator != 1:
@@ -57,12 +62,35 @@ def _scaled(text: object, units: dict[str, int], pattern: re.Pattern[str],
     return int(amount)
 
 
-def parse_size(text: str | int) -> int:
-    """Parse a byte size: an int, or "4096", "512B", "64KiB", "1.5GiB", "1 GB".
+def _unit(units: dict[str, int], unit: str, text: str, what: str) -> int:
+    """The multiplier of ``unit``: exact for durations, case-insensitive with the
+    Kubernetes short forms for sizes; an unknown unit names the nearest known one."""
+    if units is _SIZE_UNITS:
+        if (mult := _SIZE_ALIASES.get(unit.lower())) is not None:
+            return mult
+    elif unit in units:
+        return units[unit]
+    known = list(units)
+    low = unit.lower()
 
-    KB/MB/GB/TB are powers of 1000, KiB/MiB/GiB/TiB powers of 1024. Units are
-    case-sensitive, at most one space may precede the unit, and a decimal is
-    allowed only if it comes to a whole number of bytes.
+    def closeness(k: str) -> tuple[int, float]:  # shared letters first ("GBi" -> GiB)
+        return (len(set(low) & set(k.lower())),
+                difflib.SequenceMatcher(None, low, k.lower()).ratio())
+
+    near = max(known, key=closeness)
+    hint = (f"; did you mean {text[:len(text) - len(unit)]}{near}?"
+            if closeness(near)[0] else "")
+    raise ConfigError(f"{text!r} is not a {what}: unknown unit {unit!r} (use one of "
+                      f"{', '.join(known)}){hint}")
+
+
+def parse_size(text: str | int) -> int:
+    """Parse a byte size: an int, or "4096", "512B", "64KiB", "1.5GiB", "1 GB", "4Gi".
+
+    KB/MB/GB/TB (and K/M/G/T) are powers of 1000, KiB/MiB/GiB/TiB (and Ki/Mi/Gi/Ti, as
+    Kubernetes writes them) powers of 1024. Units are case-insensitive ("12gb"), at most
+    one space may precede the unit, and a decimal is allowed only if it comes to a whole
+    number of bytes. An unknown unit is refused with the nearest known one.
     """
     return _scaled(text, _SIZE_UNITS, _SIZE_RE, "size", floats=False)
 
@@ -137,7 +165,7 @@ def _parse_addr(text: object) -> str:
 
 # type -> (parser, what the operator should write instead)
 _TYPES: dict[str, tuple[Callable[[Any], Any], str]] = {
-    "size": (parse_size, "use a byte count or a size such as '64KiB', '16GiB' or '1GB'"),
+    "size": (parse_size, "use a byte count or a size such as '64KiB', '16GiB', '4Gi' or '1GB'"),
     "int": (_parse_int, "use a whole number such as 4"),
     "float": (_parse_float, "use a number such as 0.9"),
     "bool": (parse_bool, "use true/false, yes/no, on/off or 1/0"),

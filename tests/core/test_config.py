@@ -38,19 +38,31 @@ KIB, MIB, GIB, TIB = 2**10, 2**20, 2**30, 2**40
     ("64KiB", 64 * KIB), ("1MiB", MIB), ("16GiB", 16 * GIB), ("1TiB", TIB),
     ("1KB", 1000), ("1MB", 10**6), ("1GB", 10**9), ("2TB", 2 * 10**12),
     ("1 GiB", GIB), ("1.5GiB", 3 * GIB // 2), ("0.5KiB", 512), ("2.0", 2),
+    # case-insensitive, and the Kubernetes forms the Helm values use
+    ("1gib", GIB), ("1GIB", GIB), ("1kb", 1000), ("12gb", 12 * 10**9), ("4Gi", 4 * GIB),
+    ("72Gi", 72 * GIB), ("4G", 4 * 10**9), ("512Mi", 512 * MIB), ("2k", 2000), ("1b", 1),
 ])
 def test_parse_size_accepts(text: str | int, expected: int) -> None:
     assert parse_size(text) == expected
 
 
 @pytest.mark.parametrize("text", [
-    -1, "-1", "", " ", "1 GiBs", "1e9", "1gib", "1GIB", "1kb", "1 ", " 1", "1  GiB",
+    -1, "-1", "", " ", "1 GiBs", "1e9", "1 ", " 1", "1  GiB", "1Gis", "1KiBB",
     "1.5", "1.3B", "0.1KiB", ".5GiB", "1.GiB", "GiB", "1XB", "1_000", "1,000",
     "٣", True, 1.0, None,
 ])
 def test_parse_size_rejects(text: object) -> None:
     with pytest.raises(ConfigError):
         parse_size(text)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("text", "suggestion"), [
+    ("4GBi", "did you mean 4GiB?"), ("1 GiBs", "did you mean 1 GiB?"),
+    ("64KIBS", "did you mean 64KiB?"),
+])
+def test_parse_size_names_the_nearest_unit(text: str, suggestion: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(suggestion)):
+        parse_size(text)
 
 
 @pytest.mark.parametrize(("n", "expected"), [
