@@ -71,6 +71,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gcache import __version__
 from gcache.bench.blast_radius import main as blast_radius_main
 from gcache.bench.capacity import main as capacity_main
 from gcache.bench.trace import main as trace_main
@@ -187,6 +188,7 @@ def _wait_settled(client: Client, quiet_s: float = 0.5, timeout_s: float = 120.0
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
              invoke_without_command=True)
+@click.version_option(__version__, "-V", "--version", prog_name="gcache-bench")
 @click.option("--servers", help="Comma-separated host:port list of running servers.")
 @click.option("--local", type=click.IntRange(min=1), help="Start N local servers for the run.")
 @click.option("--memory", default="2GiB", show_default=True, callback=_size,

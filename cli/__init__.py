@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import click
 
+from gcache import __version__
 from gcache.cli.status import admin, status, tier_cells
 from gcache.cli.up import up
 
@@ -21,6 +22,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 @click.group(context_settings=CONTEXT)
+@click.version_option(__version__, "-V", "--version", prog_name="gcache")
 def main() -> None:
     """gcache: distributed, tiered KV-cache store for LLM inference."""
 

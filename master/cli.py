@@ -28,6 +28,7 @@ import threading
 
 import click
 
+from gcache import __version__
 from gcache.config import parse_bool
 from gcache.credentials import CredentialStore
 from gcache.errors import ConfigError
@@ -86,6 +87,7 @@ def resolve_raft_secret(listen: str, peers: list[str], secret: str, secret_file:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "-V", "--version", prog_name="gcache-master")
 @click.option("--listen", required=True, envvar="GCACHE_MASTER_LISTEN",
               help="HTTP API address HOST:PORT (the Raft port is PORT+1). [env GCACHE_MASTER_LISTEN]")
 @click.option("--peers", default="", envvar="GCACHE_MASTER_PEERS",

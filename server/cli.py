@@ -24,7 +24,7 @@ import os
 
 import click
 
-from gcache import failpoints
+from gcache import __version__, failpoints
 from gcache.config import click_options, load_config
 from gcache.errors import ConfigError, ServerStartError
 from gcache.logs import setup_logging
@@ -34,6 +34,7 @@ log = logging.getLogger("gcache.server")
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "-V", "--version", prog_name="gcache-server")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="TOML config file ([server] table). Precedence: file < env < flags.")
 @click.option("--memory", "memory", default=None, help="Alias of --memory-bytes, e.g. 4GiB.")
