@@ -554,6 +554,34 @@ class Config:
         return f"gcache {self._scope} config: " + (", ".join(parts) or "all defaults")
 
 
+def _seconds(raw: object) -> object:
+    """A bare number of seconds ("60", 1.5) as a duration; "90s" / "2m" pass through."""
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        return f"{raw}s"
+    if isinstance(raw, str) and raw.replace(".", "", 1).isdigit():
+        return f"{raw}s"
+    return raw
+
+
+# Short names the server's flags also take (``--memory 4GiB``), and a config file too:
+# alias -> (option, how a value of the alias becomes a value of the option)
+ALIASES: dict[str, tuple[str, Callable[[object], object]]] = {
+    "memory": ("memory_bytes", lambda raw: raw),
+    "disk": ("disk_bytes", lambda raw: raw),
+    "drain_on_stop": ("drain_on_stop_ms", _seconds),
+}
+
+
+def resolve_alias(key: str, value: object) -> tuple[str, object]:
+    """``(option name, value)`` for a config key spelled as a flag: dashes or
+    underscores ("memory-bytes"), or a short alias ("memory", "drain_on_stop" in seconds)."""
+    key = key.replace("-", "_")
+    if key in ALIASES:
+        name, convert = ALIASES[key]
+        return name, convert(value)
+    return key, value
+
+
 def _unknown_key(key: str, allowed: list[str], where: str) -> ConfigError:
     close = difflib.get_close_matches(key, allowed, n=1)
     hint = (f"it is a {OPTIONS[key].scope}-scope option" if key in OPTIONS
@@ -566,6 +594,8 @@ def _read_file(path: str | os.PathLike[str], scope: str) -> dict[str, object]:
 
     Keys may sit at top level or in a ``[server]``/``[client]``/``[master]``/
     ``[common]`` table; other scopes' options are skipped so one file can serve all.
+    A key may be spelled as its flag is: ``memory-bytes``, or an alias such as
+    ``memory`` (see ``ALIASES``).
     """
     label = os.fspath(path)
     try:
@@ -580,12 +610,14 @@ def _read_file(path: str | os.PathLike[str], scope: str) -> dict[str, object]:
     items = [(k, v, None) for k, v in data.items()]
     items += [(k, v, t) for t, table in tables.items() for k, v in table.items()]
     found: dict[str, object] = {}
-    for key, value, table in items:
+    for given, value, table in items:
+        key, value = resolve_alias(given, value)
         names = [o.name for o in OPTIONS.values() if o.scope in (table or o.scope, "common")]
         if key not in names:
-            raise _unknown_key(key, names, f"{label} [{table}]" if table else label)
+            raise _unknown_key(given, names, f"{label} [{table}]" if table else label)
         if key in found:
-            raise ConfigError(f"option {key!r} is set twice in {label}; keep only one")
+            raise ConfigError(f"option {key!r} is set twice in {label} (as {given!r} and "
+                              "another spelling); keep only one")
         found[key] = value
     return {k: v for k, v in found.items() if OPTIONS[k].scope in (scope, "common")}
 

@@ -3,7 +3,9 @@
 ``--listen`` is the HTTP API address; the Raft port is the API port + 1.
 ``--peers`` lists the other masters' API addresses. Prints
 ``GCACHE_MASTER=host:port`` once the API serves; stops cleanly on SIGTERM.
-``--credentials-file`` scopes the API (gcache.credentials); SIGHUP reloads it (a
+``--config FILE`` reads defaults for every other flag from the file's ``[master]``
+table (keys spelled as the flags, with ``-`` or ``_``); the precedence is
+file < environment < flags, and secrets are refused there. ``--credentials-file`` scopes the API (gcache.credentials); SIGHUP reloads it (a
 bad file keeps the old credentials and logs why).
 
 The Raft secret. pysyncobj decrypts every Raft frame with a key derived from
@@ -20,11 +22,13 @@ the token that servers and clients hold:
 
 from __future__ import annotations
 
+import difflib
 import hmac
 import logging
 import os
 import secrets
 import threading
+import tomllib
 
 import click
 
@@ -86,8 +90,49 @@ def resolve_raft_secret(listen: str, peers: list[str], secret: str, secret_file:
     return secret, source
 
 
+# flags a config file may not set: secrets belong in env vars or their own files
+_FILE_REFUSED = {"token": "GCACHE_TOKEN or --credentials-file",
+                 "raft_secret": "GCACHE_RAFT_SECRET or --raft-secret-file"}
+
+
+def _read_config(ctx: click.Context, param: click.Parameter, path: str | None) -> str | None:
+    """Eager ``--config``: the file's ``[master]`` table becomes the command's defaults
+    (click then resolves flag > env var > these > built-in default)."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            table = tomllib.load(fh).get("master", {})
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise click.BadParameter(f"{path} is not valid TOML ({exc})") from None
+    if not isinstance(table, dict):
+        raise click.BadParameter(f"{path}: [master] must be a table")
+    names = sorted(p.name for p in ctx.command.params
+                   if p.name and p.name not in ("config", "version"))
+    defaults: dict[str, object] = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name in _FILE_REFUSED:
+            raise click.BadParameter(f"{path}: {key!r} is a secret; set it with "
+                                     f"{_FILE_REFUSED[name]}, not in a config file")
+        if name not in names:
+            near = difflib.get_close_matches(name, names, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise click.BadParameter(f"{path}: unknown [master] key {key!r}{hint}")
+        defaults[name] = value
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+    return path
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, "-V", "--version", prog_name="gcache-master")
+@click.option("--config", type=click.Path(dir_okay=False), is_eager=True, expose_value=False,
+              callback=_read_config,
+              help="TOML file whose [master] table sets defaults for the flags below (keys "
+                   "as the flags: join-timeout-s or join_timeout_s). Precedence: file < env "
+                   "< flags. Secrets (token, raft-secret) are refused there.")
 @click.option("--listen", required=True, envvar="GCACHE_MASTER_LISTEN",
               help="HTTP API address HOST:PORT (the Raft port is PORT+1). [env GCACHE_MASTER_LISTEN]")
 @click.option("--peers", default="", envvar="GCACHE_MASTER_PEERS",

@@ -25,7 +25,7 @@ import os
 import click
 
 from gcache import __version__, failpoints
-from gcache.config import click_options, load_config
+from gcache.config import click_options, load_config, resolve_alias
 from gcache.errors import ConfigError, ServerStartError
 from gcache.logs import setup_logging
 from gcache.server.app import Server, tls_contexts
@@ -47,13 +47,10 @@ def main(config_file: str | None, memory: str | None, disk: str | None,
          drain_on_stop: str | None, **flags: object) -> None:
     """Run a gcache-server: a shared-memory cache tier (and, with --disk-dir, an NVMe tier
     behind it) serving wire protocol v1."""
-    if memory is not None:
-        flags["memory_bytes"] = memory
-    if disk is not None:
-        flags["disk_bytes"] = disk
-    if drain_on_stop is not None:  # seconds; "90s", "2m" also work
-        flags["drain_on_stop_ms"] = (f"{drain_on_stop}s" if drain_on_stop.replace(".", "", 1)
-                                     .isdigit() else drain_on_stop)
+    for alias, raw in (("memory", memory), ("disk", disk), ("drain_on_stop", drain_on_stop)):
+        if raw is not None:  # drain_on_stop: seconds; "90s", "2m" also work
+            name, value = resolve_alias(alias, raw)
+            flags[name] = value
     try:
         cfg = load_config("server", config_file, cli=flags)
         failpoints.configure(cfg.failpoints)

@@ -184,6 +184,21 @@ def test_env_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cfg.queue_depth == 7 and cfg.sources["queue_depth"] == "env:GCACHE_QUEUE_DEPTH"
 
 
+def test_file_keys_take_the_flag_spellings(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[server]\nmemory = "4Gi"\ndisk = "2G"\ndrain-on-stop = 60\n'
+                            'high-watermark = 0.95\n')
+    cfg = load_config("server", path, env={})
+    assert cfg.memory_bytes == 4 * GIB and cfg.disk_bytes == 2 * 10**9
+    assert cfg.drain_on_stop_ms == 60_000 and cfg.high_watermark == 0.95
+    assert cfg.sources["memory_bytes"] == f"file:{path}"
+
+
+def test_file_key_set_under_two_spellings_is_refused(tmp_path: Path) -> None:
+    path = _write(tmp_path, 'memory = "4GiB"\nmemory_bytes = "8GiB"\n')
+    with pytest.raises(ConfigError, match="memory_bytes.*set twice"):
+        load_config("server", path, env={})
+
+
 def test_unknown_file_key_suggests(tmp_path: Path) -> None:
     path = _write(tmp_path, '[server]\nmemory_byte = "1GiB"\n')
     with pytest.raises(ConfigError) as info:
