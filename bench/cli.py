@@ -74,6 +74,7 @@ from rich.table import Table
 from gcache import __version__
 from gcache.bench.blast_radius import main as blast_radius_main
 from gcache.bench.capacity import main as capacity_main
+from gcache.bench.plot import needs_matplotlib
 from gcache.bench.trace import main as trace_main
 from gcache.bench.runner import (cluster_capacity, measure_baseline, measure_memcpy, raw_gbps,
                                  raw_latency, run_case, run_demotion_impact)
@@ -232,7 +233,8 @@ def _wait_settled(client: Client, quiet_s: float = 0.5, timeout_s: float = 120.0
 @click.option("--no-register", is_flag=True,
               help="nixl: do not register bench buffers (measure the staged path).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True),
-              help="Write a PNG of GB/s against size per transport and op.")
+              help="Write a PNG of GB/s against size per transport and op.",
+              callback=needs_matplotlib)
 @click.option("--log-dir", type=click.Path(file_okay=False),
               help="Write the --local servers' logs here (one file per server).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True),

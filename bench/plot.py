@@ -8,6 +8,19 @@ from typing import Any
 from gcache.config import format_size
 
 
+def needs_matplotlib(ctx: Any, param: Any, path: str | None) -> str | None:
+    """Click callback of every ``--plot``: a missing matplotlib fails before the run,
+    not after minutes of measuring."""
+    import importlib.util
+
+    import click
+
+    if path is not None and importlib.util.find_spec("matplotlib") is None:
+        raise click.BadParameter("needs matplotlib, which is not installed: "
+                                 "pip install 'gcache[bench]' (or drop --plot)")
+    return path
+
+
 def plot_gbps(rows: list[dict[str, Any]], path: str, title: str = "") -> str:
     """Draw ``rows`` (bench result rows) into a PNG at ``path``; returns the path.
 

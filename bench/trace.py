@@ -42,6 +42,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from gcache.bench.plot import needs_matplotlib
 from gcache.bench.trace_sim import (Request, belady, capacity_blocks, ceiling, load_trace,
                                     simulate, unique_blocks)
 from gcache.bench.workload import Step
@@ -223,7 +224,8 @@ def plot(doc: dict[str, Any], path: str) -> str:
 @click.option("--timeout-ms", type=click.IntRange(min=1), default=10000, show_default=True)
 @click.option("--log-dir", type=click.Path(file_okay=False), help="Server logs here.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True),
-              help="Write a PNG of hit rate against capacity per policy (matplotlib).")
+              help="Write a PNG of hit rate against capacity per policy (matplotlib).",
+              callback=needs_matplotlib)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True),
               help="Write the whole run here.")
 def main(trace_file: str, fractions: tuple[float, ...], policies: tuple[str, ...],
