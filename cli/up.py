@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import sys
 import tempfile
 import threading
@@ -68,10 +69,14 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
               "TLS with a client certificate.")
 @click.option("--mtls", is_flag=True, help="With --tls: servers and masters also require "
               "client certificates.")
+@click.option("--log-dir", type=click.Path(file_okay=False), default=None,
+              help="Keep every master's and server's log (and the --tls material) in this "
+                   "directory. Default: one temporary directory, removed when the cluster "
+                   "stops after a clean run, kept (and named) when a run failed.")
 def up(n: int, n_masters: int, memory: int, slab_bytes: int, token: str, workload: str,
        trace: str | None, page_bytes: int, sessions: int, turns: int, limit: int | None,
        concurrency: int, json_out: str | None, keep_arenas: bool, transport: str, tls: bool,
-       mtls: bool) -> None:
+       mtls: bool, log_dir: str | None) -> None:
     """Start a local cluster of N servers on 127.0.0.1 (foreground)."""
     from rich.console import Console
 
@@ -91,42 +96,51 @@ def up(n: int, n_masters: int, memory: int, slab_bytes: int, token: str, workloa
             raise click.UsageError(f"--transport nixl: {available()}")
         os.environ.setdefault("UCX_NET_DEVICES", "lo")  # servers inherit it
         extra = ["--nixl", "on"]
-    logs = tempfile.mkdtemp(prefix="gcache-up-")
-    files = None
-    if tls:
-        from gcache.testing.certs import make_certs
-
-        files = make_certs(os.path.join(logs, "tls"))
-    # The masters' own Raft secret: fresh per cluster, in their environment only (pysyncobj
-    # unpickles what it decrypts with it, so servers and the workload never see it).
-    cluster = Cluster(n, format_size(memory), slab=format_size(slab_bytes), token=token,
-                      log_dir=logs, prefix=f"up{int(time.time()) % 100000}",
-                      keep_arenas=keep_arenas, masters=n_masters, heartbeat_timeout_ms=3000,
-                      extra=extra, tls=files, mtls=mtls, raft_secret=secrets.token_hex(32))
-    console.print(f"starting {n_masters} gcache-master(s) and {n} gcache-server(s), "
-                  f"{format_size(memory)} each{', TLS' + (' + mTLS' if mtls else '') if tls else ''}"
-                  f"; logs in {logs}")
-    cluster.start()
-    if n_masters:
-        _wait_registered(cluster, token, n)
-        print(f"GCACHE_MASTERS={','.join(cluster.master_addresses)}", flush=True)
-    print(f"GCACHE_SERVERS={','.join(cluster.addresses)}", flush=True)
-    if files is not None:  # what `gcache status --masters ...` and clients need
-        print(f"GCACHE_TLS_CA_FILE={files.ca_file}", flush=True)
-        print(f"GCACHE_TLS_CERT_FILE={files.client_cert_file}", flush=True)
-        print(f"GCACHE_TLS_KEY_FILE={files.client_key_file}", flush=True)
-    stop = threading.Event()
-    relay_signals(stop)  # gcache.signals: never Event.set in a handler
-    code = 0
+    own_logs = log_dir is None
+    logs = tempfile.mkdtemp(prefix="gcache-up-") if own_logs else log_dir
+    os.makedirs(logs, exist_ok=True)
+    code = 1  # until the run ends cleanly: a failed run keeps its logs
     try:
-        if workload != "none" or trace:
-            code = _run_workload(console, cluster, token, workload, trace, page_bytes,
-                                 sessions, turns, limit, concurrency, json_out, stop, transport)
-        else:
-            _serve_status(console, cluster, token, stop)
+        files = None
+        if tls:
+            from gcache.testing.certs import make_certs
+
+            files = make_certs(os.path.join(logs, "tls"))
+        # The masters' own Raft secret: fresh per cluster, in their environment only (pysyncobj
+        # unpickles what it decrypts with it, so servers and the workload never see it).
+        cluster = Cluster(n, format_size(memory), slab=format_size(slab_bytes), token=token,
+                          log_dir=logs, prefix=f"up{int(time.time()) % 100000}",
+                          keep_arenas=keep_arenas, masters=n_masters, heartbeat_timeout_ms=3000,
+                          extra=extra, tls=files, mtls=mtls, raft_secret=secrets.token_hex(32))
+        console.print(f"starting {n_masters} gcache-master(s) and {n} gcache-server(s), "
+                      f"{format_size(memory)} each{', TLS' + (' + mTLS' if mtls else '') if tls else ''}"
+                      f"; logs in {logs}", soft_wrap=True)
+        try:
+            cluster.start()
+            if n_masters:
+                _wait_registered(cluster, token, n)
+                print(f"GCACHE_MASTERS={','.join(cluster.master_addresses)}", flush=True)
+            print(f"GCACHE_SERVERS={','.join(cluster.addresses)}", flush=True)
+            if files is not None:  # what `gcache status --masters ...` and clients need
+                print(f"GCACHE_TLS_CA_FILE={files.ca_file}", flush=True)
+                print(f"GCACHE_TLS_CERT_FILE={files.client_cert_file}", flush=True)
+                print(f"GCACHE_TLS_KEY_FILE={files.client_key_file}", flush=True)
+            stop = threading.Event()
+            relay_signals(stop)  # gcache.signals: never Event.set in a handler
+            if workload != "none" or trace:
+                code = _run_workload(console, cluster, token, workload, trace, page_bytes,
+                                     sessions, turns, limit, concurrency, json_out, stop, transport)
+            else:
+                _serve_status(console, cluster, token, stop)
+                code = 0
+        finally:
+            console.print("stopping the cluster")
+            cluster.close()
     finally:
-        console.print("stopping the cluster")
-        cluster.close()
+        if own_logs and code == 0:
+            shutil.rmtree(logs, ignore_errors=True)
+        else:
+            console.print(f"logs kept in {logs}", soft_wrap=True)
     sys.exit(code)
 
 

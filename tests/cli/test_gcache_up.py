@@ -22,10 +22,15 @@ def _arenas() -> set[str]:
     return set(glob.glob("/dev/shm/gcache-up*.arena"))
 
 
+def _logs_kept(stderr: str) -> list[str]:
+    return [ln.split("logs kept in ", 1)[1].strip() for ln in stderr.splitlines()
+            if "logs kept in " in ln]
+
+
 def test_up_serves_until_sigint_and_cleans_up():
     before = _arenas()
     p = subprocess.Popen(UP + ["--servers", "2", "--memory", "32MiB", "--slab-bytes", "1MiB"],
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lines: dict[str, str] = {}
         while "GCACHE_SERVERS" not in lines:
@@ -43,11 +48,35 @@ def test_up_serves_until_sigint_and_cleans_up():
             assert c.get("k") == b"v"
         p.send_signal(signal.SIGINT)
         assert p.wait(30) == 0
+        err = p.stderr.read()
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
     assert _arenas() - before == set(), "gcache up left arena files behind"
+    logs = [ln.split("logs in ", 1)[1].strip() for ln in err.splitlines() if "; logs in " in ln]
+    assert logs and not os.path.exists(logs[0]), "a clean run must remove its log directory"
+    assert _logs_kept(err) == []
+
+
+def test_up_keeps_the_logs_of_a_failed_start_and_a_named_log_dir(tmp_path):
+    # a server that cannot start (its arena cannot fit the slab) fails the run: logs kept
+    r = subprocess.run(UP + ["--servers", "1", "--masters", "0", "--memory", "1MiB",
+                             "--slab-bytes", "4MiB"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    kept = _logs_kept(r.stderr)
+    assert len(kept) == 1 and os.listdir(kept[0]), r.stderr
+    import shutil
+
+    shutil.rmtree(kept[0])
+    # --log-dir: the operator's directory is never removed
+    mine = tmp_path / "up-logs"
+    r = subprocess.run(UP + ["--servers", "1", "--masters", "0", "--memory", "32MiB",
+                             "--slab-bytes", "1MiB", "--workload", "sessions", "--sessions", "2",
+                             "--turns", "1", "--page-bytes", "64KiB", "--log-dir", str(mine)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert _logs_kept(r.stderr) == [str(mine)] and any(mine.iterdir())
 
 
 def test_up_sessions_workload_prints_table_and_json(tmp_path):
