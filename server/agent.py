@@ -71,6 +71,7 @@ class MembershipAgent:
         self.epoch = -1
         self.ring: Ring | None = None
         self.registered = threading.Event()
+        self.state = ""  # this member's state in the last view adopted ("" before one)
         self._stop = threading.Event()
         self._warned = False
         self._threads = (
@@ -177,6 +178,8 @@ class MembershipAgent:
             if self._stop.is_set() or not doc or int(doc.get("epoch", -1)) <= self.epoch:
                 return  # stopped: the owner may be closing what a view change touches
             view = view_from_wire(doc)
+            self.state = next((str(m.get("state", "")) for m in doc.get("members", [])
+                               if m.get("id") == self.member_id), "")
             if self.reconcile is not None:
                 self.reconcile(view, registered_before)
             self.ring = view.ring

@@ -10,19 +10,23 @@ already built, logs why and raises ``ServerStartError`` with what to fix):
  1. TLS contexts (``tls_contexts``: the data port's, also the metrics endpoint's; the
     dialer's for the masters). The CLI builds them first, so a bad certificate is a
     usage error before logging starts.
- 2. ``credentials`` and ``quotas`` (their files are read here; SIGHUP re-reads them).
- 3. The bind checks of ``--listen`` and ``--metrics-listen``, before the arena exists:
-    a refusal leaves nothing behind.
+ 2. ``credentials`` and ``quotas`` (their files are read here; SIGHUP re-reads them),
+    and ``metrics``: the counters (``ServerMetrics``), which the endpoint, the tiers and
+    the service update.
+ 3. The ports, before the arena exists, so a refusal or a busy port costs no prefault
+    and leaves nothing (``_bind``): ``listener``, the data socket, bound and listening
+    (the kernel's port when ``--listen`` asked for port 0), and ``metrics_endpoint``
+    (``--metrics-listen`` only: /metrics, /healthz and /readyz), which serves from here
+    on, so probes and the ``gcache_server_phase`` gauge answer while the arena prefaults.
+    ``startup`` (``startup.py``) holds the phase and logs the prefault's and the
+    recovery's progress.
  4. ``arena``: the ``/dev/shm`` file, created or reused (restart survival).
- 5. ``metrics``: the counters (``ServerMetrics``), which the tiers and service update.
- 6. ``memory_tier``, and with ``--disk-dir`` the disk tier behind it: ``tier`` is the
+ 5. ``memory_tier``, and with ``--disk-dir`` the disk tier behind it: ``tier`` is the
     memory tier or the ``TieredStore`` over both.
- 7. ``shm``: the shm registry (connection states, lease expiry, reaper);
+ 6. ``shm``: the shm registry (connection states, lease expiry, reaper);
     ``GCACHE_SHM_LEASE_MS`` is read here.
- 8. ``nixl``: the arena registered with a NIXL agent (per ``--nixl``; off under TLS).
- 9. ``listener``: the data socket, bound and listening, so ``address`` is known (the
-    kernel's port when ``--listen`` asked for port 0).
-10. ``freshness`` (``--masters`` only: the rule that drops or refuses objects of
+ 7. ``nixl``: the arena registered with a NIXL agent (per ``--nixl``; off under TLS).
+ 8. ``freshness`` (``--masters`` only: the rule that drops or refuses objects of
     ``mutable_namespaces`` another server may have overwritten, ``freshness.py``; the
     last ring epoch persists in ``<shm_dir>/gcache-<name>.epoch``) and ``tombstones``
     (recent deletes an if-absent put must not undo, ``tombstones.py``).
@@ -32,15 +36,15 @@ already built, logs why and raises ``ServerStartError`` with what to fix):
     ``on_view`` the handoff's ``view_changed`` and as its ``reconcile`` the freshness
     rule's ``adopt``, and the self-drain (``self_drain.py``: the drain before a graceful
     stop, and the monitor that drains an unhealthy server).
-11. ``service``: accept loop, deadlines, connections; gets the listener, the agent (for
+ 9. ``service``: accept loop, deadlines, connections; gets the listener, the agent (for
     NOT_OWNER checks), the freshness rule and the tombstones, the nixl registration and
     the shm registry.
-12. ``metrics_endpoint``: /metrics and /healthz (``--metrics-listen`` only), bound here,
-    reading ``stats`` and ``health`` at scrape time.
+
+A failure after the ports closes what was built and, on a first start (the arena file
+did not exist), removes the arena file.
 
 ``start()`` starts, in order: the shm reaper, the agent (registers and heartbeats in
-the background: serving never waits for the masters), the metrics endpoint, the tiers'
-background threads, the handoff worker, the self-drain monitor, and last the service's
+the background: serving never waits for the masters), the tiers' background threads, the handoff worker, the self-drain monitor, and last the service's
 accept loop, so no client is served before everything behind it runs. ``stop(drain_s)``
 with a budget (``run`` passes ``--drain-on-stop``) first drains the server while
 everything still runs (``SelfDrain.drain``) and, once nothing is left, removes it from
@@ -74,6 +78,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import ssl
 import sys
@@ -89,6 +94,7 @@ from gcache.namespace_kinds import NamespaceKinds
 from gcache.quotas import QuotaStore
 from gcache.server import nixl_ops
 from gcache.signals import relay_signals
+from gcache.view import MemberState
 from gcache.server.agent import MembershipAgent
 from gcache.server.arena import Arena, arena_path, header_len
 from gcache.server.eviction import make_policy
@@ -100,7 +106,8 @@ from gcache.server.metrics import MetricsEndpoint, ServerMetrics
 from gcache.server.self_drain import SelfDrain
 from gcache.server.shm_ops import ShmRegistry
 from gcache.server.tombstones import Tombstones
-from gcache.server.service import Service, listen_on
+from gcache.server.service import Listener, Service, listen_on
+from gcache.server.startup import Phase, Startup
 from gcache.tls import dialer_context, listener_context
 
 log = logging.getLogger("gcache.server")
@@ -157,16 +164,72 @@ class Server:
             self.quotas = QuotaStore(cfg.quota_file)
         except ConfigError as exc:
             raise _refused(str(exc), "%s", exc) from None
-        try:  # before the arena exists: a refusal leaves nothing
+        self.metrics = ServerMetrics(cfg.metrics_max_namespaces)
+        self.startup = Startup()  # the phase: the log, /readyz and a gauge
+        self._built = False  # every part behind the ports exists (stats can read them)
+        self._new_disk_root: str | None = None  # the disk tier's directory, if this start made it
+        self._life = threading.Lock()  # serialises start and stop
+        self._started = self._stopped = False
+        # Every port before the arena: a busy port costs no prefault and leaves nothing.
+        self.listener, self.metrics_endpoint = self._bind(cfg)
+        try:
+            self._build(cfg)
+        except BaseException:  # close what was built; a first start leaves no arena file
+            self.listener.sock.close()
+            if self.metrics_endpoint is not None:
+                self.metrics_endpoint.stop()
+            arena = getattr(self, "arena", None)
+            if arena is not None and arena.created:
+                for path in (self.arena_path, epoch_path(self.arena_path)):
+                    try:
+                        os.unlink(path)
+                    except OSError:
+                        pass
+                if self._new_disk_root is not None:  # made by this start: nothing in it
+                    shutil.rmtree(self._new_disk_root, ignore_errors=True)
+            raise
+        self._built = True
+
+    def _bind(self, cfg: Config) -> tuple[Listener, MetricsEndpoint | None]:
+        """Bind the data port and the metrics port (serving at once: probes and the
+        start-up phase gauge answer while the arena prefaults); a refusal or a busy port
+        raises ServerStartError naming the flag, and leaves nothing bound."""
+        try:
             check_bind(cfg.listen, self.credentials.required)
             if cfg.metrics_listen:  # /metrics and /healthz describe the server to any reader
                 check_bind(cfg.metrics_listen, self.credentials.required, "--metrics-listen")
         except ValueError as exc:
             raise _refused(str(exc), "%s", exc) from None
+        try:
+            listener = listen_on(cfg.listen, self.credentials.required)
+        except OSError as exc:
+            raise _refused(f"cannot bind --listen {cfg.listen}: {exc.strerror or exc}",
+                           "cannot bind --listen %s: %s", cfg.listen, exc) from None
+        if not cfg.metrics_listen:
+            return listener, None
+        try:
+            endpoint = MetricsEndpoint(cfg.metrics_listen, self.metrics, stats_fn=self.stats,
+                                       usage_fn=self._usage, quotas=self.quotas,
+                                       health_fn=self.health, ready_fn=self.readiness,
+                                       phase_fn=self.startup.snapshot, tls=self.tls.listener)
+        except OSError as exc:
+            listener.sock.close()
+            raise _refused(f"cannot bind --metrics-listen {cfg.metrics_listen}: "
+                           f"{exc.strerror or exc}", "cannot bind --metrics-listen %s: %s",
+                           cfg.metrics_listen, exc) from None
+        endpoint.start()
+        log.info("metrics on %s://%s:%d/metrics", endpoint.scheme, *endpoint.address)
+        return listener, endpoint
+
+    def _build(self, cfg: Config) -> None:
+        """The arena, the tiers and every part behind the bound ports (the module
+        docstring's list, from 4); a failure closes what it built and raises."""
         self.arena_path = arena_path(cfg.shm_dir, cfg.name)
+        self.startup.enter(Phase.PREFAULT)
         try:
             self.arena = Arena(self.arena_path, cfg.memory_bytes, cfg.slab_bytes,
-                               prefault=cfg.prefault, group=_group_id(cfg.shm_group))
+                               prefault=cfg.prefault, group=_group_id(cfg.shm_group),
+                               progress=self.startup.progress("bytes"))
         except ArenaError as exc:
             raise _refused(str(exc), "cannot open arena: %s", exc) from None
         if self.arena.reused:
@@ -175,7 +238,6 @@ class Server:
                      "clean" if self.arena.was_clean else "a crash: verifying every object")
         else:
             log.info("clean start of arena %s: %s", self.arena_path, self.arena.reuse_reason)
-        self.metrics = ServerMetrics(cfg.metrics_max_namespaces)
         try:
             self.mrc = (MissRatioCurve(self.arena.npages * self.arena.slab_bytes,
                                        tracked_keys=cfg.mrc_tracked_keys,
@@ -184,15 +246,22 @@ class Server:
         except ConfigError as exc:  # a bad --mrc-tracked-keys: leave the arena as it was
             self.arena.close(self.arena.was_clean, self.arena.next_version)
             raise _refused(str(exc), "%s", exc) from None
+        self.startup.enter(Phase.RECOVERY)
         self.memory_tier = MemoryTier(self.arena, high_watermark=cfg.high_watermark,
                                       low_watermark=cfg.low_watermark,
                                       pending_put_timeout_ms=cfg.pending_put_timeout_ms,
                                       quotas=self.quotas, on_quota=self.metrics.quota_event,
                                       eviction_policy=make_policy(cfg.eviction_policy),
-                                      access_observer=self.mrc)
+                                      access_observer=self.mrc,
+                                      recovery_progress=self.startup.progress("objects"))
         log.info("arena ready", extra={"fields": dict(self.memory_tier.recovery)})
         self.limits = build_limits(cfg)
         self.shm = ShmRegistry()  # GCACHE_SHM_LEASE_MS is read here
+        if cfg.disk_dir:
+            from gcache.server.disk import tier_root
+
+            root = tier_root(cfg.disk_dir, cfg.name)
+            self._new_disk_root = None if os.path.exists(root) else root
         # the server.tier.Tier contract, plus start() and capacity
         self.tier: Any = (_open_disk_tier(cfg, self.memory_tier, self.limits)
                           if cfg.disk_dir else self.memory_tier)
@@ -204,12 +273,7 @@ class Server:
             self.tier.close(clean=True)
             raise _refused(f"cannot start the nixl transport (--nixl on): {exc}",
                            "cannot start the nixl transport: %s", exc) from None
-        try:
-            self.listener = listen_on(cfg.listen, self.credentials.required)
-        except (ValueError, OSError) as exc:
-            self._close_storage()
-            raise _refused(f"cannot listen on {cfg.listen}: {exc}",
-                           "cannot listen on %s: %s", cfg.listen, exc) from None
+        self.startup.enter(Phase.STARTING)
         try:
             advertise = self._advertise()
             # the freshness rule (mutable namespaces; with masters only) and the deletes an
@@ -248,17 +312,9 @@ class Server:
                 ownership=self.agent, nixl_info=self.nixl.info if self.nixl else None,
                 extra_stats=self._extra_stats, freshness=self.freshness,
                 tombstones=self.tombstones)
-            self.metrics_endpoint = (
-                MetricsEndpoint(cfg.metrics_listen, self.metrics, stats_fn=self.stats,
-                                usage_fn=self.tier.namespace_usage, quotas=self.quotas,
-                                health_fn=self.health, tls=self.tls.listener)
-                if cfg.metrics_listen else None)
-        except BaseException:  # e.g. the metrics port is taken: close what was built
-            self.listener.sock.close()
+        except BaseException:  # close what was built
             self._close_storage()
             raise
-        self._life = threading.Lock()  # serialises start and stop
-        self._started = self._stopped = False
 
     def _advertise(self) -> str:
         """The address clients reach this server at (``--advertise``, else the bound
@@ -302,7 +358,9 @@ class Server:
 
     def stats(self) -> dict:
         """The tier's stats with the connection count and the shm/nixl numbers (heartbeats,
-        /metrics gauges, /healthz)."""
+        /metrics gauges, /healthz); empty while the server is still being built."""
+        if not self._built:
+            return {}
         s = self.tier.stats()
         s["connections"] = self.service.connections
         s.update(self.service.guard_stats())
@@ -326,9 +384,29 @@ class Server:
             s.update(self.self_drain.stats())
         return s
 
+    def _usage(self) -> dict:
+        """``{ns: (memory bytes, disk bytes)}`` for the metrics; empty while building."""
+        return self.tier.namespace_usage() if self._built else {}
+
     def health(self) -> dict:
-        """The /healthz document."""
-        return {"status": "ok", "name": self.cfg.name, **self.stats()}
+        """The /healthz document (liveness: the process answers; it says its phase)."""
+        return {"status": "ok", "name": self.cfg.name, "phase": self.startup.snapshot()[0].value,
+                **self.stats()}
+
+    def readiness(self) -> tuple[bool, str]:
+        """``(ready to serve, why not)`` for /readyz: not while it binds, prefaults,
+        recovers or starts, while it is not registered with its masters, while it drains
+        (asked to, or by itself) or stops."""
+        phase = self.startup.snapshot()[0]
+        if phase is not Phase.SERVING:
+            return False, self.startup.describe()
+        if self.agent is not None:
+            if not self.agent.registered.is_set():
+                return False, "not registered with the masters"
+            if self.agent.state == MemberState.DRAINING:
+                reason = self.self_drain.stats()["self_drain"] if self.self_drain else ""
+                return False, f"draining ({reason})" if reason else "draining"
+        return True, "serving"
 
     def reload(self) -> None:
         """Re-read the credentials and quotas files (a bad file keeps the old ones and logs
@@ -347,10 +425,6 @@ class Server:
                 self.shm.start()
                 if self.agent is not None:
                     self.agent.start()  # in the background: serving never waits for masters
-                if self.metrics_endpoint is not None:
-                    self.metrics_endpoint.start()
-                    log.info("metrics on %s://%s:%d/metrics", self.metrics_endpoint.scheme,
-                             *self.metrics_endpoint.address)
                 self.tier.start()
                 if self.handoff is not None:
                     self.handoff.start()
@@ -360,6 +434,7 @@ class Server:
             except BaseException:
                 self._do_stop()
                 raise
+            self.startup.enter(Phase.SERVING)
         cfg = self.cfg
         log.info("serving", extra={"fields": {
             "listen": self.address, "name": cfg.name,
@@ -390,6 +465,7 @@ class Server:
         if self._stopped:
             return
         self._stopped = True
+        self.startup.enter(Phase.STOPPING)
         log.info("stopping: closing connections and marking the arena clean")
         if self.self_drain is not None:
             self.self_drain.stop()

@@ -52,6 +52,7 @@ import os
 import struct
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,7 +118,11 @@ class Arena:
     """One mmapped arena file. Not thread-safe; the memory tier locks."""
 
     def __init__(self, path: str, size: int, slab_bytes: int, prefault: bool = True,
-                 group: int | None = None) -> None:
+                 group: int | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+        """Open or create the arena file. ``progress(done, total)``: called from the
+        prefault's threads as it maps the arena (bytes), for the start-up log."""
+        self._progress = progress
         if slab_bytes < 64 * 1024 or slab_bytes % PAGE_ALIGN:
             raise ArenaError(f"slab_bytes {slab_bytes} must be a multiple of 4096 and >= 64KiB")
         npages = (size - SUPER_BYTES) // (slab_bytes + slab_bytes // GRANULE)
@@ -130,6 +135,7 @@ class Arena:
         self.path, self.size, self.slab_bytes = path, size, slab_bytes
         self.npages, self.data_off = npages, data_off
         self.granules = npages * slab_bytes // GRANULE
+        self.created = not os.path.exists(path)  # a failed first start removes it
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -167,13 +173,18 @@ class Arena:
             os.ftruncate(self.fd, 0)  # drop old pages: a clean start
             vfs = os.statvfs(os.path.dirname(path) or ".")
             if vfs.f_bavail * vfs.f_frsize < size:
-                os.close(self.fd)
+                self._abandon()
                 raise ArenaError(f"not enough space in {os.path.dirname(path)} for a "
                                  f"{size}-byte arena ({vfs.f_bavail * vfs.f_frsize} free); "
                                  "lower --memory or grow the tmpfs")
-            os.ftruncate(self.fd, size)
-            if not prefault:  # reserve the pages now so a full tmpfs can't SIGBUS us later
-                os.posix_fallocate(self.fd, 0, size)
+            try:
+                os.ftruncate(self.fd, size)
+                if not prefault:  # reserve the pages now so a full tmpfs can't SIGBUS us
+                    os.posix_fallocate(self.fd, 0, size)
+            except OSError as exc:
+                self._abandon()
+                raise ArenaError(f"cannot size the arena {path} to {size} bytes: "
+                                 f"{exc.strerror}; lower --memory or grow the tmpfs") from None
         self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.buf = memoryview(self.mm)
         if prefault:
@@ -189,6 +200,15 @@ class Arena:
             self.was_clean = bool(sb[6])
             self.next_version = sb[8]
             self._write_super(clean=0, next_version=sb[8], created_ns=sb[9])  # consume
+
+    def _abandon(self) -> None:
+        """Undo a failed open: close the file, and remove it if this open created it."""
+        os.close(self.fd)
+        if self.created:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
 
     # ------------------------------------------------------------------ layout
     def _check_super(self, raw: bytes) -> tuple[bool, str]:
@@ -218,7 +238,7 @@ class Arena:
         a single-threaded madvise, then to touching one byte per page.
         """
         try:
-            _populate_parallel(self.mm, self.size)
+            _populate_parallel(self.mm, self.size, self._progress)
             return
         except (OSError, AttributeError, ValueError):
             pass
@@ -280,8 +300,10 @@ class Arena:
         return zlib.crc32(self.buf[off + HDR_FIXED:end], crc)
 
     # ------------------------------------------------------------------ recovery
-    def scan(self) -> tuple[list[Recovered], dict[str, int]]:
-        """Find every valid committed chunk. Returns (objects, counters)."""
+    def scan(self, progress: Callable[[int, int], None] | None = None
+             ) -> tuple[list[Recovered], dict[str, int]]:
+        """Find every valid committed chunk. Returns (objects, counters).
+        ``progress(done, total)``: chunks checked so far, every 4096, for the start-up log."""
         found: dict[tuple[bytes, bytes], Recovered] = {}
         counts = {"torn": 0, "corrupt": 0, "superseded": 0}
         marked = np.nonzero(self.starts)[0]
@@ -297,7 +319,10 @@ class Arena:
         end = self.data_off + self.granules * GRANULE
         taken_to = self.data_off  # chunks come in address order: none may overlap
         losers: list[Recovered] = []
-        for g in marked[committed]:
+        todo = marked[committed]
+        for i, g in enumerate(todo):
+            if progress is not None and not i & 4095:
+                progress(i, len(todo))
             off = self.data_off + int(g) * GRANULE
             rec = self._verify(off, end - off) if off >= taken_to else None
             if rec is None:
@@ -313,6 +338,8 @@ class Arena:
                     old, rec = rec, old
                 losers.append(old)
             found[k] = rec
+        if progress is not None:
+            progress(len(todo), len(todo))
         for r in losers:
             self.clear(r.offset)
         return list(found.values()), counts
@@ -355,8 +382,15 @@ class Arena:
 _MADV_POPULATE_WRITE = 23
 
 
-def _populate_parallel(mm: mmap.mmap, size: int) -> None:
+_POPULATE_CHUNK = 256 << 20  # one madvise call: small enough to report progress often
+
+
+def _populate_parallel(mm: mmap.mmap, size: int,
+                       progress: Callable[[int, int], None] | None = None) -> None:
+    """MADV_POPULATE_WRITE over the mapping, 256 MiB at a time, by one thread per core
+    (up to 8) taking the next chunk; ``progress(bytes done, size)`` after each chunk."""
     import ctypes
+    import itertools
     import threading
 
     libc = ctypes.CDLL(None, use_errno=True)
@@ -364,15 +398,26 @@ def _populate_parallel(mm: mmap.mmap, size: int) -> None:
     anchor = ctypes.c_char.from_buffer(mm)
     base = ctypes.addressof(anchor)
     n = max(1, min(8, os.cpu_count() or 1))
-    step = _align(-(-size // n), 1 << 21)
+    chunks = itertools.count()  # next() is atomic under the GIL
     errors: list[int] = []
+    lock = threading.Lock()
+    done = [0]
 
-    def work(start: int) -> None:
-        length = min(step, size - start)
-        if length > 0 and libc.madvise(base + start, length, _MADV_POPULATE_WRITE) != 0:
-            errors.append(ctypes.get_errno())
+    def work() -> None:
+        while not errors:
+            start = next(chunks) * _POPULATE_CHUNK
+            length = min(_POPULATE_CHUNK, size - start)
+            if length <= 0:
+                return
+            if libc.madvise(base + start, length, _MADV_POPULATE_WRITE) != 0:
+                errors.append(ctypes.get_errno())
+                return
+            if progress is not None:
+                with lock:
+                    done[0] += length
+                    progress(done[0], size)
 
-    threads = [threading.Thread(target=work, args=(i * step,)) for i in range(n)]
+    threads = [threading.Thread(target=work, name="gcache-prefault") for _ in range(n)]
     for t in threads:
         t.start()
     for t in threads:

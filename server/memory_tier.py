@@ -187,8 +187,10 @@ class MemoryTier(Tier):
                  quotas: QuotaStore | None = None,
                  on_quota: Callable[[str, bytes, int], None] | None = None,
                  eviction_policy: EvictionPolicy | None = None,
-                 access_observer: AccessObserver | None = None) -> None:
-        """``quotas``: per-namespace limits (None: unlimited). ``on_quota(event, ns, n)``
+                 access_observer: AccessObserver | None = None,
+                 recovery_progress: Callable[[int, int], None] | None = None) -> None:
+        """``recovery_progress(done, total)``: the reused arena's scan, chunks checked
+        (the start-up log). ``quotas``: per-namespace limits (None: unlimited). ``on_quota(event, ns, n)``
         counts quota events per namespace (``refused``, ``evicted``); it runs with the
         lock held and must not block. ``eviction_policy``: the order objects are given
         up in (default LRU; see ``eviction``). ``access_observer``: hears every
@@ -196,6 +198,7 @@ class MemoryTier(Tier):
         every EXISTS, without it (``mrc.AccessObserver``; the miss-ratio curve)."""
         self.arena = arena
         self.access_observer = access_observer
+        self.recovery_progress = recovery_progress
         self.policy = eviction_policy if eviction_policy is not None else LRU()
         self.quotas = quotas
         self.on_quota = on_quota
@@ -243,7 +246,7 @@ class MemoryTier(Tier):
     def _recover(self) -> None:
         t0 = time.monotonic()
         if self.arena.reused:
-            objs, counts = self.arena.scan()
+            objs, counts = self.arena.scan(self.recovery_progress)
         else:
             objs, counts = [], {"torn": 0, "corrupt": 0, "superseded": 0}
         # after a clean stop, the policy's order then (ranks: do_save_recency); after a

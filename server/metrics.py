@@ -62,6 +62,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily, CounterMetricFamily
 
 from gcache.server.self_drain import DrainReason
+from gcache.server.startup import Phase
 from gcache.tls import HTTPServer
 
 _LAT_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 2.0)
@@ -378,6 +379,27 @@ class _TierCollector:
             yield g
 
 
+class _PhaseCollector:
+    """``gcache_server_phase{phase}``: 1 for the phase the server is in, 0 for the others;
+    ``gcache_server_phase_progress``: how far the current phase got (prefault, recovery)."""
+
+    def __init__(self, phase_fn: Callable[[], tuple[Any, float]]) -> None:
+        self.phase_fn = phase_fn
+
+    def collect(self):
+        now, frac = self.phase_fn()
+        g = GaugeMetricFamily("gcache_server_phase", "1 for the server's current phase "
+                              "(binding, prefault, recovery, starting, serving, stopping)",
+                              labels=["phase"])
+        for p in Phase:
+            g.add_metric([p.value], 1.0 if p is now else 0.0)
+        yield g
+        pg = GaugeMetricFamily("gcache_server_phase_progress",
+                               "fraction done of the current phase (prefault, recovery)")
+        pg.add_metric([], frac)
+        yield pg
+
+
 class MetricsEndpoint:
     """/metrics and /healthz of one server on ``listen``; https when ``tls`` (the data
     port's context, so mTLS applies to scrapers too) is given.
@@ -385,29 +407,40 @@ class MetricsEndpoint:
     ``metrics``: the counters; ``stats_fn``: the server's stats dict (tier gauges and
     counters, read at scrape time); ``usage_fn``: ``{ns: (memory bytes, disk bytes)}``
     (the tier's ``namespace_usage``); ``quotas``: a ``gcache.quotas.QuotaStore``;
-    ``health_fn``: the /healthz document. The port is bound here (OSError if it cannot
-    be); ``start`` serves, ``stop`` shuts down and closes the port (idempotent)."""
+    ``health_fn``: the /healthz document; ``ready_fn``: ``(ready, why)`` for /readyz (200
+    or 503); ``phase_fn``: ``(phase, progress)`` for the phase gauges. The port is bound
+    here (OSError if it cannot be); ``start`` serves, ``stop`` shuts down and closes the
+    port (idempotent)."""
 
     def __init__(self, listen: str, metrics: ServerMetrics, *, stats_fn: Callable[[], dict],
                  usage_fn: Callable[[], dict], quotas: Any, health_fn: Callable[[], dict],
+                 ready_fn: Callable[[], tuple[bool, str]] | None = None,
+                 phase_fn: Callable[[], tuple[Any, float]] | None = None,
                  tls: ssl.SSLContext | None = None) -> None:
         # read at scrape time, after the counters (the order the scrape has always had)
         collectors = CollectorRegistry()
         collectors.register(_TierCollector(stats_fn, metrics.namespace))
         collectors.register(_NamespaceCollector(usage_fn, quotas, metrics.namespace))
+        if phase_fn is not None:
+            collectors.register(_PhaseCollector(phase_fn))
         registries = (metrics.registry, collectors)
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
+                code = 200
                 if self.path == "/metrics":
                     body = b"".join(generate_latest(r) for r in registries)
                     ctype = "text/plain; version=0.0.4"
                 elif self.path == "/healthz":
                     body, ctype = json.dumps(health_fn()).encode(), "application/json"
+                elif self.path == "/readyz" and ready_fn is not None:
+                    ready, why = ready_fn()
+                    body = json.dumps({"ready": ready, "reason": why}).encode()
+                    ctype, code = "application/json", 200 if ready else 503
                 else:
-                    self.send_error(404, "try /metrics or /healthz")
+                    self.send_error(404, "try /metrics, /healthz or /readyz")
                     return
-                self.send_response(200)
+                self.send_response(code)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
