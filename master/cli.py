@@ -27,6 +27,7 @@ import hmac
 import logging
 import os
 import secrets
+import socket
 import threading
 import tomllib
 
@@ -48,6 +49,25 @@ RAFT_SECRET_MIN_CHARS = 16
 _RAFT_SECRET_HOWTO = ("generate one with `openssl rand -hex 32` and give the same value to the "
                       "masters only, in GCACHE_RAFT_SECRET or a file named by "
                       "--raft-secret-file (never to servers or clients)")
+
+
+def check_ports_free(listen: str) -> None:
+    """Bind-probe the API port and the Raft port (API port + 1) before any state is made:
+    a busy one is a one-line error naming it (pysyncobj would retry a busy Raft port
+    forever while the master logged "serving"). Raises ValueError."""
+    host, port = split_hostport(listen)
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for p, what in ((port, "--listen"),
+                    (port + RAFT_PORT_OFFSET, "the Raft port (--listen's port + 1)")):
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, p))
+            except OSError as exc:
+                raise ValueError(f"cannot bind {what} {host}:{p}: "
+                                 f"{exc.strerror or exc}") from None
 
 
 def raft_address(api: str) -> str:
@@ -220,6 +240,7 @@ def main(listen: str, peers: str, data_dir: str, token: str, raft_secret: str,
     try:
         credentials = CredentialStore(credentials_file, token)
         check_bind(listen, credentials.required)
+        check_ports_free(listen)
         password, secret_source = resolve_raft_secret(listen, peer_list, raft_secret,
                                                       raft_secret_file, token)
     except (ValueError, ConfigError) as exc:
@@ -243,12 +264,17 @@ def main(listen: str, peers: str, data_dir: str, token: str, raft_secret: str,
     except SnapshotRefused as exc:
         log.error("%s", exc)
         raise SystemExit(f"gcache-master: {exc}") from None
-    svc = MasterService(node, listen=listen, token=token, credentials=credentials,
-                        heartbeat_timeout_ms=heartbeat_timeout_ms, raft_to_api=raft_to_api,
-                        tls=tls, peer_tls=peer_tls, request_deadline_ms=request_deadline_ms,
-                        max_connections=max_connections,
-                        max_connections_per_ip=max_connections_per_ip,
-                        join_ramp_s=join_ramp_s, join_timeout_s=join_timeout_s)
+    try:
+        svc = MasterService(node, listen=listen, token=token, credentials=credentials,
+                            heartbeat_timeout_ms=heartbeat_timeout_ms, raft_to_api=raft_to_api,
+                            tls=tls, peer_tls=peer_tls, request_deadline_ms=request_deadline_ms,
+                            max_connections=max_connections,
+                            max_connections_per_ip=max_connections_per_ip,
+                            join_ramp_s=join_ramp_s, join_timeout_s=join_timeout_s)
+    except OSError as exc:  # taken between the probe and here
+        node.close()
+        raise SystemExit(f"gcache-master: cannot bind --listen {listen}: "
+                         f"{exc.strerror or exc}") from None
     svc.start()
     log.info("gcache-master serving", extra={"fields": {
         "listen": svc.address, "raft": raft_address(listen), "peers": peer_list,
