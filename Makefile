@@ -33,11 +33,14 @@ NATIVE_OFF_TESTS = tests/core/test_native_loader.py tests/sdk/test_checksum_flip
 
 ## make test: every test, with real gcache processes; then the native-off subset.
 # Two workers (pytest-xdist), one test file per worker at a time: most tests wait on real
-# processes (heartbeats, handoffs, deadlines), so two files at once halve the wall time on
-# 2 cores. Every test keeps its own ports, arenas and temp dirs. TEST_WORKERS=0: serial.
+# processes (heartbeats, handoffs, deadlines), so two files at once nearly halve the wall
+# time on 2 cores. Every test keeps its own ports, arenas and temp dirs. The `serial`
+# tests (read oracles through joins, drains and kills) run after, alone: their promise is
+# "no miss", and a neighbour's CPU burst is not what they test. TEST_WORKERS=0: serial.
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m 'not serial' --durations=25
+	$(BIN)/python -m pytest -q -m serial --durations=10
 	GCACHE_NATIVE=0 $(BIN)/python -m pytest -q $(NATIVE_OFF_TESTS)
 
 bench: $(STAMP)

@@ -14,7 +14,7 @@ from gcache.testing.oracle import check_value, value_for
 from gcache.testing.waiting import wait_for
 from gcache.testing.cluster import free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(120)]
 
 SIZES = [1000, 4096, 70_000, 300_000, 2_500_000]  # 2.5 MB is sliced: chunked disk reads
 

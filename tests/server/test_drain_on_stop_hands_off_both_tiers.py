@@ -13,7 +13,7 @@ from gcache.sdk import Client
 from gcache.testing.waiting import wait_for
 from handoffops import OracleLoad, TOKEN, masters, put_all, read_back, start_cluster
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(150)]
 
 SIZE = 16_000
 N = 1800  # 29 MB over 3 servers of 8 MiB memory: the leaving one holds some on disk

@@ -17,7 +17,7 @@ from gcache.sdk import Client
 from gcache.testing.waiting import wait_for
 from handoffops import OracleLoad, TOKEN, member, put_all, read_back, start_cluster
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(120)]
 
 SIZE = 16_000
 N = 2400  # 38 MB over 4 servers of 8 MiB memory: about half of each on disk

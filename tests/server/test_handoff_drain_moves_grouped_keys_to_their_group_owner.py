@@ -13,7 +13,7 @@ from gcache.testing.oracle import value_for
 from handoffops import (TOKEN, drain_and_wait, grouped_keys, member, put_all, read_back,
                         remove, start_cluster)
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(120)]
 
 SIZE = 3000
 N = 600

@@ -13,7 +13,7 @@ from gcache.testing.oracle import value_for
 from handoffops import (TOKEN, grouped_keys, join_and_wait, put_all, read_back,
                         start_cluster)
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(120)]
 
 SIZE = 2000
 N = 600

@@ -12,7 +12,7 @@ from gcache.sdk import Client
 from handoffops import (OracleLoad, TOKEN, join_and_wait, masters, put_all, read_back,
                         start_cluster)
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(120)]
 
 SIZE = 4000
 N = 1500

@@ -10,7 +10,7 @@ from gcache.sdk import Client, Status
 from gcache.testing.oracle import check_value, value_for
 from handoffops import TOKEN, join_and_wait, put_all, read_back, start_cluster
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(120)]
 
 SIZE = 2000
 N = 600

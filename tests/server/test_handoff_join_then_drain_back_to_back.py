@@ -17,7 +17,7 @@ from gcache.testing.waiting import wait_for
 from handoffops import (TOKEN, add_server, handoff_done, masters, read_back, start_cluster,
                         up_members)
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(120)]
 
 SIZE = 16_000
 N = 600  # 9.6 MB over 3 servers: a quarter moves to the newcomer, 0.8 MB each at 1 MB/s

@@ -11,7 +11,7 @@ import pytest
 from gcache.sdk import Client
 from handoffops import TOKEN, handoff_done, masters, member, put_all, read_back, start_cluster
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(120)]
 
 CAP_MBPS = 2.0
 SIZE = 64_000

@@ -16,7 +16,7 @@ from gcache.testing.cluster import Cluster
 from gcache.testing.waiting import wait_for
 from handoffops import put_all, read_back
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(120)]
 
 SF, SO = "f" * 24, "o" * 24
 SIZE, N = 4000, 200

@@ -15,7 +15,7 @@ from gcache.testing.waiting import wait_for
 from handoffops import (TOKEN, drain_and_wait, grouped_keys, handoff_done, masters, member,
                         read_back, remove, start_cluster, up_members)
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(180)]
 
 SIZE = 16_000
 N = 1800  # 29 MB over 3 servers of 8 MiB memory: part of each on disk

@@ -17,7 +17,7 @@ from gcache.sdk import Client
 from gcache.testing.waiting import wait_for
 from handoffops import TOKEN, handoff_done, masters, member, read_back, start_cluster
 
-pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.faults, pytest.mark.timeout(120)]
 
 SIZE = 16_000
 N = 600  # 9.6 MB over 3 servers: A's 3.2 MB take about 3 s at 1 MB/s

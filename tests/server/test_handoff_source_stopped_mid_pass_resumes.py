@@ -13,7 +13,7 @@ from gcache.sdk import Client
 from gcache.testing.waiting import wait_for
 from handoffops import TOKEN, handoff_done, masters, member, put_all, read_back, start_cluster
 
-pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.faults, pytest.mark.timeout(120)]
 
 SIZE = 64_000
 N = 160  # about 5 MB on the drained server: 5 s of handoff at 1 MB/s

@@ -18,7 +18,7 @@ from gcache.sdk import Client
 from gcache.testing.waiting import wait_for
 from handoffops import TOKEN, handoff_done, masters, member, read_back, start_cluster
 
-pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.faults, pytest.mark.timeout(120)]
 
 SIZE = 16_000
 N = 800  # 12.8 MB over 4 servers: A's 3.2 MB take about 3 s at 1 MB/s

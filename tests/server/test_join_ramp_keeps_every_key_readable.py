@@ -23,7 +23,7 @@ from gcache.testing.waiting import wait_for
 from handoffops import (OracleLoad, TOKEN, add_server, masters, put_all, read_back,
                         start_cluster)
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 SIZE = 4000
 N = 1200

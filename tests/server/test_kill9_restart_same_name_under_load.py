@@ -17,7 +17,7 @@ from gcache.sdk import Client
 from gcache.testing.waiting import wait_for
 from handoffops import TOKEN, masters, member, read_back, start_cluster
 
-pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.faults, pytest.mark.timeout(120)]
 
 SIZE = 16_000
 N = 600

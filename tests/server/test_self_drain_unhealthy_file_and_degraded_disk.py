@@ -23,7 +23,7 @@ from gcache.testing.oracle import check_value
 from gcache.testing.waiting import wait_for
 from handoffops import TOKEN, masters, put_all, read_back, start_cluster
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(240)]
 
 SIZE = 16_000
 
