@@ -30,9 +30,13 @@ drains itself, on SIGTERM with ``--drain-on-stop`` or when it finds itself unhea
 server credential drains or removes only the member it runs as. (This guards against a
 server acting on the wrong id by mistake, not against a hostile holder of a server
 credential: boot ids are in ``/view``, and such a holder may ``/register`` any id.)
-``remove`` is refused (409) unless the member is draining, or drained. ``/view`` and ``/healthz`` take any valid
-credential (every client routes by the view). A follower forwards the caller's
-own Authorization header, so the leader decides with the same credential.
+``remove`` is refused (409) unless the member is draining, or drained. ``/view`` takes
+any valid credential (every client routes by the view), and so does ``/healthz`` for its
+full document (leader, epoch). Without a credential, ``/healthz`` (liveness:
+``{"status": "ok"}``) and ``/readyz`` (200 once a Raft leader is known, else 503 and
+why) answer anyone, revealing no member, address or epoch: they are what Kubernetes
+probes. A follower forwards the caller's own Authorization header, so the leader decides
+with the same credential.
 
 Limits (everything before auth is bounded, in time and in count):
 
@@ -81,6 +85,7 @@ log = logging.getLogger("gcache.master")
 # lines a peer can trigger at will (refusals, cut-off requests): one per kind per 10 s
 peer_log = RateLimitedLog(log, 10.0)
 
+_PROBES = ("/healthz", "/readyz")  # answered without a credential
 _MAX_BODY = 1 << 20
 _MAX_WAIT_MS = 30_000
 _FORWARDED = "X-Gcache-Forwarded"
@@ -292,6 +297,10 @@ class MasterService:
         try:
             auth = h.headers.get("Authorization", "")
             cred = self.credentials.table.verify_bearer(auth)
+            probe = urllib.parse.urlparse(h.path).path
+            if method == "GET" and probe in _PROBES and (cred is None or probe == "/readyz"):
+                code, doc = self.probe(probe)  # Kubernetes probes carry no credential
+                return self._send(h, code, doc)
             if cred is None:
                 return self._send(h, 401, {"error": "wrong or missing credential: send "
                                                     "'Authorization: Bearer id:secret' (a "
@@ -391,6 +400,16 @@ class MasterService:
             return 503, {"error": f"leader {api} unreachable: {exc}"}
 
     # ------------------------------------------------------------------ routes
+    def probe(self, path: str) -> tuple[int, dict]:
+        """The credential-free probes, which say nothing an outsider could use (no
+        member, address or epoch): ``/healthz`` 200 while the process serves its API;
+        ``/readyz`` 200 while this master knows a Raft leader and reaches a quorum (it
+        can answer or forward writes), else 503 with why."""
+        if path == "/healthz":
+            return 200, {"status": "ok"}
+        ready, why = self.node.readiness()
+        return (200 if ready else 503), {"ready": ready, "reason": why}
+
     def health(self, q: dict, body: dict, method: str, path: str) -> tuple[int, dict]:
         return 200, {"status": "ok", "leader": self.leader_api(), "is_leader":
                      self.node.is_leader, "epoch": self.node.membership.epoch}

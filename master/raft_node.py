@@ -180,6 +180,16 @@ class RaftNode(SyncObj):
     def is_leader(self) -> bool:
         return self._isLeader()
 
+    def readiness(self) -> tuple[bool, str]:
+        """``(ready, why)``: ready while a leader is known and this master is connected
+        to a quorum (pysyncobj keeps a dead leader's name on a follower connected to
+        nobody, so a known leader alone is not enough)."""
+        if not self.hasQuorum:
+            return False, "no quorum of masters reachable"
+        if self._getLeader() is None:
+            return False, "no Raft leader (an election is under way)"
+        return True, "Raft leader" if self._isLeader() else "follower of a Raft leader"
+
     @property
     def leader(self) -> str | None:
         lead = self._getLeader()

@@ -393,7 +393,9 @@ def test_masters_statefulset(source):
     c = container(sts, "master")
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports["raft"] == ports["api"] + 1
-    assert c["readinessProbe"]["tcpSocket"]["port"] in ("api", ports["api"])
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        get = c[probe]["httpGet"]  # answered without the token (master/api.py probe)
+        assert get["path"] == path and get["port"] in ("api", ports["api"])
     assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
     anti = pod["affinity"]["podAntiAffinity"]
     term = anti["requiredDuringSchedulingIgnoredDuringExecution"][0]
@@ -538,9 +540,10 @@ def test_servers_daemonset(source):
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert int(args["--listen"].rsplit(":", 1)[1]) == ports["data"] == 7070
     assert int(args["--metrics-listen"].rsplit(":", 1)[1]) == ports["metrics"] == 9100
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    for probe, path in (("startupProbe", "/healthz"), ("readinessProbe", "/readyz"),
+                        ("livenessProbe", "/healthz")):
         get = c[probe]["httpGet"]
-        assert get["path"] == "/healthz" and get["port"] in ("metrics", 9100)
+        assert get["path"] == path and get["port"] in ("metrics", 9100)
 
     arena = parse_size(args["--memory"])
     res = c["resources"]
