@@ -240,9 +240,9 @@ def main(listen: str, peers: str, data_dir: str, token: str, raft_secret: str,
     try:
         credentials = CredentialStore(credentials_file, token)
         check_bind(listen, credentials.required)
-        check_ports_free(listen)
         password, secret_source = resolve_raft_secret(listen, peer_list, raft_secret,
                                                       raft_secret_file, token)
+        check_ports_free(listen)  # after the config checks: they are what to fix first
     except (ValueError, ConfigError) as exc:
         raise SystemExit(f"gcache-master: {exc}") from None
     try:
