@@ -123,8 +123,8 @@ class MasterClient:
 
     def self_op(self, op: str, member_id: str, boot_id: str,
                 deadline: float | None = None) -> dict:
-        """A server's ``drain`` or ``remove`` of itself: the member registered with
-        ``boot_id`` (a server credential may act only on its own member)."""
+        """A server's ``drain``, ``remove`` or ``down`` of itself: the member registered
+        with ``boot_id`` (a server credential may act only on its own member)."""
         return self.request("POST", "/self", {"op": op, "id": member_id, "boot_id": boot_id},
                             deadline=deadline)
 

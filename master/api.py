@@ -25,7 +25,9 @@ namespaces ``"*"``): 403 otherwise.
 
 ``/self`` is a server acting on its own membership (``op`` ``drain``: the server
 drains itself, on SIGTERM with ``--drain-on-stop`` or when it finds itself unhealthy;
-``remove``: a drained server deregisters). The body names the member and the
+``remove``: a drained server deregisters; ``down``: a server stopping without a drain
+marks itself down at once, so clients route around it now rather than after the
+heartbeat timeout, and a restart under its name comes back warm). The body names the member and the
 ``boot_id`` the member registered with: a different boot is another process, 403, so a
 server credential drains or removes only the member it runs as. (This guards against a
 server acting on the wrong id by mistake, not against a hostile holder of a server
@@ -466,8 +468,8 @@ class MasterService:
         if not self.node.is_leader:
             return self._forward(method, path, body)
         op, mid, boot = str(body["op"]), str(body["id"]), str(body["boot_id"])
-        if op not in ("drain", "remove"):
-            return 400, {"error": f"unknown self op {op!r}: use drain or remove"}
+        if op not in ("drain", "remove", "down"):
+            return 400, {"error": f"unknown self op {op!r}: use drain, remove or down"}
         rec = self.node.membership.get(mid)
         if rec is None:
             return 404, {"error": f"no member {mid!r}"}
@@ -480,6 +482,9 @@ class MasterService:
             return 409, {"error": f"member {mid!r} is {rec.state.value}, not draining: a "
                                   "server removes itself only after its drain"}
         log.info("member %r asks to %s itself", mid, op)
+        if op == "down":  # a planned stop: down now, not a heartbeat timeout later
+            return 200, self.node.submit({"op": "mark_down", "id": mid,
+                                          "incarnation": rec.incarnation})
         return 200, self.node.submit({"op": op, "id": mid})
 
     def status(self, q: dict, body: dict, method: str, path: str) -> tuple[int, dict]:

@@ -48,7 +48,9 @@ the background: serving never waits for the masters), the tiers' background thre
 accept loop, so no client is served before everything behind it runs. ``stop(drain_s)``
 with a budget (``run`` passes ``--drain-on-stop``) first drains the server while
 everything still runs (``SelfDrain.drain``) and, once nothing is left, removes it from
-the masters after its heartbeats stopped. ``stop()`` then undoes ``start``: signals the handoff
+the masters after its heartbeats stopped; a stop without a drain marks the member down
+at the masters instead (``_leave_down``, at most 1 s), so clients route around it at
+once, and a restart under the same name comes back warm. ``stop()`` then undoes ``start``: signals the handoff
 worker (its SDK clients closed, so a put in flight ends) and the agent, stops the service
 (listening socket closed, connections shut down and released), the metrics endpoint
 (port closed) and the reaper, joins the handoff worker (it holds pins on the tier) and
@@ -83,11 +85,13 @@ import socket
 import ssl
 import sys
 import threading
+import time
 from typing import Any, NamedTuple
 
 from gcache.config import Config
 from gcache.credentials import CredentialStore
-from gcache.errors import ArenaError, ConfigError, DiskError, ServerStartError
+from gcache.errors import (ArenaError, ConfigError, DiskError, MasterError,
+                           MasterUnavailable, ServerStartError)
 from gcache.network import check_bind
 from gcache.protocol import Limits
 from gcache.namespace_kinds import NamespaceKinds
@@ -490,6 +494,8 @@ class Server:
                             "flight; gcache admin remove %s forgets the member", self.cfg.name)
             elif deregister and self.self_drain is not None:
                 self.self_drain.deregister()
+            elif not beating and self.agent.registered.is_set():
+                self._leave_down()
         self._close_storage()
         if self.cfg.remove_arena_on_exit:
             try:
@@ -498,6 +504,17 @@ class Server:
                 pass
             EpochFile(epoch_path(self.arena_path)).remove()
         log.info("stopped")
+
+    def _leave_down(self) -> None:
+        """A stop without a drain: mark this member down at the masters now (bounded by
+        1 s), so clients route around it at once instead of after the heartbeat timeout;
+        it stays a member, and a restart under its name comes back warm."""
+        try:
+            self.agent.leave("down", time.monotonic() + 1.0)
+            log.info("stopping: member %s marked down at the masters", self.cfg.name)
+        except (MasterError, MasterUnavailable) as exc:
+            log.warning("stopping: could not mark member %s down (%s); the masters will "
+                        "after the heartbeat timeout", self.cfg.name, exc)
 
     def run(self) -> None:
         """``start``, print ``GCACHE_LISTEN=host:port`` (and ``GCACHE_METRICS=``) on stdout,
