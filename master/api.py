@@ -78,6 +78,7 @@ from gcache.discovery import http_json
 from gcache.logs import RateLimitedLog
 from gcache.master.detector import FailureDetector
 from gcache.master.joiner import DEFAULT_JOIN_RAMP_S, DEFAULT_JOIN_TIMEOUT_S, JoinDriver
+from gcache.master.metrics import MasterMetrics
 from gcache.master.raft_node import RaftNode
 from gcache.protocol import arm
 from gcache.tls import HTTPServer
@@ -240,6 +241,7 @@ class MasterService:
         # tls: serve https; peer_tls: the dialer context for forwarding to the leader
         self.peer_tls = peer_tls
         self.detector = FailureDetector(node, heartbeat_timeout_ms / 1000.0, clock)
+        self.metrics = MasterMetrics(node)  # GET /metrics (master/metrics.py)
         self.joiner = JoinDriver(node, self.detector, join_ramp_s, join_timeout_s, clock)
         self.request_deadline = request_deadline_ms / 1000.0
         self.raft_to_api = raft_to_api
@@ -303,6 +305,9 @@ class MasterService:
             if method == "GET" and probe in _PROBES and (cred is None or probe == "/readyz"):
                 code, doc = self.probe(probe)  # Kubernetes probes carry no credential
                 return self._send(h, code, doc)
+            if method == "GET" and probe == "/metrics":  # counts only: no credential
+                return self._send_raw(h, 200, self.metrics.render(),
+                                      "text/plain; version=0.0.4; charset=utf-8")
             if cred is None:
                 return self._send(h, 401, {"error": "wrong or missing credential: send "
                                                     "'Authorization: Bearer id:secret' (a "
@@ -360,13 +365,16 @@ class MasterService:
             log.exception("master API error")
             self._send(h, 500, {"error": str(exc)})
 
-    @staticmethod
-    def _send(h: Any, code: int, doc: dict) -> None:
+    @classmethod
+    def _send(cls, h: Any, code: int, doc: dict) -> None:
         """Answer; an error answer also closes the connection (its body may be unread)."""
-        data = json.dumps(doc).encode()
+        cls._send_raw(h, code, json.dumps(doc).encode(), "application/json")
+
+    @staticmethod
+    def _send_raw(h: Any, code: int, data: bytes, ctype: str) -> None:
         h.reader.disarm()  # the send gets its own timeout, whatever was left of the deadline
         h.send_response(code)
-        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Type", ctype)
         h.send_header("Content-Length", str(len(data)))
         if code >= 400:
             h.send_header("Connection", "close")  # send_header sets close_connection too

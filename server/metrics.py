@@ -61,6 +61,7 @@ from typing import Any, Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, CounterMetricFamily
 
+from gcache.process_metrics import add_process_metrics
 from gcache.server.self_drain import DrainReason
 from gcache.server.startup import Phase
 from gcache.tls import HTTPServer
@@ -109,6 +110,7 @@ class ServerMetrics:
 
     def __init__(self, max_namespaces: int = 64) -> None:
         self.registry = CollectorRegistry()
+        add_process_metrics(self.registry, "server")
         self._children: dict[tuple, Any] = {}  # child(): labelled children, cached
         self.items = Counter("gcache_items_total", "Items served, by op and status",
                              ["op", "status"], registry=self.registry)

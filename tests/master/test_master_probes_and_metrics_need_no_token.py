@@ -1,5 +1,6 @@
-"""Kubernetes probes reach the masters without a credential, and learn nothing from them
-an outsider could use: /healthz says "ok", /readyz whether a Raft leader is known."""
+"""Kubernetes probes and Prometheus reach the masters without a credential, and learn
+nothing from them an outsider could use: /healthz says "ok", /readyz whether a Raft leader
+and a quorum are known, /metrics counts (no member id or address)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import urllib.request
 
 import pytest
 
+from gcache.discovery import MasterClient
 from gcache.testing.cluster import Cluster
 from gcache.testing.waiting import wait_for
 
@@ -27,6 +29,15 @@ def _get(url: str, token: str = "") -> tuple[int, dict]:
         return exc.code, json.loads(exc.read())
 
 
+def _metrics(addr: str) -> str:
+    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=5) as resp:
+        return resp.read().decode()
+
+
+def _value(text: str, name: str) -> float:
+    return float(next(ln.split()[-1] for ln in text.splitlines() if ln.startswith(name + " ")))
+
+
 @pytest.mark.timeout(90)
 def test_probes_answer_without_a_token_and_reveal_nothing(tmp_path) -> None:
     with Cluster(0, masters=3, token=TOKEN, log_dir=str(tmp_path)) as cl:
@@ -40,6 +51,19 @@ def test_probes_answer_without_a_token_and_reveal_nothing(tmp_path) -> None:
         code, full = _get(f"http://{a}/healthz", TOKEN)  # a credential: the full document
         assert code == 200 and full["leader"] in cl.master_addresses and "epoch" in full
         assert _get(f"http://{a}/view")[0] == 401  # everything else still needs one
+        # /metrics: counts only, no credential; the leader's role and the members by state
+        MasterClient([leader], TOKEN).register("m-1", "127.0.0.1:1", 1 << 20, "boot-1")
+        wait_for(lambda: 'gcache_master_members{state="up"} 1.0' in _metrics(a), 10)
+        text = _metrics(leader)
+        for line in ('gcache_master_raft_role{role="leader"} 1.0',
+                     'gcache_master_raft_quorum 1.0', 'gcache_master_raft_peers_connected 2.0',
+                     'gcache_master_members{state="down"} 0.0',
+                     'gcache_build_info{component="master",version="'):
+            assert line in text, line
+        assert _value(text, "gcache_master_raft_term") >= 1
+        assert _value(text, "gcache_master_epoch") >= 1
+        assert "process_resident_memory_bytes" in text and "_created" not in text
+        assert "m-1" not in text and "127.0.0.1" not in text
         # the two others (the leader among them) gone: no quorum, so the follower left is
         # alive but not ready
         for m in cl.masters:
