@@ -682,3 +682,30 @@ def test_dockerfile_copies_the_package_and_matches_the_manifests():
     for wl in (one(plain_objects(), "StatefulSet"), one(plain_objects(), "DaemonSet")):
         assert container(wl)["image"] == image
         assert str(wl["spec"]["template"]["spec"]["securityContext"]["runAsUser"]) == uid
+
+
+@pytest.mark.timeout(60)
+def test_service_monitors_behind_a_value_scrape_servers_and_masters_once() -> None:
+    assert by_kind(render_chart(), "ServiceMonitor") == []  # off by default
+    objs = render_chart({"monitoring": {"serviceMonitor": {
+        "enabled": True, "labels": {"release": "prometheus"}}}})
+    monitors = {o["metadata"]["name"]: o for o in by_kind(objs, "ServiceMonitor")}
+    assert set(monitors) == {"gcache-server", "gcache-master"}
+    services = by_kind(objs, "Service")
+    for name, port in (("gcache-server", "metrics"), ("gcache-master", "api")):
+        sm = monitors[name]
+        assert sm["metadata"]["labels"]["release"] == "prometheus"
+        (ep,) = sm["spec"]["endpoints"]
+        assert ep["path"] == "/metrics" and ep["port"] == port
+        want = sm["spec"]["selector"]["matchLabels"]
+        chosen = [s for s in services if want.items() <= s["metadata"]["labels"].items()]
+        assert len(chosen) == 1, f"{name} must select exactly one Service, not {len(chosen)}"
+        svc = chosen[0]
+        assert port in {p["name"] for p in svc["spec"]["ports"]}
+        assert svc["spec"]["publishNotReadyAddresses"] is True
+        workload = next(o for o in objs if o["kind"] in ("DaemonSet", "StatefulSet")
+                        and svc["spec"]["selector"].items() <= pod_labels(o).items())
+        assert workload["kind"] == ("DaemonSet" if name == "gcache-server" else "StatefulSet")
+    for svc in services:
+        if svc["metadata"]["name"].endswith("-metrics"):
+            validate(svc)
