@@ -45,6 +45,7 @@ from gcache.sdk.batch import (Batch, BatchCallback, BytesBatch, Checksums, IntoB
 from gcache.sdk.buffers import as_view, as_views
 from gcache.sdk.cuda_events import StreamCallbacks
 from gcache.sdk.dispatcher import Dispatcher
+from gcache.sdk.metrics import SdkMetrics
 from gcache.sdk.routing import Router
 from gcache.sdk.settings import client_settings
 from gcache.sdk.transports.base import Framing
@@ -52,6 +53,7 @@ from gcache.sdk.transports.factory import make_transport
 from gcache.sdk.transports.tcp import TcpTransport
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
     import numpy as np
     import torch
 
@@ -116,6 +118,11 @@ class Client:
             dispatch-thread wake-ups (default 128 KiB; 0 = never). Larger or multi-server calls, calls finding every
             one-hop connection busy, and every ``*_async`` call go through the dispatch
             threads. Same deadlines, statuses and exactly-once callbacks either way.
+        metrics: ``True`` to count this client's calls in prometheus_client's default
+            registry (which the application's own exporter serves), or a
+            ``CollectorRegistry`` to count them there: ``gcache_client_items_total{op,
+            result}`` (hits, and misses by cause) and ``gcache_client_op_seconds{op,
+            transport}`` (see ``gcache.sdk.metrics``). Default off: nothing is counted.
         config_file: TOML file with ``[client]`` keys; env ``GCACHE_*`` overrides it,
             and explicit arguments override both.
 
@@ -137,7 +144,8 @@ class Client:
                  tls_cert_file: str | None = None, tls_key_file: str | None = None,
                  handoff_read_window_ms: int | None = None,
                  background: bool | None = None,
-                 one_hop_max_bytes: int | None = None) -> None:
+                 one_hop_max_bytes: int | None = None,
+                 metrics: bool | CollectorRegistry | None = None) -> None:
         if isinstance(servers, str):
             servers = servers.split(",")
         if isinstance(masters, str):
@@ -187,6 +195,7 @@ class Client:
                               handoff_window_s=cfg.handoff_read_window_ms / 1000.0,
                               counters=self.counters, one_hop_max_bytes=self.one_hop_max)
         self._router.start()
+        self._metrics = SdkMetrics.for_registry(metrics) if metrics else None
 
     # ------------------------------------------------------------------ registration
     def register_buffer(self, buf: Any) -> bool:
@@ -661,6 +670,9 @@ class Client:
         """Route ``batch``'s keys (by ``group``, or the checked hashes ``placement``) and
         send its items (CLOSED when closed): its future. ``here``: a synchronous call, so
         a small one may run its IO on this thread (``Router.send``, one-hop)."""
+        if self._metrics is not None:
+            clock = self._dispatcher.clock.monotonic
+            self._metrics.watch(batch, str(self.transport), clock(), clock)
         if self._closed:
             return batch.fail_all(Status.CLOSED).future
         if batch.keys:

@@ -1,0 +1,47 @@
+"""``Client(metrics=...)``: hits, misses by cause and latency histograms per op and
+transport, in the caller's registry; nothing counted when not asked."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gcache.sdk import Client, Status
+from gcache.testing.cluster import free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+def _value(reg: CollectorRegistry, name: str, **labels: str) -> float:
+    v = reg.get_sample_value(name, labels)
+    return 0.0 if v is None else v
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_hits_misses_by_cause_and_latency_per_op(cluster, transport: str) -> None:
+    reg = CollectorRegistry()
+    with Client(cluster.addresses, transport=transport, metrics=reg) as c, \
+            Client(cluster.addresses, transport=transport) as quiet:
+        assert c.put_batch([b"a", b"b"], [b"1", b"2"]) == [Status.OK] * 2
+        assert c.get_batch([b"a", b"b", b"nope"]) == [b"1", b"2", None]
+        assert c.exists_batch([b"a", b"nope"]) == [True, False]
+        assert quiet.get(b"a") == b"1"  # a client without metrics counts nothing
+    assert _value(reg, "gcache_client_items_total", op="put", result="ok") == 2
+    assert _value(reg, "gcache_client_items_total", op="get", result="hit") == 2
+    assert _value(reg, "gcache_client_items_total", op="get", result="miss") == 1
+    assert _value(reg, "gcache_client_items_total", op="exists", result="hit") == 1
+    assert _value(reg, "gcache_client_items_total", op="exists", result="miss") == 1
+    for op in ("put", "get", "exists"):
+        assert _value(reg, "gcache_client_op_seconds_count", op=op, transport=transport) == 1
+        assert _value(reg, "gcache_client_op_seconds_sum", op=op, transport=transport) > 0
+
+
+def test_an_unreachable_server_is_counted_as_its_cause() -> None:
+    reg = CollectorRegistry()
+    with Client([f"127.0.0.1:{free_port()}"], metrics=reg, timeout_ms=500,
+                connect_timeout_ms=200) as c:
+        assert c.get(b"k") is None
+    causes = {s.labels["result"] for m in reg.collect() for s in m.samples
+              if s.name == "gcache_client_items_total"}
+    assert causes and causes <= {"unavailable", "timeout", "error"}, causes
+    assert "hit" not in causes and "miss" not in causes
