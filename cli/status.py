@@ -1,6 +1,14 @@
 """``gcache status`` and ``gcache admin``: the operator's view of, and actions on, the
 members, through the masters' API (``gcache.discovery.MasterClient``).
 
+``gcache status`` prints an 80-column table (``status_table``: per member its id and
+address, state, memory and disk use, and what it served lately, from the recent figures
+its heartbeats carry: GET hit ratio, ops/s, frame p99, ``server/recent.py``), or the
+whole /status document (``-o json``), or one tab-separated line per member with raw
+numbers (``-o tsv``), or every column (``-o wide``: also the nixl registration, shm
+leases and the handoff); ``--watch`` refreshes it. When no master answers, the error names
+each master asked and why it failed.
+
 A joining member's state cell shows how far its capacity ramp is (``joining 50%``).
 
 Each member's handoff progress (its ``handoff_*`` stats, carried to the masters by its
@@ -142,6 +150,128 @@ def _masters_client(masters: str, token: str, tls: dict):
         raise click.BadParameter(str(exc), param_hint="--masters") from None
 
 
+def _compact(n: float) -> str:
+    """A size in at most 5 characters: "512M", "1.5G", "16G", "1.2T" (binary units)."""
+    for unit, mult in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= mult:
+            v = n / mult
+            return f"{v:.1f}{unit}" if v < 10 else f"{v:.0f}{unit}"
+    return f"{n:.0f}B"
+
+
+def _rate(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x / 1e6:.1f}M" if x >= 1e6 else f"{x / 1e3:.1f}k" if x >= 1e4 else f"{x:.0f}"
+
+
+def _ms(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 1000:.0f}µs" if x < 1 else f"{x:.1f}ms" if x < 100 else f"{x:.0f}ms"
+
+
+def member_row(m: dict) -> dict:
+    """One member of a /status document as plain fields (the json and tsv outputs, and
+    the table's cells): the heartbeat's recent figures (``server/recent.py``) included."""
+    st = m.get("stats") or {}
+    return {"id": m["id"], "address": m["address"], "state": m["state"],
+            "ramp": m.get("ramp", 1.0), "incarnation": m.get("incarnation"),
+            "capacity_bytes": m.get("capacity_bytes", 0), "used_bytes": st.get("used_bytes"),
+            "objects": st.get("objects"), "disk_capacity_bytes": st.get("disk_capacity_bytes"),
+            "disk_used_bytes": st.get("disk_used_bytes"),
+            "hit_ratio": st.get("recent_hit_ratio"), "ops_per_s": st.get("recent_ops_per_s"),
+            "get_bytes_per_s": st.get("recent_get_bytes_per_s"),
+            "put_bytes_per_s": st.get("recent_put_bytes_per_s"),
+            "p99_ms": st.get("recent_p99_ms"),
+            "handoff_objects_left": st.get("handoff_objects_left"),
+            "last_heartbeat_s": m.get("last_heartbeat_s")}
+
+
+TSV_FIELDS = ("id", "address", "state", "incarnation", "capacity_bytes", "used_bytes",
+              "objects", "disk_capacity_bytes", "disk_used_bytes", "hit_ratio", "ops_per_s",
+              "get_bytes_per_s", "put_bytes_per_s", "p99_ms", "handoff_objects_left",
+              "last_heartbeat_s")
+
+
+def status_tsv(doc: dict) -> str:
+    """One header line and one line per member, tab-separated, raw numbers ("" for
+    unknown): for scripts (``gcache status -o tsv | cut -f1,10``)."""
+    lines = ["\t".join(TSV_FIELDS)]
+    for m in doc["members"]:
+        row = member_row(m)
+        lines.append("\t".join("" if row[f] is None else str(row[f]) for f in TSV_FIELDS))
+    return "\n".join(lines)
+
+
+def status_table(doc: dict):
+    """The status table, 80 columns wide: per member its id and address, state and
+    heartbeat age, memory (and disk) used of capacity, and what it served lately (GET hit
+    ratio, ops/s, frame p99); then one line per member with a handoff under way."""
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+
+    n_masters = len(doc.get("masters") or [])
+    t = Table(title=f"gcache: epoch {doc['epoch']}, leader {doc.get('leader')}"
+              + (f", {n_masters} masters" if n_masters else ""),
+              box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
+    for col, right in (("member", False), ("state", False), ("mem/disk", True),
+                       ("hit", True), ("ops/s", True), ("p99", True)):
+        t.add_column(col, justify="right" if right else "left", no_wrap=col == "member")
+    handoffs = []
+    for m in doc["members"]:
+        st, r = m.get("stats") or {}, member_row(m)
+        hb = r["last_heartbeat_s"]
+        mem = (f"{_compact(r['used_bytes'])}/{_compact(r['capacity_bytes'])}"
+               if r["used_bytes"] is not None else f"-/{_compact(r['capacity_bytes'])}")
+        if r["disk_capacity_bytes"]:
+            disk = f"{_compact(r['disk_used_bytes'] or 0)}/{_compact(r['disk_capacity_bytes'])}"
+            mem += f"\n[red]{disk} degraded[/]" if st.get("disk_degraded") else f"\n{disk}"
+        hit = "-" if r["hit_ratio"] is None else f"{100 * r['hit_ratio']:.1f}%"
+        t.add_row(f"{m['id']}\n[dim]{m['address']}[/]",
+                  state_cell(m) + ("" if hb is None else f"\n[dim]{hb:.1f}s ago[/]"),
+                  mem, hit, _rate(r["ops_per_s"]), _ms(r["p99_ms"]))
+        cell = handoff_cell(st)
+        if cell != "-":
+            handoffs.append(f"  {m['id']}: {cell}")
+    return Group(t, *(["handoff:", *handoffs] if handoffs else []))
+
+
+def status_wide(doc: dict):
+    """Every column, for a wide terminal (``-o wide``): the table's, plus incarnation,
+    object count, disk moves, the nixl registration, shm leases and the handoff."""
+    from rich.table import Table
+
+    t = Table(title=f"gcache: epoch {doc['epoch']}, leader {doc.get('leader')}")
+    for col in ("id", "address", "state", "inc", "capacity", "used", "objects", "disk",
+                "moved", "hit", "ops/s", "p99", "nixl", "leases", "handoff", "heartbeat"):
+        t.add_column(col, justify="left" if col in ("id", "address", "state", "handoff",
+                                                     "heartbeat") else "right")
+    for m in doc["members"]:
+        st, r = m.get("stats") or {}, member_row(m)
+        hb = r["last_heartbeat_s"]
+        t.add_row(m["id"], m["address"], state_cell(m), str(m["incarnation"]),
+                  format_size(r["capacity_bytes"], approx=True),
+                  format_size(st.get("used_bytes", 0), approx=True) if st else "-",
+                  f"{st.get('objects', 0):,}" if st else "-", *tier_cells(st),
+                  "-" if r["hit_ratio"] is None else f"{100 * r['hit_ratio']:.1f}%",
+                  _rate(r["ops_per_s"]), _ms(r["p99_ms"]),
+                  ("on" if st.get("nixl") else "off") if "nixl" in st else "-",
+                  f"{st['shm_leases']:,}" if "shm_leases" in st else "-",
+                  handoff_cell(st), "-" if hb is None else f"{hb:.1f}s ago")
+    return t
+
+
+def _fetch_status(masters: str, token: str, tls: dict) -> dict:
+    from gcache.discovery import MasterError, MasterUnavailable
+
+    try:
+        return _masters_client(masters, token, tls).status()
+    except (MasterUnavailable, MasterError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 @click.command()
 @click.option("--masters", required=True, envvar="GCACHE_MASTERS",
               help="Master API addresses HOST:PORT,... [env GCACHE_MASTERS]")
@@ -149,46 +279,66 @@ def _masters_client(masters: str, token: str, tls: dict):
 @click.option("--credential", default="", envvar="GCACHE_CREDENTIAL",
               help="'id:secret' with admin on \"*\"; wins over --token. [env GCACHE_CREDENTIAL]")
 @_tls_options
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.option("-o", "--output", type=click.Choice(["table", "wide", "json", "tsv"]),
+              default="table", show_default=True,
+              help="table for people (80 columns); wide: every column (nixl, leases, "
+              "handoff, ...); json (the masters' whole /status document) or tsv (one line "
+              "per member, raw numbers) for scripts.")
+@click.option("--json", "as_json", is_flag=True, help="Same as -o json.")
+@click.option("-w", "--watch", is_flag=True, help="Refresh until Ctrl-C (table: in place; "
+              "json and tsv: one document per refresh).")
+@click.option("--interval", type=click.FloatRange(0.2), default=2.0, show_default=True,
+              help="Seconds between refreshes with --watch.")
 @click.option("--mrc", "show_mrc", is_flag=True,
               help="Also show each member's miss-ratio curve: per namespace, the estimated "
               "GET hit rate from memory now and its change with +X GiB (or -X) of memory "
               "(\"+1 GiB  +8.1%\": 1 GiB more memory, 8.1 points more hits).")
-def status(masters: str, token: str, credential: str, as_json: bool, show_mrc: bool,
-           **tls: object) -> None:
-    """Show the leader, the epoch and every member with its state and usage."""
+def status(masters: str, token: str, credential: str, output: str, as_json: bool, watch: bool,
+           interval: float, show_mrc: bool, **tls: object) -> None:
+    """Show the leader, the epoch and every member: state, memory and disk use, and what
+    it served lately (GET hit ratio, ops/s, frame p99, from its last heartbeat)."""
     from rich.console import Console
-    from rich.table import Table
 
-    from gcache.discovery import MasterError, MasterUnavailable
+    output = "json" if as_json else output
+    console = Console(width=None if sys.stdout.isatty() else 200)
 
-    try:
-        doc = _masters_client(masters, credential or token, tls).status()
-    except (MasterUnavailable, MasterError) as exc:
-        raise click.ClickException(str(exc)) from None
-    if as_json:
-        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+    def render(doc: dict):
+        if output == "json":
+            return json.dumps(doc, indent=2, sort_keys=True)
+        if output == "tsv":
+            return status_tsv(doc)
+        table = status_wide(doc) if output == "wide" else status_table(doc)
+        if not show_mrc:
+            return table
+        from rich.console import Group
+
+        lines = [ln for m in doc["members"] for ln in mrc_lines(m["id"], m.get("stats") or {})]
+        return Group(table, "\n".join(lines))
+
+    def emit(doc: dict) -> None:
+        out = render(doc)
+        if isinstance(out, str):
+            click.echo(out)
+        else:
+            console.print(out)
+
+    key = credential or token
+    if not watch:
+        emit(_fetch_status(masters, key, tls))
         return
-    t = Table(title=f"gcache: epoch {doc['epoch']}, leader {doc.get('leader')}")
-    for col in ("id", "address", "state", "inc", "capacity", "used", "objects", "disk",
-                "moved", "nixl", "leases", "handoff", "heartbeat"):
-        t.add_column(col, justify="right" if col in ("inc", "capacity", "used", "objects", "disk",
-                                                      "moved", "leases") else "left")
-    for m in doc["members"]:
-        st = m.get("stats") or {}
-        hb = m.get("last_heartbeat_s")
-        t.add_row(m["id"], m["address"], state_cell(m),
-                  str(m["incarnation"]), format_size(m.get("capacity_bytes", 0), approx=True),
-                  format_size(st.get("used_bytes", 0), approx=True) if st else "-",
-                  f"{st.get('objects', 0):,}" if st else "-", *tier_cells(st),
-                  ("on" if st.get("nixl") else "off") if "nixl" in st else "-",
-                  f"{st['shm_leases']:,}" if "shm_leases" in st else "-",
-                  handoff_cell(st), "-" if hb is None else f"{hb:.1f}s ago")
-    # piped output (grep, logs) gets a wide table instead of rich's 80-column default
-    Console(width=None if sys.stdout.isatty() else 200).print(t)
-    if show_mrc:
-        for m in doc["members"]:
-            click.echo("\n".join(mrc_lines(m["id"], m.get("stats") or {})))
+    try:
+        if output in ("table", "wide"):
+            from rich.live import Live
+
+            with Live(console=console, auto_refresh=False) as live:
+                while True:
+                    live.update(render(_fetch_status(masters, key, tls)), refresh=True)
+                    time.sleep(interval)
+        while True:
+            emit(_fetch_status(masters, key, tls))
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
 
 
 @click.group()

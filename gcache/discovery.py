@@ -34,6 +34,7 @@ import time
 import urllib.error
 from typing import Any, Sequence
 
+from gcache.backoff import Backoff
 from gcache.errors import MasterError, MasterUnavailable
 from gcache.protocol import arm
 from gcache.tls import connect as tls_connect, explain
@@ -66,17 +67,19 @@ class MasterClient:
         retry_end = time.monotonic() + retry_s
         if deadline is not None:
             retry_end = min(retry_end, deadline)
+        backoff = Backoff(0.05, 0.5)  # jittered: clients that lost the masters spread out
         while True:
             try:
                 return self._request_once(method, path, body, timeout_s, deadline)
             except MasterUnavailable:
-                if time.monotonic() + 0.1 >= retry_end:
+                pause = backoff.next()
+                if time.monotonic() + pause >= retry_end:
                     raise
-                time.sleep(0.1)
+                time.sleep(pause)
 
     def _request_once(self, method: str, path: str, body: dict | None,
                       timeout_s: float | None, deadline: float | None = None) -> dict:
-        last = ""
+        tried: list[str] = []  # why each master failed, in the order asked
         n = len(self.masters)
         for i in range(n):
             idx = (self._good + i) % n
@@ -85,7 +88,7 @@ class MasterClient:
             if deadline is not None:
                 t = min(t, deadline - time.monotonic())
                 if t <= 0:
-                    last = last or "the caller's deadline passed"
+                    tried.append("the caller's deadline passed before the next master")
                     break
             try:
                 out = http_json(addr, method, path, body, self.token, t, tls=self.tls)
@@ -93,15 +96,17 @@ class MasterClient:
                 detail = _error_text(exc)
                 if exc.code in (400, 401, 403, 404, 409):
                     raise MasterError(exc.code, detail) from None
-                last = f"{addr}: HTTP {exc.code} {detail}"
+                tried.append(f"{addr}: HTTP {exc.code} {detail}")
                 continue
             except (OSError, ValueError) as exc:
-                last = (explain(exc, addr)[1] if isinstance(exc, ssl.SSLError)
-                        else f"{addr}: {exc}")
+                tried.append(explain(exc, addr)[1] if isinstance(exc, ssl.SSLError)
+                             else f"{addr}: {exc}")
                 continue
             self._good = idx
             return out
-        raise MasterUnavailable(f"no master answered {method} {path}: {last}")
+        asked = sum(1 for t in tried if not t.startswith("the caller's deadline"))
+        raise MasterUnavailable(f"no master answered {method} {path} (asked {asked} of {n}): "
+                                + "; ".join(tried))
 
     # ------------------------------------------------------------------ API
     def view(self, since: int = -1, wait_ms: int = 0, deadline: float | None = None) -> dict:

@@ -107,6 +107,7 @@ from gcache.server.freshness import EpochFile, Freshness
 from gcache.server.handoff import PUT_TIMEOUT_MS, Handoff
 from gcache.server.memory_tier import MemoryTier
 from gcache.server.metrics import MetricsEndpoint, ServerMetrics
+from gcache.server.recent import RecentRates
 from gcache.server.self_drain import SelfDrain
 from gcache.server.shm_ops import ShmRegistry
 from gcache.server.tombstones import Tombstones
@@ -169,6 +170,7 @@ class Server:
         except ConfigError as exc:
             raise _refused(str(exc), "%s", exc) from None
         self.metrics = ServerMetrics(cfg.metrics_max_namespaces)
+        self.recent = RecentRates(self.metrics.registry)  # ops/s, hit ratio, p99 lately
         self.startup = Startup()  # the phase: the log, /readyz and a gauge
         self._built = False  # every part behind the ports exists (stats can read them)
         self._new_disk_root: str | None = None  # the disk tier's directory, if this start made it
@@ -367,6 +369,7 @@ class Server:
             return {}
         s = self.tier.stats()
         s["connections"] = self.service.connections
+        s.update(self.recent.sample())
         s.update(self.service.guard_stats())
         s.update(self.shm.stats(self.nixl is not None))
         s.update(self._extra_stats())

@@ -51,6 +51,8 @@ def test_status_json_and_table(tcluster):
                for m in doc["members"])  # fast-path state rides the heartbeats
     r = run_cli("status", "--masters", masters, "--token", "tok")
     assert r.returncode == 0 and "epoch" in r.stdout and tcluster.servers[0].name in r.stdout
+    r = run_cli("status", "--masters", masters, "--token", "tok", "-o", "wide")
+    assert r.returncode == 0 and tcluster.servers[0].name in r.stdout
     assert "nixl" in r.stdout and "leases" in r.stdout
 
 
