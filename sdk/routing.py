@@ -58,6 +58,7 @@ import queue
 import threading
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
+from gcache.backoff import Backoff
 from gcache.discovery import MasterClient, MasterError, MasterUnavailable
 from gcache.hashing import PLACEMENT_SEED, placement_hash
 from gcache.native import placement_hashes as native_placement_hashes
@@ -74,7 +75,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("gcache.sdk")
 
 WATCH_WAIT_MS = 5000  # one long-poll of the masters' view
-WATCH_RETRY_S = 0.5  # pause after a failed long-poll (every master down)
+WATCH_RETRY_S = 0.5  # first pause after a failed long-poll (every master down), jittered
+WATCH_RETRY_MAX_S = 5.0  # ... doubling up to this
 HANDOFF_READ = {"ho": 1}  # the header flag of a read (or delete) at a previous owner
 HISTORY = 8  # replaced rings kept for the previous-owner fallback
 _HANDOFF_OPS = frozenset({Op.GET, Op.EXISTS, Op.DELETE})
@@ -230,10 +232,14 @@ class Router:
         return True
 
     def _watch(self) -> None:
-        """Follow the epoch; with every master down, keep routing on the last view."""
+        """Follow the epoch; with every master down, keep routing on the last view and
+        retry with jittered backoff (so a fleet does not retry in lockstep)."""
+        backoff = Backoff(WATCH_RETRY_S, WATCH_RETRY_MAX_S)
         while not self._stop.is_set():
-            if not self.refresh(wait_ms=WATCH_WAIT_MS):
-                self._stop.wait(WATCH_RETRY_S)
+            if self.refresh(wait_ms=WATCH_WAIT_MS):
+                backoff.reset()
+            else:
+                self._stop.wait(backoff.next())
 
     # ------------------------------------------------------------------ placement
     def hashes(self, keys: list[bytes], group: Any = None) -> list[int]:

@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import logging
 import ssl
+import random
 import threading
 import time
 import uuid
 from collections import deque
 from typing import Callable, Sequence
 
+from gcache.backoff import Backoff
 from gcache.discovery import MasterClient, MasterError, MasterUnavailable, view_from_wire
 from gcache.ring import Ring
 from gcache.view import View
@@ -105,13 +107,15 @@ class MembershipAgent:
         this process's boot id), retrying while no master answers, until ``deadline``
         (``time.monotonic()``). The masters' answer (``{"changed", "epoch", "member"}``);
         MasterUnavailable when the deadline passes first, MasterError when refused."""
+        backoff = Backoff(0.1, 1.0)
         while True:
             try:
                 return self.client.self_op(op, self.member_id, self.boot_id, deadline=deadline)
             except MasterUnavailable:
-                if time.monotonic() + 0.2 >= deadline:
+                pause = backoff.next()
+                if time.monotonic() + pause >= deadline:
                     raise
-                time.sleep(0.2)
+                time.sleep(pause)
 
     # ------------------------------------------------------------------ ownership
     def not_owned(self, client_epoch: int, hashes: Sequence[int]) -> list[bool] | None:
@@ -157,9 +161,11 @@ class MembershipAgent:
                 self._warn(str(exc))
             except (MasterUnavailable, OSError, ValueError, KeyError) as exc:
                 self._warn(str(exc))
-            self._stop.wait(self.interval)
+            # +-10 %: servers restarted together do not heartbeat in lockstep
+            self._stop.wait(self.interval * random.uniform(0.9, 1.1))
 
     def _watch_loop(self) -> None:
+        backoff = Backoff(0.5, 5.0)
         while not self._stop.is_set():
             if not self.registered.is_set():  # the first view is registration's
                 self._stop.wait(0.05)
@@ -170,8 +176,9 @@ class MembershipAgent:
             try:
                 doc = self.watcher.view(since=self.epoch, wait_ms=5000)
                 self._adopt(doc)
+                backoff.reset()
             except (MasterUnavailable, MasterError, OSError, ValueError):
-                self._stop.wait(1.0)  # keep serving on the last view
+                self._stop.wait(backoff.next())  # keep serving on the last view
 
     def _adopt(self, doc: dict | None, registered_before: int | None = None) -> None:
         with self._adopt_lock:
