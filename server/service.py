@@ -486,7 +486,7 @@ class _Connection:
             if self.authed:  # idle until the next request: an open pooled connection is fine
                 self.deadline, self.phase = math.inf, "idle"
             name = Op.NAMES.get(fh.opcode, "UNKNOWN")
-            m.child(m.frames, name).inc()
+            m.add(m.frames, name)(1)
             m.child(m.latency, name).observe(time.perf_counter() - t0)
 
     def next_request(self) -> tuple[FrameHeader, Any] | None:
@@ -725,12 +725,12 @@ class _Connection:
             if guard is not None and statuses[i] == Status.OK:
                 guard.settle(tier, parsed[i][0])
         m = self.svc.metrics
-        m.child(m.bytes, "in").inc(plen)
+        m.add(m.bytes, "in")(plen)
         if allowed:
             m.namespace_writes(ns, sum(p[3] for p, st in zip(parsed, statuses)
                                        if st == Status.OK))
         for st in set(statuses):
-            m.child(m.items, "put", st.name).inc(statuses.count(st))
+            m.add(m.items, "put", st.name)(statuses.count(st))
         self.reply(Op.PUT, rid, {"st": [int(s) for s in statuses]})
 
     def get(self, rid: int, meta: Any) -> None:
@@ -774,11 +774,11 @@ class _Connection:
             tier.unpin_many(pins)
         m = self.svc.metrics
         nbytes = lim.max_frame_bytes - budget
-        m.child(m.bytes, "out").inc(nbytes)
+        m.add(m.bytes, "out")(nbytes)
         hits = len(payload)
-        m.child(m.items, "get", "OK").inc(hits)
+        m.add(m.items, "get", "OK")(hits)
         if len(out_meta) - hits:
-            m.child(m.items, "get", "MISS").inc(len(out_meta) - hits)
+            m.add(m.items, "get", "MISS")(len(out_meta) - hits)
         m.namespace_reads(ns, hits, len(out_meta) - hits, nbytes)
         m.handoff_reads(meta, hits, len(out_meta) - hits)
 
@@ -804,7 +804,7 @@ class _Connection:
                 tombs.deleted(ns, k)  # before the delete: see tombstones.IfAbsentGuard
             st.append(no if no is not None else Status.OK if fn(ns, k) else Status.MISS)
         m = self.svc.metrics
-        m.child(m.items, Op.NAMES[op].lower(), "all").inc(len(st))
+        m.add(m.items, Op.NAMES[op].lower(), "all")(len(st))
         if op == Op.EXISTS:
             found = st.count(Status.OK)
             self.svc.metrics.handoff_reads(meta, found, len(st) - found)
