@@ -94,8 +94,8 @@ class Batch:
     verify = False  # frames ask transports to hash whole-object slices as they land
 
     __slots__ = ("op", "keys", "deadline", "sender", "results", "left", "parts", "versions",
-                 "totals", "sums", "hashes", "remaining", "lock", "future", "callback",
-                 "on_key", "flags", "handoff")
+                 "totals", "sums", "hashes", "remaining", "lock", "_future", "done",
+                 "callback", "on_key", "flags", "handoff")
 
     def __init__(self, op: int, keys: list[bytes], deadline: float, sender: Sender,
                  callback: BatchCallback | None, on_key: KeyCallback | None) -> None:
@@ -110,13 +110,27 @@ class Batch:
         self.hashes: list[int] = []  # placement hash per key (routing, NOT_OWNER re-routes)
         self.remaining = n
         self.lock = threading.Lock()
-        self.future: Future = Future()
+        # made on first use (``future``): a synchronous call answered on its own thread
+        # (one-hop) reads ``results`` once ``done`` and never needs one
+        self._future: Future | None = None
+        self.done = n == 0  # every key folded and the batch callback run
         self.callback, self.on_key = callback, on_key
         self.flags: dict | None = None  # header flags of every frame (``"ia"``, ``"ho"``)
         # Router.handoff while a membership change is recent (see the module docstring)
         self.handoff: Callable | None = None
-        if n == 0:
-            self.future.set_result([])
+
+    @property
+    def future(self) -> Future:
+        """The batch's Future of ``results``; done once every key folded and the batch
+        callback ran. Made on first use, under the lock, so it is set exactly once
+        whichever thread completes the batch."""
+        with self.lock:
+            fut = self._future
+            if fut is None:
+                fut = self._future = Future()
+                if self.done:
+                    fut.set_result(self.results)
+        return fut
 
     # ------------------------------------------------------------------ per kind
     def route(self, owners: list[str], slice_bytes: int) -> Routed:
@@ -200,7 +214,11 @@ class Batch:
                     self.callback(self.results)
                 except Exception:
                     log.exception("batch callback raised")
-            self.future.set_result(self.results)
+            with self.lock:
+                self.done = True
+                fut = self._future
+            if fut is not None:
+                fut.set_result(self.results)
 
 
 class PutBatch(Batch):

@@ -335,8 +335,9 @@ class Client:
                   timeout_ms: int | None = None, callback: BatchCallback | None = None,
                   on_key: KeyCallback | None = None, stream: Any = None,
                   if_absent: bool = False, placement: Sequence[int] | None = None,
-                  here: bool = False) -> Future:
-        """``put_batch_from_async``; ``here``: a synchronous call (see ``_start``)."""
+                  here: bool = False) -> Future | Batch:
+        """``put_batch_from_async``; ``here``: a synchronous call (see ``_start``: then
+        the batch, for ``_wait``)."""
         if len(keys) != len(buffers):
             raise ValueError("keys and buffers differ in length")
         if placement is not None:
@@ -424,7 +425,7 @@ class Client:
     def _get_into(self, keys: Sequence[Key], buffers: Sequence[Any], *, group: Any = None,
                   timeout_ms: int | None = None, callback: BatchCallback | None = None,
                   on_key: KeyCallback | None = None, stream: Any = None,
-                  here: bool = False) -> Future:
+                  here: bool = False) -> Future | Batch:
         """``get_batch_into_async``; ``here``: a synchronous call (see ``_start``)."""
         if len(keys) != len(buffers):
             raise ValueError("keys and buffers differ in length")
@@ -469,7 +470,7 @@ class Client:
 
     def _get_bytes(self, keys: Sequence[Key], *, group: Any = None,
                    timeout_ms: int | None = None, callback: BatchCallback | None = None,
-                   on_key: KeyCallback | None = None, here: bool = False) -> Future:
+                   on_key: KeyCallback | None = None, here: bool = False) -> Future | Batch:
         """``get_batch_async``; ``here``: a synchronous call (see ``_start``)."""
         return self._start(BytesBatch([self._key(k) for k in keys], self._checks,
                                       self._deadline(timeout_ms), self._router, callback,
@@ -666,26 +667,28 @@ class Client:
         return now + (self.timeout if timeout_ms is None else timeout_ms / 1000.0)
 
     def _start(self, batch: Batch, group: Any, placement: list[int] | None = None,
-               here: bool = False) -> Future:
+               here: bool = False) -> Future | Batch:
         """Route ``batch``'s keys (by ``group``, or the checked hashes ``placement``) and
-        send its items (CLOSED when closed): its future. ``here``: a synchronous call, so
-        a small one may run its IO on this thread (``Router.send``, one-hop)."""
+        send its items (CLOSED when closed): its future, or (``here``: a synchronous call,
+        so a small one may run its IO on this thread, ``Router.send``, one-hop) the batch
+        itself, for ``_wait``."""
         if self._metrics is not None:
             clock = self._dispatcher.clock.monotonic
             self._metrics.watch(batch, str(self.transport), clock(), clock)
         if self._closed:
-            return batch.fail_all(Status.CLOSED).future
+            batch.fail_all(Status.CLOSED)
+            return batch if here else batch.future
         if batch.keys:
             router = self._router
             batch.hashes = hashes = (router.hashes(batch.keys, group) if placement is None
                                      else placement)
             batch.handoff = router.handoff_for(batch)
             router.send(batch, batch.route(router.owners(hashes), self.slice), here=here)
-        return batch.future
+        return batch if here else batch.future
 
     def _keyed(self, op: int, keys: Sequence[Key], *, group: Any = None,
                timeout_ms: int | None = None, callback: BatchCallback | None = None,
-               on_key: KeyCallback | None = None, here: bool = False) -> Future:
+               on_key: KeyCallback | None = None, here: bool = False) -> Future | Batch:
         return self._start(KeyBatch(op, [self._key(k) for k in keys],
                                     self._deadline(timeout_ms), self._router, callback,
                                     on_key), group, None, here)
@@ -716,7 +719,13 @@ class Client:
         s = self._settings
         return TcpTransport(address, s.token, s.limits, s.connect_timeout_s, s.tls)
 
-    def _wait(self, fut: Future, n: int, fallback: Any) -> list:
+    def _wait(self, fut: Future | Batch, n: int, fallback: Any) -> list:
+        """A synchronous call's results: at once when its batch completed on this thread
+        (one-hop; no Future made), else its future's, bounded."""
+        if isinstance(fut, Batch):
+            if fut.done:
+                return fut.results
+            fut = fut.future
         try:
             return fut.result(timeout=self.timeout * 4 + 5.0)
         except TimeoutError:  # defensive: the reaper should have completed it

@@ -169,6 +169,23 @@ class ServerMetrics:
             c = self._children[key] = metric.labels(*labels)
         return c
 
+    def add(self, counter: Any, *labels: str) -> Callable[[float], None]:
+        """The per-frame form of ``child(counter, *labels).inc``: a cached function of
+        one argument (the amount, >= 0) that adds to that labelled child. A Counter
+        child's ``inc`` spends three Python calls checking that a labelled child is
+        labelled before its one locked add; on a single-key frame (three or six adds)
+        that was a third of the server's Python calls. This goes to the child's value
+        (prometheus_client's ``_value.inc``, the same lock and float) when it has one,
+        else to ``inc``."""
+        key = (id(counter), labels, "add")
+        fn = self._children.get(key)
+        if fn is None:
+            c = self.child(counter, *labels)
+            value = getattr(c, "_value", None)
+            fn = value.inc if callable(getattr(value, "inc", None)) else c.inc
+            self._children[key] = fn
+        return fn
+
     def quota_event(self, event: str, ns: bytes, n: int) -> None:
         """A tier's quota event (``refused``, ``evicted``, ``disk_evicted``); must not block
         (runs under the tier's lock)."""
@@ -183,24 +200,24 @@ class ServerMetrics:
         """One read frame's items, when it is a handoff read (``"ho": 1``)."""
         if meta.get("ho") == 1:
             if hits:
-                self.child(self.read_throughs, "hit").inc(hits)
+                self.add(self.read_throughs, "hit")(hits)
             if misses:
-                self.child(self.read_throughs, "miss").inc(misses)
+                self.add(self.read_throughs, "miss")(misses)
 
     def namespace_reads(self, ns: bytes, hits: int, misses: int, nbytes: int) -> None:
         """One frame's reads of namespace ``ns`` (GET or LEASE)."""
         label = self.namespace(ns)
         if hits:
-            self.child(self.ns_hits, label).inc(hits)
+            self.add(self.ns_hits, label)(hits)
         if misses:
-            self.child(self.ns_misses, label).inc(misses)
+            self.add(self.ns_misses, label)(misses)
         if nbytes:
-            self.child(self.ns_bytes, label, "out").inc(nbytes)
+            self.add(self.ns_bytes, label, "out")(nbytes)
 
     def namespace_writes(self, ns: bytes, nbytes: int) -> None:
         """Payload bytes one frame put into namespace ``ns`` (PUT or COMMIT)."""
         if nbytes:
-            self.child(self.ns_bytes, self.namespace(ns), "in").inc(nbytes)
+            self.add(self.ns_bytes, self.namespace(ns), "in")(nbytes)
 
 
 class _NamespaceCollector:

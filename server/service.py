@@ -23,6 +23,11 @@ is known) and the connection is closed; per-item faults (miss, no space, too
 large) are statuses inside a normal reply and the stream stays in sync: the
 bytes of a refused item are drained through a bounded scratch buffer.
 
+Reads: every byte of a connection is read through its ``FrameReader``
+(gcache/frame_reader.py). After AUTH it reads ahead, so a request's prefix and header
+usually come in one ``recv``; bytes past the frame's header feed the PUT payload's
+first views or the next frame (a client may pipeline frames in one write).
+
 TLS (``tls_cert_file``): the server speaks TLS only. The connection's thread
 (never the accept loop) peeks at the first byte: a TLS ClientHello gets the
 handshake, bounded by the connection's handshake deadline (``handshake_timeout_ms``
@@ -51,11 +56,11 @@ from gcache.errors import ProtocolError
 from gcache.logs import RateLimitedLog
 from gcache.network import check_bind, linger
 from gcache.sched import background_thread
-from gcache.protocol import (FLAG_RESPONSE, PREAUTH_MAX_HEADER_BYTES, PREFIX_SIZE,
+from gcache.protocol import (FLAG_RESPONSE, PREAUTH_MAX_HEADER_BYTES,
                              FrameHeader, Limits, Op, check_flag, check_items, check_key,
                              check_namespace, check_placement, discard_views, encode_frame, parse_put_items,
-                             decode_meta, read_header, read_prefix, recv_into_many,
-                             self_contained, sendmsg_all)
+                             decode_meta, self_contained, sendmsg_all)
+from gcache.frame_reader import FrameReader
 from gcache.status import Status
 from gcache.server.metrics import ServerMetrics
 from gcache.server.tier import Tier
@@ -418,7 +423,7 @@ class _Connection:
         self.deadline = deadline  # enforced by Service._watch; see Service
         self.phase = "handshake"  # what the deadline bounds: handshake, request or send
         self.limits = svc.limits
-        self.prefix = bytearray(PREFIX_SIZE)
+        self.reader: FrameReader | None = None  # made in run(), on the final (TLS) socket
         self.scratch = _DISCARD
         self.authed = False
         self.cred: Credential | None = None  # set by AUTH, re-resolved every frame
@@ -461,6 +466,8 @@ class _Connection:
         m = svc.metrics
         # a per-call cap as well; the handshake deadline itself is Service._watch's
         self.sock.settimeout(svc.handshake_s)
+        # no read-ahead before AUTH: a stranger's prefix is judged before its header is read
+        self.reader = FrameReader(self.sock, self.limits, read_ahead=False)
         self.reply(Op.HELLO, 0, {"v": 1, "name": svc.name, "nonce": self.nonce,
                                  "auth": svc.credentials.required,
                                  "limits": {"max_key_bytes": self.limits.max_key_bytes,
@@ -479,7 +486,7 @@ class _Connection:
             if self.authed:  # idle until the next request: an open pooled connection is fine
                 self.deadline, self.phase = math.inf, "idle"
             name = Op.NAMES.get(fh.opcode, "UNKNOWN")
-            m.child(m.frames, name).inc()
+            m.add(m.frames, name)(1)
             m.child(m.latency, name).observe(time.perf_counter() - t0)
 
     def next_request(self) -> tuple[FrameHeader, Any] | None:
@@ -487,13 +494,13 @@ class _Connection:
         (replied to; the caller closes). Before AUTH the prefix is judged before any
         header byte is read; the header is decoded only once its CRC checked out."""
         try:
-            fh, prefix = read_prefix(self.sock, self.limits, self.prefix)
+            fh, prefix = self.reader.read_prefix()
             if not self.authed and not self.preauth_frame_ok(fh):
                 return None
             if self.authed:  # the rest of this request (header, payload) has a deadline
                 self.deadline = time.monotonic() + self.svc.request_s
                 self.phase = "request"
-            header = read_header(self.sock, fh, prefix)
+            header = self.reader.read_header(fh, prefix)
         except ProtocolError as exc:  # the prefix is not vouched for: request id 0
             self.fail(0, 0, exc.status, str(exc), "malformed")
             return None
@@ -653,6 +660,7 @@ class _Connection:
         self.authed = True
         self.svc.authenticated(self)
         self.sock.settimeout(None)  # authenticated clients may keep idle pooled connections
+        self.reader.read_ahead = True  # prefix and header in one recv from now on
         info = self.svc.nixl_info
         # only authenticated peers learn where the arena is (shm: path, uid, boot id) and
         # how to reach it (nixl: metadata carrying memory keys)
@@ -707,7 +715,7 @@ class _Connection:
                 statuses.append(Status.OK)
                 slots.append((len(statuses) - 1, slot))
                 views.append(slot.view)
-            recv_into_many(self.sock, views)
+            self.reader.recv_into_many(views)
         except BaseException:
             for _, slot in slots:
                 tier.abort_put(slot)
@@ -717,12 +725,12 @@ class _Connection:
             if guard is not None and statuses[i] == Status.OK:
                 guard.settle(tier, parsed[i][0])
         m = self.svc.metrics
-        m.child(m.bytes, "in").inc(plen)
+        m.add(m.bytes, "in")(plen)
         if allowed:
             m.namespace_writes(ns, sum(p[3] for p, st in zip(parsed, statuses)
                                        if st == Status.OK))
         for st in set(statuses):
-            m.child(m.items, "put", st.name).inc(statuses.count(st))
+            m.add(m.items, "put", st.name)(statuses.count(st))
         self.reply(Op.PUT, rid, {"st": [int(s) for s in statuses]})
 
     def get(self, rid: int, meta: Any) -> None:
@@ -766,11 +774,11 @@ class _Connection:
             tier.unpin_many(pins)
         m = self.svc.metrics
         nbytes = lim.max_frame_bytes - budget
-        m.child(m.bytes, "out").inc(nbytes)
+        m.add(m.bytes, "out")(nbytes)
         hits = len(payload)
-        m.child(m.items, "get", "OK").inc(hits)
+        m.add(m.items, "get", "OK")(hits)
         if len(out_meta) - hits:
-            m.child(m.items, "get", "MISS").inc(len(out_meta) - hits)
+            m.add(m.items, "get", "MISS")(len(out_meta) - hits)
         m.namespace_reads(ns, hits, len(out_meta) - hits, nbytes)
         m.handoff_reads(meta, hits, len(out_meta) - hits)
 
@@ -796,7 +804,7 @@ class _Connection:
                 tombs.deleted(ns, k)  # before the delete: see tombstones.IfAbsentGuard
             st.append(no if no is not None else Status.OK if fn(ns, k) else Status.MISS)
         m = self.svc.metrics
-        m.child(m.items, Op.NAMES[op].lower(), "all").inc(len(st))
+        m.add(m.items, Op.NAMES[op].lower(), "all")(len(st))
         if op == Op.EXISTS:
             found = st.count(Status.OK)
             self.svc.metrics.handoff_reads(meta, found, len(st) - found)
