@@ -189,7 +189,8 @@ class Server:
                                       pending_put_timeout_ms=cfg.pending_put_timeout_ms,
                                       quotas=self.quotas, on_quota=self.metrics.quota_event,
                                       eviction_policy=make_policy(cfg.eviction_policy),
-                                      access_observer=self.mrc)
+                                      access_observer=self.mrc,
+                                      recency_snapshot_s=cfg.recency_snapshot_ms / 1000)
         log.info("arena ready", extra={"fields": dict(self.memory_tier.recovery)})
         self.limits = build_limits(cfg)
         self.shm = ShmRegistry()  # GCACHE_SHM_LEASE_MS is read here

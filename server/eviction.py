@@ -31,6 +31,12 @@ Primitives (``EvictionPolicy``):
   pins), so a policy must not assume the first candidate is taken. The iterator
   is valid only until the next call of any other method: the tier stops
   iterating before it changes the index.
+* ``saved_order()`` — every resident object, in the order the memory tier saves
+  across a restart (recovery calls ``on_insert`` in it): first to give up first,
+  WITHOUT changing the policy's state (the tier calls it every
+  ``recency_snapshot_ms``). Not abstract: ``candidates()`` by default, which is right
+  for a policy whose ``candidates()`` is a plain read; one whose walk changes state
+  (``s3fifo``) overrides it.
 
 Threads: every method is called with the memory tier's lock held (so never two
 at once), from connection threads (``on_hit``, ``on_insert``, ``on_remove``,
@@ -111,6 +117,11 @@ class EvictionPolicy(abc.ABC):
     @abc.abstractmethod
     def candidates(self, ns: bytes | None = None) -> Iterator[Resident]:
         """Resident objects (of ``ns`` only, when given), the first to give up first."""
+
+    def saved_order(self) -> Iterator[Resident]:
+        """Every resident object, first to give up first, without changing any state
+        (what a restart rebuilds; see the module docstring)."""
+        return self.candidates()
 
 
 class _Orders:
@@ -316,6 +327,10 @@ class S3FIFO(EvictionPolicy):
             objs = self._by_ns.get(ns)
             return iter(objs) if objs is not None else iter(())
         return self._walk()
+
+    def saved_order(self) -> Iterator[Resident]:
+        """Small's FIFO, then main's: no walk (a walk spends every ``freq``)."""
+        return itertools.chain(self._small, self._main)
 
     def _walk(self) -> Iterator[Resident]:
         small, main, freq = self._small, self._main, self._freq
