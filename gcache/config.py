@@ -204,7 +204,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("high_watermark", "float", 0.95, "Arena fill ratio that starts eviction.", "server"),
     Option("low_watermark", "float", 0.90, "Arena fill ratio eviction stops at.", "server"),
     Option("eviction_policy", "str", "lru", "Which objects the memory tier gives up first "
-           "(evicts, or demotes to the NVMe tier): lru (least recently used; under a "
+           "(evicts, or demotes to the NVMe tier), and which records the NVMe tier's "
+           "compaction and disk quota drop first: lru (least recently used; under a "
            "namespace quota, that namespace's own least recently used); reuse (objects "
            "never read or put again since they came go first, then the others, each least "
            "recently used first); s3fifo (S3-FIFO: small and main FIFO queues and a ghost "

@@ -38,10 +38,15 @@ Primitives (``EvictionPolicy``):
   for a policy whose ``candidates()`` is a plain read; one whose walk changes state
   (``s3fifo``) overrides it.
 
-Threads: every method is called with the memory tier's lock held (so never two
-at once), from connection threads (``on_hit``, ``on_insert``, ``on_remove``,
-``candidates`` for a synchronous eviction) and from the evictor or mover thread.
-No method may block, sleep, do IO or take another lock.
+The disk tier (``disk.log.SegmentLog``) keeps a policy of its own, built from the same
+name, over its live records (``chunk``: the record's bytes); its compaction
+(``tiering.PolicyOrder``) and quota evictions give records up in that order.
+
+Threads: every method is called with its tier's lock held (the memory tier's, or the
+segment log's for the disk's policy; so never two at once), from connection threads
+(``on_hit``, ``on_insert``, ``on_remove``, ``candidates`` for a synchronous eviction)
+and from the evictor or mover thread. No method may block, sleep, do IO or take
+another lock.
 
 Config: ``eviction_policy`` (``gcache.config``) names the policy; ``make_policy``
 builds it:
