@@ -12,6 +12,7 @@ import pytest
 
 from gcache.bench.trace import load_requests, replay_real, round_capacity
 from gcache.bench.trace_sim import simulate
+from gcache.config import EVICTION_POLICIES
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -46,7 +47,7 @@ def test_real_server_hit_rate_matches_the_simulation(tmp_path) -> None:
     _write_trace(trace)
     reqs = load_requests(str(trace), None, 512)
     cap = round_capacity(48)
-    for policy in ("lru", "reuse", "s3fifo"):
+    for policy in EVICTION_POLICIES:
         sim = simulate(reqs, cap, policy)
         real = replay_real(reqs, cap, policy, disk=False, disk_ratio=10, log_dir=None,
                            timeout_ms=10000)
