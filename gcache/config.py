@@ -213,7 +213,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("recency_snapshot_ms", "duration_ms", 10000, "How often the memory tier saves "
            "its eviction order in the arena (0: only at a clean stop), so a restart after "
            "a crash (kill -9) evicts in the order of at most this long before it. Costs "
-           "about 2.5 us per resident object each time, in 1024-object lock holds.",
+           "about 2 us per resident object each time, in 1024-object lock holds.",
            "server"),
     Option("mrc", "bool", True, "Estimate the online miss-ratio curve: per namespace, the "
            "memory hit rate at 0.5x, 1x, 2x, 4x and 8x this server's memory, from a sampled "

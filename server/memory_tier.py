@@ -83,9 +83,10 @@ the recovered chunks.
   superblock), hottest first, 1024 objects per lock hold, so a crash (kill -9)
   restarts with the order of at most one period before it; objects put since then
   come after every ranked one, oldest first. Cost (``snapshot_recency``): one ``list``
-  of the policy's ``saved_order`` under the lock (a C-level copy: ~25 ms per 100k
-  objects), then ~2.5 us per object in 1024-object lock holds (~1-2 ms each): ~0.25 s
-  of one core per 100k resident objects per period, on a loaded 2-core machine.
+  of the policy's ``saved_order`` under the lock (a C-level copy: 30-60 ms per 100k
+  objects on a loaded 2-core machine), then ~2 us per object in
+  1024-object lock holds (~0.7 ms each): ~0.2 s of one core per 100k resident objects
+  per period (``python -m gcache.bench.recency_cost``).
 
 ``do_`` methods require the caller to hold ``self._lock`` (``LockRank.MEMORY``:
 taken before the disk's, never after).
@@ -119,7 +120,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gcache.server.memory")
 
 _EVICT_SYNC_LIMIT = 100_000
-_RANK_BATCH = 1024  # objects per lock hold of a recency snapshot (~1-2 ms)
+_RANK_BATCH = 1024  # objects per lock hold of a recency snapshot (~0.7 ms)
 _OK = Status.OK  # an enum attribute lookup costs more than a global one, per item
 
 
