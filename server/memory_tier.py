@@ -78,7 +78,8 @@ the recovered chunks.
   (promotion).
 
 * Recency across restarts: every ``recency_snapshot_s`` (default 10 s; 0: only at a
-  clean stop) the evictor thread writes each object's place in the policy's order into
+  clean stop) the evictor thread (with a disk tier, the tiered store's mover:
+  ``snapshot_recency_if_due``) writes each object's place in the policy's order into
   its chunk header (``arena`` docstring: ranks only grow, and a record in the
   superblock), hottest first, 1024 objects per lock hold, so a crash (kill -9)
   restarts with the order of at most one period before it; objects put since then
@@ -950,9 +951,15 @@ class MemoryTier(Tier):
         when it is due. Steppable in tests."""
         self.expire_pending()
         self.evict_to_low()
-        if self.recency_snapshot_s > 0 and self.clock() >= self._next_snapshot:
-            self._next_snapshot = self.clock() + self.recency_snapshot_s
-            self.snapshot_recency()
+        self.snapshot_recency_if_due()
+
+    def snapshot_recency_if_due(self) -> int:
+        """``snapshot_recency`` once ``recency_snapshot_s`` has passed since the last
+        (the evictor's ``step``, or the tiered store's mover); 0 when not due."""
+        if self.recency_snapshot_s <= 0 or self.clock() < self._next_snapshot:
+            return 0
+        self._next_snapshot = self.clock() + self.recency_snapshot_s
+        return self.snapshot_recency()
 
     def expire_pending(self) -> None:
         """Reclaim sliced puts that stalled past ``pending_put_timeout_ms``."""
@@ -1176,7 +1183,8 @@ class MemoryTier(Tier):
         """Save the policy's order in the arena (``_recover`` rebuilds it after a crash
         too), holding the lock for ``_RANK_BATCH`` objects at a time; returns how many.
         Hottest first: a crash part-way leaves the coldest with an older snapshot's
-        (lower) ranks, still before the rest. Evictor thread (``step``), or a test."""
+        (lower) ranks, still before the rest. The evictor or mover thread
+        (``snapshot_recency_if_due``), or a test."""
         with self._lock:
             if self.arena.mm.closed:
                 return 0

@@ -9,7 +9,10 @@ import pytest
 
 from gcache.clock import VirtualClock
 from gcache.server.arena import Arena
+from gcache.server.disk import SegmentLog
 from gcache.server.memory_tier import MemoryTier
+from gcache.server.tiered_store import TieredStore
+from gcache.server.tiering import make_promote_policy
 from tierops import put_value
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
@@ -100,3 +103,25 @@ def test_periodic_snapshot_carries_the_order_across_a_crash(tmp_path) -> None:
         assert _order(m) == [b"d", b"a", b"b", b"e", b"c"]
     finally:
         m.close()
+
+
+def test_the_tiered_stores_mover_takes_the_snapshots_too(tmp_path) -> None:
+    """With a disk tier the memory evictor thread does not run: the mover's step saves."""
+    clock = VirtualClock()
+    mem = MemoryTier(Arena(str(tmp_path / "a.arena"), 16 * MIB, MIB, prefault=False),
+                     clock=clock.monotonic, recency_snapshot_s=5.0)
+    disk = SegmentLog(str(tmp_path), "t", capacity_bytes=64 * MIB, segment_bytes=4 * MIB,
+                      max_value_bytes=MIB)
+    st = TieredStore(mem, disk, make_promote_policy("never", 1000, clock.monotonic),
+                     clock=clock.monotonic, room_wait_s=0.0)
+    try:
+        for k in (b"a", b"b", b"c"):
+            put_value(st, NS, k, 5000)
+        st.step()
+        assert mem.arena.snapshot_record()[0] == 0, "not due yet"
+        clock.advance(5.0)
+        st.step()
+        seq, _, objects, _ = mem.arena.snapshot_record()
+        assert (seq, objects) == (1, 3)
+    finally:
+        st.close()
