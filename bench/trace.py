@@ -18,7 +18,7 @@ watermarks are 1.0 / 0.999, so it evicts only when an allocation finds no room, 
 the policy's order, which is what ``trace_sim`` models: its offline number for the same
 policy is printed next to the real one ("sim"). ``--disk`` adds an NVMe tier of
 ``--disk-ratio`` x the memory to every server (default watermarks, so the mover
-demotes in the policy's order) and reports memory + disk hits.
+demotes in the policy's order, and the disk compacts in it) and reports memory + disk hits.
 
 Columns: hit rate (pages hit / pages asked; every page is the same number of tokens,
 so this is the token hit rate), the ceiling, Belady at the same capacity, and the
