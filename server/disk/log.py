@@ -24,8 +24,8 @@ unlinked, read (a hit) or touched, all with ``self.lock`` held. Compaction with 
 order-aware ``CompactionPolicy`` (``tiering.PolicyOrder``, the server's) marks the
 records the policy gives up first, one segment's worth of sealed bytes
 (``do_cold_set``), reclaims the segment that leaves the fewest other live bytes to
-carry, drops its marked records and carries the rest (which re-enter the policy as new:
-a rewrite). A quota eviction kills the namespace's first candidate instead of its
+carry, drops its marked records and carries the rest (``do_carry``: they keep their place in
+the policy's order). A quota eviction kills the namespace's first candidate instead of its
 oldest record.
 
 Placement hashes (``tier`` docstring). A ``DemoteItem``'s ``ph`` goes into its record
@@ -479,6 +479,19 @@ class SegmentLog:
         o = self._objs[k] = _DiskObj(k[0], k[1], e)
         self.policy.on_insert(o)
 
+    def do_carry(self, ns: bytes, key: bytes, e: Entry) -> None:
+        """Publish ``e``, compaction's rewrite of the live record of ``(ns, key)``: the
+        policy keeps its object and its place (a rewrite is not a use, nor a new key)."""
+        k = (ns, key)
+        o, pol = self._objs.get(k), self.policy
+        self.policy = None  # the lock is held: nothing else sees the policy meanwhile
+        try:
+            self.do_insert(ns, key, e)
+        finally:
+            self.policy = pol
+        if o is not None and self.index.get(k) is e:
+            o.e = e
+
     def do_cold_set(self) -> tuple[set[int], dict[int, int]]:
         """The policy's first candidates in sealed segments, until they hold one
         segment's bytes: ``(id() of their entries, their bytes per segment id)``. What
@@ -860,7 +873,7 @@ class SegmentLog:
                 with self.lock:
                     for (ns, key, e, _p), r in zip(reads, res):
                         if isinstance(r, Entry) and self.index.get((ns, key)) is e:
-                            self.do_insert(ns, key, r)
+                            self.do_carry(ns, key, r)
                             carried += 1
                         elif isinstance(r, Entry):  # deleted or replaced meanwhile
                             self.do_kill(ns, key, r, indexed=False)

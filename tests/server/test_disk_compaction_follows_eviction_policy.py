@@ -163,3 +163,21 @@ def test_tiered_store_demotes_and_compacts_in_policy_order(tmp_path, policy: str
         assert all(st.exists(NS, k) for k in hot) == (policy == "reuse")
     finally:
         st.close()
+
+
+def test_carried_records_keep_their_place_in_the_policy(tmp_path) -> None:
+    """A rewrite by compaction is neither a use nor a new key: under ``reuse`` a carried
+    never-read record stays in the never-read class (its ghost must not promote it)."""
+    log = _log(tmp_path, "reuse")
+    try:
+        _segments(log, A, B, C)
+        for k in A[:10]:
+            _read(log, k)
+        r = log.compact_one(PolicyOrder())
+        carried = [k for k in B if log.exists(NS, k)]
+        assert r["carried"] == len(carried) > 0 and _here(log, A) == A, r
+        with log.lock:
+            order = [o.key for o in log.policy.candidates()]
+        assert max(order.index(k) for k in carried) < min(order.index(k) for k in A[:10])
+    finally:
+        log.close()
