@@ -154,12 +154,14 @@ def run_swa(path: str, *, fractions: Sequence[float], policies: Sequence[str],
     """``--swa``: the hybrid-SWA layout through one fresh server per (capacity, policy)."""
     import argparse
 
-    from gcache.bench.swa_replay import run_layout, unbounded_hit_rates
+    from gcache.bench.swa_replay import requests, run_layout, unbounded_hit_rates
 
     unb = unbounded_hit_rates(path, geo, limit)
+    expected = sum(1 for _ in requests(path, geo, limit))
     pages = {"kv": unb["unique_kv_pages"], "swa": unb["unique_swa_pages"]}
     total, slab = swa_capacity_bytes(pages, geo)
-    doc: dict[str, Any] = {"trace": path, "requests": None, "unique_pages": sum(pages.values()),
+    doc: dict[str, Any] = {"trace": path, "requests": expected,
+                           "unique_pages": sum(pages.values()),
                            "unique_kv_pages": pages["kv"], "unique_swa_pages": pages["swa"],
                            "page_tokens": geo.page_tokens, "geometry": dict(geo.__dict__),
                            "swa": True, "ceiling": unb["window_safe_hit_rate"],
@@ -177,13 +179,14 @@ def run_swa(path: str, *, fractions: Sequence[float], policies: Sequence[str],
             rep = run_layout("swa", args, geo, extra=[
                 "--eviction-policy", pol, "--high-watermark", "1.0",
                 "--low-watermark", "0.999"], log_dir=log_dir)
-            doc["requests"] = rep["requests"]
+            unreplayed = expected - rep["requests"]  # a replay thread died: not a result
             doc["rows"].append({
                 "capacity_fraction": frac, "capacity_pages": npages * slab // CHUNK,
                 "capacity_bytes": npages * slab, "policy": pol, "belady": None, "sim": None,
                 "hit_rate": rep["token_hit_rate"], "gap_closed": None,
                 "real": {"hit_rate": rep["token_hit_rate"], "seconds": rep["seconds"],
-                         "errors": rep["wrong_values"] + rep["lost_after_exists"],
+                         "errors": rep["wrong_values"] + rep["lost_after_exists"] + unreplayed,
+                         "unreplayed_requests": unreplayed,
                          "evictions": rep["evictions"],
                          "stored_prefix_rate": rep["stored_prefix_rate"]}})
     return doc
