@@ -140,6 +140,16 @@ class Report:
         }
 
 
+def pool_specs(layout: str, geo: Geometry) -> tuple[PoolSpec, PoolSpec | None]:
+    """The pools a layout writes: ``swa``: KV (full-attention layers) and SWA (the
+    sliding-window layers); ``naive``: every layer in KV, no SWA pool."""
+    tag = f"bench.p{geo.page_tokens}.page_first.-.b{geo.bytes_per_token_layer}"
+    if layout == "swa":
+        return (PoolSpec("kv", tag, "tp0of1", (geo.page_bytes(geo.full_layers),)),
+                PoolSpec("swa", tag, "tp0of1", (geo.page_bytes(geo.layers - geo.full_layers),)))
+    return PoolSpec("kv", tag, "tp0of1", (geo.page_bytes(geo.layers),)), None
+
+
 class Engine:
     """One layout's L3 path, shared by the replay threads."""
 
@@ -148,14 +158,7 @@ class Engine:
         self.layout, self.geo = layout, geo
         cfg = PluginConfig(servers=tuple(servers), group_pages=group_pages, touch=False)
         self.store = ChainStore(client, cfg)
-        tag = f"bench.p{geo.page_tokens}.page_first.-.b{geo.bytes_per_token_layer}"
-        if layout == "swa":
-            self.kv = PoolSpec("kv", tag, "tp0of1", (geo.page_bytes(geo.full_layers),))
-            self.swa: PoolSpec | None = PoolSpec(
-                "swa", tag, "tp0of1", (geo.page_bytes(geo.layers - geo.full_layers),))
-        else:
-            self.kv = PoolSpec("kv", tag, "tp0of1", (geo.page_bytes(geo.layers),))
-            self.swa = None
+        self.kv, self.swa = pool_specs(layout, geo)
         self.rep = Report(layout, unique={"kv": set(), "swa": set()})
         self.lock = threading.Lock()
 
@@ -243,8 +246,12 @@ class Engine:
             r.unique["swa"].update(swa_new)
 
 
-def run_layout(layout: str, args: argparse.Namespace, geo: Geometry) -> dict:
-    with Cluster(args.servers, args.memory, slab=args.slab_bytes) as cl:
+def run_layout(layout: str, args: argparse.Namespace, geo: Geometry,
+               extra: list[str] | None = None, log_dir: str | None = None) -> dict:
+    """Replay ``layout`` through a fresh cluster (``extra``: more server flags, such as
+    ``--eviction-policy``; ``log_dir``: the servers' logs)."""
+    with Cluster(args.servers, args.memory, slab=args.slab_bytes, extra=extra,
+                 log_dir=log_dir) as cl:
         with Client(servers=cl.addresses, namespace=f"swa-replay/{layout}",
                     timeout_ms=args.timeout_ms) as client:
             eng = Engine(layout, client, geo, args.group_pages, cl.addresses)
@@ -311,7 +318,8 @@ def unbounded_hit_rates(path: str, geo: Geometry, limit: int | None) -> dict:
             if q > 0:
                 swa.update(c[max(0, q - w):q])
     return {"prefix_hit_rate": round(prefix / tot, 4) if tot else 0.0,
-            "window_safe_hit_rate": round(safe / tot, 4) if tot else 0.0}
+            "window_safe_hit_rate": round(safe / tot, 4) if tot else 0.0,
+            "unique_kv_pages": len(kv), "unique_swa_pages": len(swa)}
 
 
 def main(argv: list[str] | None = None) -> int:

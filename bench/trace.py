@@ -5,6 +5,8 @@ ceiling and the Belady oracle at the same capacity.
     gcache-bench trace mooncake_fast25_synthetic_trace.jsonl \\
         --capacity 0.05 --capacity 0.1 --capacity 0.2 --policy lru --policy reuse \\
         [--disk] [--limit N] [--page-tokens 64] [--offline] [--plot hit.png] [--json out.json]
+    gcache-bench trace TRACE --swa [--layers 70 --full-layers 10 --window-tokens 128
+        --page-tokens 64 --bytes-per-token-layer 6] --capacity 0.1 --policy lru
 
 Design. For every (capacity, policy) a fresh single ``gcache-server`` is started
 (``gcache.testing.cluster``) with ``--eviction-policy`` and an arena that holds exactly
@@ -16,7 +18,7 @@ watermarks are 1.0 / 0.999, so it evicts only when an allocation finds no room, 
 the policy's order, which is what ``trace_sim`` models: its offline number for the same
 policy is printed next to the real one ("sim"). ``--disk`` adds an NVMe tier of
 ``--disk-ratio`` x the memory to every server (default watermarks, so the mover
-demotes in the policy's order) and reports memory + disk hits.
+demotes in the policy's order, and the disk compacts in it) and reports memory + disk hits.
 
 Columns: hit rate (pages hit / pages asked; every page is the same number of tokens,
 so this is the token hit rate), the ceiling, Belady at the same capacity, and the
@@ -26,6 +28,15 @@ fraction of the LRU -> Belady gap a policy closes ((hit - LRU) / (Belady - LRU))
 skips the servers (simulation only, seconds). ``--plot`` draws hit rate against
 capacity per policy, with the ceiling and Belady (needs matplotlib: ``pip install
 gcache[bench]``; checked before anything runs).
+
+``--swa`` keeps ``swa_replay``'s hybrid-SWA geometry: two pools of different page sizes
+(KV: the full-attention layers of every page; SWA: the sliding-window layers of the
+trailing window only), written and looked up as the SGLang plugin does, and a hit is the
+window-safe prefix (``swa_replay.Engine``, layout ``swa``). Capacity is a fraction of
+the arena bytes all the trace's KV and SWA pages take (``swa_capacity_bytes``); the
+ceiling is the window-safe hit rate of an infinite cache. There is no offline
+simulation or Belady oracle for two page sizes (those columns show "-"), so ``--swa``
+needs the servers (no ``--offline``) and the memory tier alone (no ``--disk``).
 """
 
 from __future__ import annotations
@@ -47,7 +58,7 @@ from gcache.bench.trace_sim import (Request, belady, capacity_blocks, ceiling, l
                                     simulate, unique_blocks)
 from gcache.bench.workload import Step
 from gcache.config import EVICTION_POLICIES
-from gcache.server.arena import arena_bytes_for, header_len
+from gcache.server.arena import arena_bytes_for, header_len, size_class
 
 NAMESPACE = "trace"
 CHUNK = 4096  # one size class: every page is one 4 KiB chunk
@@ -123,6 +134,65 @@ def replay_real(reqs: Sequence[Request], capacity: int, policy: str, *, disk: bo
             "demoted": st.get("demoted", 0), "disk_hits": st.get("disk_hits", 0)}
 
 
+def swa_capacity_bytes(pages: dict[str, int], geo: Any) -> tuple[int, int]:
+    """Arena bytes all ``pages`` (``{"kv": n, "swa": m}`` unique pages) take in the
+    ``swa`` layout, and the slab (the largest chunk, at least 64 KiB)."""
+    from gcache.bench.swa_replay import pool_specs
+
+    total, largest = 0, SLAB
+    for spec in pool_specs("swa", geo):
+        key = spec.keys("f" * 16 + ".63")[0]  # a long page key: hash id hex . index
+        chunk = size_class(header_len(len(b"swa-replay/swa"), len(key), True)
+                           + spec.page_bytes)
+        total += pages[spec.name] * chunk
+        largest = max(largest, chunk)
+    return total, (largest + SLAB - 1) // SLAB * SLAB
+
+
+def run_swa(path: str, *, fractions: Sequence[float], policies: Sequence[str],
+            limit: int | None, geo: Any, log_dir: str | None, timeout_ms: int,
+            progress=None) -> dict[str, Any]:  # noqa: ANN001
+    """``--swa``: the hybrid-SWA layout through one fresh server per (capacity, policy)."""
+    import argparse
+
+    from gcache.bench.swa_replay import requests, run_layout, unbounded_hit_rates
+
+    unb = unbounded_hit_rates(path, geo, limit)
+    expected = sum(1 for _ in requests(path, geo, limit))
+    pages = {"kv": unb["unique_kv_pages"], "swa": unb["unique_swa_pages"]}
+    total, slab = swa_capacity_bytes(pages, geo)
+    doc: dict[str, Any] = {"trace": path, "requests": expected,
+                           "unique_pages": sum(pages.values()),
+                           "unique_kv_pages": pages["kv"], "unique_swa_pages": pages["swa"],
+                           "page_tokens": geo.page_tokens, "geometry": dict(geo.__dict__),
+                           "swa": True, "ceiling": unb["window_safe_hit_rate"],
+                           "disk": False, "rows": []}
+    for frac in fractions:
+        npages = max(1, -(-int(frac * total) // slab))
+        for pol in policies:
+            if progress:
+                progress(f"replaying the SWA layout: {pol} at {frac:g} ({npages} x "
+                         f"{slab >> 10} KiB slab pages)")
+            args = argparse.Namespace(servers=1, memory=str(arena_bytes_for(npages, slab)),
+                                      slab_bytes=str(slab), timeout_ms=timeout_ms,
+                                      group_pages=64, trace=path, limit=limit,
+                                      concurrency=1, progress=False)
+            rep = run_layout("swa", args, geo, extra=[
+                "--eviction-policy", pol, "--high-watermark", "1.0",
+                "--low-watermark", "0.999"], log_dir=log_dir)
+            unreplayed = expected - rep["requests"]  # a replay thread died: not a result
+            doc["rows"].append({
+                "capacity_fraction": frac, "capacity_pages": npages * slab // CHUNK,
+                "capacity_bytes": npages * slab, "policy": pol, "belady": None, "sim": None,
+                "hit_rate": rep["token_hit_rate"], "gap_closed": None,
+                "real": {"hit_rate": rep["token_hit_rate"], "seconds": rep["seconds"],
+                         "errors": rep["wrong_values"] + rep["lost_after_exists"] + unreplayed,
+                         "unreplayed_requests": unreplayed,
+                         "evictions": rep["evictions"],
+                         "stored_prefix_rate": rep["stored_prefix_rate"]}})
+    return doc
+
+
 def run(path: str, *, fractions: Sequence[float], policies: Sequence[str],
         limit: int | None = None, page_tokens: int = 512, offline: bool = False,
         disk: bool = False, disk_ratio: int = 10, log_dir: str | None = None,
@@ -165,7 +235,9 @@ def render(doc: dict[str, Any]) -> Table:
     real = any("real" in r for r in doc["rows"])
     t = Table(title=f"token hit rate, {doc['requests']} requests, {doc['unique_pages']} "
               f"unique pages, ceiling {doc['ceiling']:.3f}"
-              + (" (memory + NVMe)" if doc["disk"] else ""))
+              + (" (memory + NVMe)" if doc["disk"] else "")
+              + (" (hybrid SWA: KV + SWA pools, window-safe hits; pages = 4 KiB units)"
+                 if doc.get("swa") else ""))
     cols = ["capacity", "pages", "policy", "hit rate"] + (["sim", "s"] if real else []) + \
         ["Belady", "gap closed"]
     for c in cols:
@@ -174,9 +246,11 @@ def render(doc: dict[str, Any]) -> Table:
         row = [f"{r['capacity_fraction']:.0%}", str(r["capacity_pages"]), r["policy"],
                f"{r['hit_rate']:.3f}"]
         if real:
-            row += [f"{r['sim']:.3f}", f"{r['real']['seconds']:.0f}"]
+            row += ["-" if r["sim"] is None else f"{r['sim']:.3f}",
+                    f"{r['real']['seconds']:.0f}"]
         gc = r["gap_closed"]
-        row += [f"{r['belady']:.3f}", "-" if gc is None else f"{gc:+.0%}"]
+        row += ["-" if r["belady"] is None else f"{r['belady']:.3f}",
+                "-" if gc is None else f"{gc:+.0%}"]
         t.add_row(*row)
     return t
 
@@ -193,8 +267,10 @@ def plot(doc: dict[str, Any], path: str) -> str:
     for pol in dict.fromkeys(r["policy"] for r in rows):
         pts = {r["capacity_fraction"]: r["hit_rate"] for r in rows if r["policy"] == pol}
         ax.plot(caps, [pts[c] for c in caps], marker="o", label=pol)
-    bel = {r["capacity_fraction"]: r["belady"] for r in rows}
-    ax.plot(caps, [bel[c] for c in caps], linestyle="--", color="k", label="Belady (oracle)")
+    bel = {r["capacity_fraction"]: r["belady"] for r in rows if r["belady"] is not None}
+    if bel:
+        ax.plot(sorted(bel), [bel[c] for c in sorted(bel)], linestyle="--", color="k",
+                label="Belady (oracle)")
     ax.axhline(doc["ceiling"], linestyle=":", color="grey", label="infinite cache")
     ax.set_xlabel("capacity (fraction of the trace's unique pages)")
     ax.set_ylabel("token hit rate")
@@ -216,8 +292,19 @@ def plot(doc: dict[str, Any], path: str) -> str:
 @click.option("--policy", "policies", multiple=True, type=click.Choice(EVICTION_POLICIES),
               default=EVICTION_POLICIES, show_default=True, help="Eviction policy (repeatable).")
 @click.option("--limit", type=click.IntRange(min=1), help="First N requests only.")
-@click.option("--page-tokens", type=click.Choice(["512", "256", "128", "64"]), default="512",
-              show_default=True, help="Tokens per page (swa_replay's page geometry).")
+@click.option("--page-tokens", type=click.Choice(["512", "256", "128", "64"]), default=None,
+              help="Tokens per page (swa_replay's page geometry)  [default: 512; 64 with "
+                   "--swa]")
+@click.option("--swa", is_flag=True, help="swa_replay's hybrid-SWA geometry: KV and SWA "
+              "pools of different page sizes, window-safe hits (servers only).")
+@click.option("--layers", type=click.IntRange(min=2), default=70, show_default=True,
+              help="--swa: model layers.")
+@click.option("--full-layers", type=click.IntRange(min=1), default=10, show_default=True,
+              help="--swa: full-attention layers (the rest are sliding-window).")
+@click.option("--window-tokens", type=click.IntRange(min=1), default=128, show_default=True,
+              help="--swa: sliding-window length.")
+@click.option("--bytes-per-token-layer", type=click.IntRange(min=1), default=6,
+              show_default=True, help="--swa: bytes per token per layer (scales sizes).")
 @click.option("--disk", is_flag=True, help="Memory + an NVMe tier of --disk-ratio x memory.")
 @click.option("--disk-ratio", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--offline", is_flag=True, help="Simulation only (no servers).")
@@ -229,9 +316,10 @@ def plot(doc: dict[str, Any], path: str) -> str:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True),
               help="Write the whole run here.")
 def main(trace_file: str, fractions: tuple[float, ...], policies: tuple[str, ...],
-         limit: int | None, page_tokens: str, disk: bool, disk_ratio: int, offline: bool,
-         timeout_ms: int, log_dir: str | None, plot_path: str | None,
-         json_path: str | None) -> None:
+         limit: int | None, page_tokens: str | None, swa: bool, layers: int,
+         full_layers: int, window_tokens: int, bytes_per_token_layer: int, disk: bool,
+         disk_ratio: int, offline: bool, timeout_ms: int, log_dir: str | None,
+         plot_path: str | None, json_path: str | None) -> None:
     """Replay a Mooncake FAST'25 JSONL trace: hit rate per eviction policy and capacity,
     next to the infinite-cache ceiling and the Belady oracle."""
     if plot_path:
@@ -242,12 +330,27 @@ def main(trace_file: str, fractions: tuple[float, ...], policies: tuple[str, ...
                 from None
     if disk and offline:
         raise click.UsageError("--offline simulates the memory tier only; drop --disk")
+    if swa and (offline or disk):
+        raise click.UsageError("--swa replays through servers, memory tier only: drop "
+                               "--offline and --disk")
+    if swa and full_layers >= layers:
+        raise click.UsageError(f"--full-layers {full_layers} must be below --layers {layers}")
     err = Console(stderr=True)
     t0 = time.monotonic()
-    doc = run(trace_file, fractions=sorted(set(fractions)), policies=list(dict.fromkeys(policies)),
-              limit=limit, page_tokens=int(page_tokens), offline=offline, disk=disk,
-              disk_ratio=disk_ratio, log_dir=log_dir, timeout_ms=timeout_ms,
-              progress=lambda msg: err.print(msg))
+    fracs, pols = sorted(set(fractions)), list(dict.fromkeys(policies))
+    if swa:
+        from gcache.bench.swa_replay import Geometry
+
+        geo = Geometry(layers, full_layers, window_tokens, int(page_tokens or 64),
+                       bytes_per_token_layer)
+        doc = run_swa(trace_file, fractions=fracs, policies=pols, limit=limit, geo=geo,
+                      log_dir=log_dir, timeout_ms=timeout_ms,
+                      progress=lambda msg: err.print(msg))
+    else:
+        doc = run(trace_file, fractions=fracs, policies=pols, limit=limit,
+                  page_tokens=int(page_tokens or 512), offline=offline, disk=disk,
+                  disk_ratio=disk_ratio, log_dir=log_dir, timeout_ms=timeout_ms,
+                  progress=lambda msg: err.print(msg))
     doc["seconds"] = round(time.monotonic() - t0, 1)
     doc["command"] = " ".join(sys.argv)
     out = Console()

@@ -259,7 +259,8 @@ class Server:
                                       quotas=self.quotas, on_quota=self.metrics.quota_event,
                                       eviction_policy=make_policy(cfg.eviction_policy),
                                       access_observer=self.mrc,
-                                      recovery_progress=self.startup.progress("objects"))
+                                      recovery_progress=self.startup.progress("objects"),
+                                      recency_snapshot_s=cfg.recency_snapshot_ms / 1000)
         log.info("arena ready", extra={"fields": dict(self.memory_tier.recovery)})
         self.limits = build_limits(cfg)
         self.shm = ShmRegistry()  # GCACHE_SHM_LEASE_MS is read here
@@ -564,7 +565,7 @@ def _open_disk_tier(cfg: Config, memory_tier: MemoryTier, limits: Limits) -> Any
     closes the memory tier and raises ServerStartError with what to fix."""
     from gcache.server.disk import SegmentLog
     from gcache.server.tiered_store import TieredStore
-    from gcache.server.tiering import make_promote_policy
+    from gcache.server.tiering import PolicyOrder, make_promote_policy
 
     try:
         disk = SegmentLog(cfg.disk_dir, cfg.name, capacity_bytes=cfg.disk_bytes,
@@ -572,13 +573,14 @@ def _open_disk_tier(cfg: Config, memory_tier: MemoryTier, limits: Limits) -> Any
                           max_value_bytes=memory_tier.max_object,
                           max_key_bytes=limits.max_key_bytes,
                           max_namespace_bytes=limits.max_namespace_bytes,
-                          direct_io=cfg.disk_direct_io)
+                          direct_io=cfg.disk_direct_io,
+                          eviction_policy=make_policy(cfg.eviction_policy))
     except DiskError as exc:
         memory_tier.close(clean=True)
         raise _refused(str(exc), "cannot open the disk tier: %s", exc) from None
     store = TieredStore(memory_tier, disk,
                         make_promote_policy(cfg.promote_policy, cfg.promote_window_ms),
-                        io_threads=cfg.disk_io_threads)
+                        io_threads=cfg.disk_io_threads, compaction=PolicyOrder())
     log.info("disk tier ready", extra={"fields": {"dir": disk.root, "capacity": disk.capacity,
                                                   **disk.recovery, **store.recovery}})
     return store

@@ -30,9 +30,15 @@ where it left it. The layout:
   existed never set it and read unchanged, so it needs no ``LAYOUT_VERSION`` bump.
   The chunk's length is not stored: it is ``size_class(header + data length)``.
   The header's last u32 (outside the header CRC) is the object's recency rank
-  (``set_rank``): the memory tier writes 1..n in its eviction policy's order at a clean
-  stop, so recovery rebuilds that order (rank 0: none, ordered by creation time after
-  the ranked ones). A hint only: a wrong rank changes an eviction order, never bytes.
+  (``set_rank``): the memory tier writes its eviction policy's order there every
+  ``recency_snapshot_s`` and at a clean stop, so recovery (after a crash too) rebuilds
+  that order: ascending rank, then rank 0 (objects put since the last snapshot) by
+  creation time. A hint only: a wrong rank changes an eviction order, never bytes.
+* recency snapshot record: the superblock's bytes after ``SUPER`` (``SNAP``: sequence,
+  wall time and object count of the last finished snapshot, and the next rank to hand
+  out). Ranks only grow across snapshots and restarts (until the u32 wraps), so a rank
+  left from an older snapshot sorts before every newer one; zeros (an arena from before
+  this record) read as "no snapshot yet".
 
 Recovery reads the fixed headers at every marked granule with one numpy gather
 (vectorised magic/commit filter), then verifies the header CRC per candidate, and
@@ -66,6 +72,8 @@ ARENA_MAGIC = b"GCARENA1"
 LAYOUT_VERSION = 2  # 2: variable chunks anywhere + start map (1: slab pages + page table)
 SUPER = struct.Struct("<8sIIQQIIQQQ")  # magic, layout, fixed_hdr, arena, slab, npages, clean, data_off, next_version, created_ns
 SUPER_BYTES = 4096
+SNAP = struct.Struct("<QQQQ")  # at SUPER.size: seq, wall_ns, objects, next_rank (above)
+RANK_MAX = 0xFFFFFFFF
 PAGE_ALIGN = 4096
 GRANULE = 4096  # allocation unit of the data region; one start-map byte each
 
@@ -111,7 +119,7 @@ class Recovered:
     checksum: int
     created_ns: int
     ph: int | None = None  # the placement hash (FLAG_PLACED), else None
-    rank: int = 0  # recency rank from the last clean stop (0: none)
+    rank: int = 0  # recency rank from the last snapshot or clean stop (0: none)
 
 
 class Arena:
@@ -282,6 +290,15 @@ class Arena:
     def set_rank(self, off: int, rank: int) -> None:
         """Write the chunk's recency rank (a u32 outside the header CRC)."""
         struct.pack_into("<I", self.mm, off + _RANK_OFF, rank)
+
+    def snapshot_record(self) -> tuple[int, int, int, int]:
+        """The last finished recency snapshot: ``(seq, wall_ns, objects, next_rank)``;
+        all 0 when there was none."""
+        return SNAP.unpack_from(self.mm, SUPER.size)
+
+    def write_snapshot_record(self, seq: int, wall_ns: int, objects: int,
+                              next_rank: int) -> None:
+        SNAP.pack_into(self.mm, SUPER.size, seq, wall_ns, objects, next_rank)
 
     def rank(self, off: int) -> int:
         return struct.unpack_from("<I", self.mm, off + _RANK_OFF)[0]

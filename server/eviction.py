@@ -31,11 +31,22 @@ Primitives (``EvictionPolicy``):
   pins), so a policy must not assume the first candidate is taken. The iterator
   is valid only until the next call of any other method: the tier stops
   iterating before it changes the index.
+* ``saved_order()`` — every resident object, in the order the memory tier saves
+  across a restart (recovery calls ``on_insert`` in it): first to give up first,
+  WITHOUT changing the policy's state (the tier calls it every
+  ``recency_snapshot_ms``). Not abstract: ``candidates()`` by default, which is right
+  for a policy whose ``candidates()`` is a plain read; one whose walk changes state
+  (``s3fifo``) overrides it.
 
-Threads: every method is called with the memory tier's lock held (so never two
-at once), from connection threads (``on_hit``, ``on_insert``, ``on_remove``,
-``candidates`` for a synchronous eviction) and from the evictor or mover thread.
-No method may block, sleep, do IO or take another lock.
+The disk tier (``disk.log.SegmentLog``) keeps a policy of its own, built from the same
+name, over its live records (``chunk``: the record's bytes); its compaction
+(``tiering.PolicyOrder``) and quota evictions give records up in that order.
+
+Threads: every method is called with its tier's lock held (the memory tier's, or the
+segment log's for the disk's policy; so never two at once), from connection threads
+(``on_hit``, ``on_insert``, ``on_remove``, ``candidates`` for a synchronous eviction)
+and from the evictor or mover thread. No method may block, sleep, do IO or take
+another lock.
 
 Config: ``eviction_policy`` (``gcache.config``) names the policy; ``make_policy``
 builds it:
@@ -111,6 +122,11 @@ class EvictionPolicy(abc.ABC):
     @abc.abstractmethod
     def candidates(self, ns: bytes | None = None) -> Iterator[Resident]:
         """Resident objects (of ``ns`` only, when given), the first to give up first."""
+
+    def saved_order(self) -> Iterator[Resident]:
+        """Every resident object, first to give up first, without changing any state
+        (what a restart rebuilds; see the module docstring)."""
+        return self.candidates()
 
 
 class _Orders:
@@ -316,6 +332,10 @@ class S3FIFO(EvictionPolicy):
             objs = self._by_ns.get(ns)
             return iter(objs) if objs is not None else iter(())
         return self._walk()
+
+    def saved_order(self) -> Iterator[Resident]:
+        """Small's FIFO, then main's: no walk (a walk spends every ``freq``)."""
+        return itertools.chain(self._small, self._main)
 
     def _walk(self) -> Iterator[Resident]:
         small, main, freq = self._small, self._main, self._freq

@@ -77,6 +77,18 @@ the recovered chunks.
   ``admit`` copies a verified disk object back in under its original version
   (promotion).
 
+* Recency across restarts: every ``recency_snapshot_s`` (default 10 s; 0: only at a
+  clean stop) the evictor thread (with a disk tier, the tiered store's mover:
+  ``snapshot_recency_if_due``) writes each object's place in the policy's order into
+  its chunk header (``arena`` docstring: ranks only grow, and a record in the
+  superblock), hottest first, 1024 objects per lock hold, so a crash (kill -9)
+  restarts with the order of at most one period before it; objects put since then
+  come after every ranked one, oldest first. Cost (``snapshot_recency``): one ``list``
+  of the policy's ``saved_order`` under the lock (a C-level copy: 30-60 ms per 100k
+  objects on a loaded 2-core machine), then ~2 us per object in
+  1024-object lock holds (~0.7 ms each): ~0.2 s of one core per 100k resident objects
+  per period (``python -m gcache.bench.recency_cost``).
+
 ``do_`` methods require the caller to hold ``self._lock`` (``LockRank.MEMORY``:
 taken before the disk's, never after).
 """
@@ -96,7 +108,8 @@ from gcache.errors import WiringError
 from gcache.hashing import checksum
 from gcache.quotas import QuotaStore
 from gcache.status import Status
-from gcache.server.arena import GRANULE, Arena, HDR_FIXED, header_len, size_class
+from gcache.server.arena import (GRANULE, RANK_MAX, Arena, HDR_FIXED, header_len,
+                                  size_class)
 from gcache.server.eviction import LRU, EvictionPolicy
 from gcache.server.extents import ExtentAllocator
 from gcache.server.movement import ColdObject, LockRank, MemoryHooks, ranked_lock
@@ -108,6 +121,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gcache.server.memory")
 
 _EVICT_SYNC_LIMIT = 100_000
+_RANK_BATCH = 1024  # objects per lock hold of a recency snapshot (~0.7 ms)
 _OK = Status.OK  # an enum attribute lookup costs more than a global one, per item
 
 
@@ -188,14 +202,17 @@ class MemoryTier(Tier):
                  on_quota: Callable[[str, bytes, int], None] | None = None,
                  eviction_policy: EvictionPolicy | None = None,
                  access_observer: AccessObserver | None = None,
-                 recovery_progress: Callable[[int, int], None] | None = None) -> None:
+                 recovery_progress: Callable[[int, int], None] | None = None,
+                 recency_snapshot_s: float = 10.0) -> None:
         """``recovery_progress(done, total)``: the reused arena's scan, chunks checked
         (the start-up log). ``quotas``: per-namespace limits (None: unlimited). ``on_quota(event, ns, n)``
         counts quota events per namespace (``refused``, ``evicted``); it runs with the
         lock held and must not block. ``eviction_policy``: the order objects are given
         up in (default LRU; see ``eviction``). ``access_observer``: hears every
         whole-object read, hit or miss, and every published put, with the lock held, and
-        every EXISTS, without it (``mrc.AccessObserver``; the miss-ratio curve)."""
+        every EXISTS, without it (``mrc.AccessObserver``; the miss-ratio curve).
+        ``recency_snapshot_s``: how often the evictor saves the policy's order in the
+        arena (0: only at a clean stop; see the module docstring)."""
         self.arena = arena
         self.access_observer = access_observer
         self.recovery_progress = recovery_progress
@@ -206,6 +223,9 @@ class MemoryTier(Tier):
         self.pending_timeout = pending_put_timeout_ms / 1000.0
         self.clock = clock
         self.on_evict = on_evict
+        self.recency_snapshot_s = recency_snapshot_s
+        self._next_snapshot = clock() + recency_snapshot_s
+        self._next_rank = 1  # _recover: past every rank in the arena
         self.capacity = arena.npages * arena.slab_bytes
         self.max_object = arena.slab_bytes
         # reservations that may outlive a request: per holder (connection), and in total
@@ -249,13 +269,12 @@ class MemoryTier(Tier):
             objs, counts = self.arena.scan(self.recovery_progress)
         else:
             objs, counts = [], {"torn": 0, "corrupt": 0, "superseded": 0}
-        # after a clean stop, the policy's order then (ranks: do_save_recency); after a
-        # crash (ranks of an older run), creation time: oldest first, so the policy
-        # sees them age
-        if self.arena.was_clean:
-            objs.sort(key=lambda r: (r.rank or 1 << 32, r.created_ns))
-        else:
-            objs.sort(key=lambda r: r.created_ns)
+        # the policy's order at the last recency snapshot or clean stop (ranks only
+        # grow, so an older snapshot's rank sorts first); objects put since (rank 0)
+        # after them, oldest first, so the policy sees them age
+        objs.sort(key=lambda r: (r.rank or 1 << 32, r.created_ns))
+        snap = self.arena.snapshot_record() if self.arena.reused else (0, 0, 0, 0)
+        self._next_rank = max(snap[3], max((r.rank for r in objs), default=0) + 1, 1)
         used: list[tuple[int, int]] = []
         for r in objs:
             used.append((self.arena.granule_of(r.offset), r.chunk // GRANULE))
@@ -275,6 +294,8 @@ class MemoryTier(Tier):
             "reason": self.arena.reuse_reason, "objects": len(objs),
             "torn": counts["torn"], "corrupt": counts["corrupt"],
             "superseded": counts["superseded"], "seconds": time.monotonic() - t0,
+            "recency_snapshot_age_s": ((time.time_ns() - snap[1]) / 1e9 if snap[1]
+                                       else None),
         }
 
     def attach(self, hooks: MemoryHooks) -> None:
@@ -929,9 +950,19 @@ class MemoryTier(Tier):
             self.step()
 
     def step(self) -> None:
-        """One evictor pass: watermarks and stalled sliced puts. Steppable in tests."""
+        """One evictor pass: watermarks, stalled sliced puts, and the recency snapshot
+        when it is due. Steppable in tests."""
         self.expire_pending()
         self.evict_to_low()
+        self.snapshot_recency_if_due()
+
+    def snapshot_recency_if_due(self) -> int:
+        """``snapshot_recency`` once ``recency_snapshot_s`` has passed since the last
+        (the evictor's ``step``, or the tiered store's mover); 0 when not due."""
+        if self.recency_snapshot_s <= 0 or self.clock() < self._next_snapshot:
+            return 0
+        self._next_snapshot = self.clock() + self.recency_snapshot_s
+        return self.snapshot_recency()
 
     def expire_pending(self) -> None:
         """Reclaim sliced puts that stalled past ``pending_put_timeout_ms``."""
@@ -1144,11 +1175,53 @@ class MemoryTier(Tier):
             self.arena.close(clean, self._next_version)
 
     def do_save_recency(self) -> None:
-        """Write each object's place in the policy's order (1 = first to give up) into
-        its chunk header, so the next start rebuilds that order (``_recover``)."""
-        set_rank = self.arena.set_rank
-        for rank, o in enumerate(self.policy.candidates(), 1):
-            set_rank(o.offset, min(rank, 0xFFFFFFFF))
+        """Write each object's place in the policy's order into its chunk header, all
+        at once (a clean stop), so the next start rebuilds that order (``_recover``)."""
+        order = list(self.policy.saved_order())
+        base = self.do_take_ranks(len(order))
+        self.do_write_ranks(order, base, 0, len(order))
+        self.do_record_snapshot(len(order), base)
+
+    def snapshot_recency(self) -> int:
+        """Save the policy's order in the arena (``_recover`` rebuilds it after a crash
+        too), holding the lock for ``_RANK_BATCH`` objects at a time; returns how many.
+        Hottest first: a crash part-way leaves the coldest with an older snapshot's
+        (lower) ranks, still before the rest. The evictor or mover thread
+        (``snapshot_recency_if_due``), or a test."""
+        with self._lock:
+            if self.arena.mm.closed:
+                return 0
+            order = list(self.policy.saved_order())
+            base = self.do_take_ranks(len(order))
+        for hi in range(len(order), 0, -_RANK_BATCH):
+            with self._lock:
+                if self.arena.mm.closed:
+                    return 0
+                self.do_write_ranks(order, base, max(0, hi - _RANK_BATCH), hi)
+        with self._lock:
+            if not self.arena.mm.closed:
+                self.do_record_snapshot(len(order), base)
+        return len(order)
+
+    def do_take_ranks(self, n: int) -> int:
+        """Reserve ``n`` ranks; the first. They only grow, until the u32 would wrap."""
+        base = self._next_rank
+        if base + n > RANK_MAX:
+            base = 1
+        self._next_rank = base + n
+        return base
+
+    def do_write_ranks(self, order: list, base: int, lo: int, hi: int) -> None:
+        """Rank ``base + i`` for ``order[i]``, ``lo <= i < hi``, if still current (an
+        object that left may have lent its chunk to another)."""
+        get, set_rank = self._index.get, self.arena.set_rank
+        for i, o in enumerate(order[lo:hi], base + lo):
+            if get((o.ns, o.key)) is o:
+                set_rank(o.offset, i)
+
+    def do_record_snapshot(self, n: int, base: int) -> None:
+        seq = self.arena.snapshot_record()[0] + 1
+        self.arena.write_snapshot_record(seq, time.time_ns(), n, base + n)
 
 
 __all__ = ["MemoryTier", "HDR_FIXED"]

@@ -265,6 +265,11 @@ class MemorySide(Protocol):
     def expire_pending(self) -> None:
         """Reclaim sliced puts that stalled past their timeout."""
 
+    def snapshot_recency_if_due(self) -> int:
+        """Save the eviction order in the arena when ``recency_snapshot_s`` has passed
+        (so a crash restarts with it); how many objects, 0 when not due. Takes the
+        memory lock in short holds."""
+
     def evict_to_low(self) -> None:
         """Evict to nothing down to the low watermark (memory-only fallback)."""
 

@@ -340,9 +340,11 @@ class TieredStore(Tier):
                 time.sleep(0.1)
 
     def step(self) -> None:
-        """One mover pass: expire stalled puts, recover the disk, promote, demote."""
+        """One mover pass: expire stalled puts, save memory's eviction order when due,
+        recover the disk, promote, demote."""
         mem, disk = self.memory, self.disk
         mem.expire_pending()
+        mem.snapshot_recency_if_due()
         if disk.degraded and self._next_probe == 0.0:  # newly degraded: probe a bit later
             self._next_probe = self.clock() + self.probe_interval
         elif disk.degraded and self.clock() >= self._next_probe:

@@ -23,6 +23,10 @@ the movers. Both are injected into ``TieredStore`` (``promote=``,
   was read or touched since it was written (``carry_over``); cold records are
   dropped with their segment. The bit is cleared when the record is carried,
   so every record gets one more round and compaction always makes progress.
+  ``PolicyOrder`` (the server's, with the disk's ``eviction.EvictionPolicy``: the one
+  ``--eviction-policy`` names) drops the records that policy gives up first, one
+  segment's worth (``SealedSegment.cold_bytes``), from the segment that leaves the
+  fewest other live bytes to carry, and carries the rest.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ if TYPE_CHECKING:  # the segment log imports this module: no import back at run 
 
 __all__ = ["PromotePolicy", "NeverPromote", "PromoteOnFirstHit", "PromoteOnSecondHit",
            "make_promote_policy", "carry_over", "SealedSegment", "CompactionPolicy",
-           "SecondChance"]
+           "SecondChance", "PolicyOrder"]
 
 
 class PromotePolicy(abc.ABC):
@@ -111,12 +115,15 @@ class SealedSegment(NamedTuple):
     id: int  # ascending: a higher id was opened later
     live_bytes: int  # record bytes still indexed in it
     created_ns: int
+    cold_bytes: int = 0  # of its live bytes, the eviction policy's first to give up
+    #                      (``CompactionPolicy.wants_order`` only)
 
 
 class CompactionPolicy(abc.ABC):
     """Which segment compaction reclaims, and which of its live records it keeps."""
 
     name = ""
+    wants_order = False  # True: the log marks the eviction policy's first candidates
 
     @abc.abstractmethod
     def victim(self, sealed: Sequence[SealedSegment]) -> int:
@@ -139,3 +146,25 @@ class SecondChance(CompactionPolicy):
 
     def carry(self, ns: bytes, key: bytes, e: Entry) -> bool:
         return carry_over(ns, key, e)
+
+
+class PolicyOrder(CompactionPolicy):
+    """Compaction in the disk tier's eviction-policy order (``SegmentLog(eviction_policy=)``).
+
+    The log marks the policy's first candidates in sealed segments, one segment's bytes
+    (``cold_bytes``); the victim is the segment that leaves the fewest unmarked live
+    bytes to carry (ties: the most marked, then the oldest), so a reclaimed segment
+    frees at least its marked bytes. Its marked records are dropped, every other live
+    one is carried (the policy said someone else goes first). A log without a policy
+    compacts with ``SecondChance`` instead.
+    """
+
+    name = "policy-order"
+    wants_order = True
+
+    def victim(self, sealed: Sequence[SealedSegment]) -> int:
+        return min(sealed, key=lambda s: (s.live_bytes - s.cold_bytes, -s.cold_bytes,
+                                          s.id)).id
+
+    def carry(self, ns: bytes, key: bytes, e: Entry) -> bool:
+        return True

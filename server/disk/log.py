@@ -17,6 +17,17 @@ degrades the tier: no more writes, reads keep working, ``degraded`` says why
 and the mover's ``probe`` retries until space or the device is back. A read
 that fails its checksum drops the record, counts it and answers CORRUPT.
 
+Eviction policy (optional, ``eviction_policy=``; the server passes the one
+``--eviction-policy`` names). The log then tells an ``eviction.EvictionPolicy`` of its own
+about every live record (``_DiskObj``: ``chunk`` is the record's bytes): linked,
+unlinked, read (a hit) or touched, all with ``self.lock`` held. Compaction with an
+order-aware ``CompactionPolicy`` (``tiering.PolicyOrder``, the server's) marks the
+records the policy gives up first, one segment's worth of sealed bytes
+(``do_cold_set``), reclaims the segment that leaves the fewest other live bytes to
+carry, drops its marked records and carries the rest (``do_carry``: they keep their place in
+the policy's order). A quota eviction kills the namespace's first candidate instead of its
+oldest record.
+
 Placement hashes (``tier`` docstring). A ``DemoteItem``'s ``ph`` goes into its record
 (``records.FLAG_PLACED``) and the index entry (``Entry.ph``, also in the index file);
 compaction carries it, reads hand it to promotion (``ReadLease.ph``) and ``held``
@@ -53,6 +64,7 @@ from typing import Iterator, Mapping
 from gcache.errors import DiskError
 from gcache.failpoints import failpoint, os_error
 from gcache.hashing import checksum
+from gcache.server.eviction import EvictionPolicy
 from gcache.server.disk.recovery import (ScanMerge, decode_index, encode_index,
                                          take_index_file, write_index_file)
 from gcache.server.disk.records import (BLOCK, DEAD, Entry, align, build_record,
@@ -79,6 +91,28 @@ class _NsDisk:
     def __init__(self) -> None:
         self.bytes = 0
         self.keys: dict[bytes, None] = {}
+
+
+class _DiskObj:
+    """A live record as the eviction policy sees it (``eviction.Resident``); hashes by
+    identity."""
+
+    __slots__ = ("ns", "key", "e")
+
+    def __init__(self, ns: bytes, key: bytes, e: Entry) -> None:
+        self.ns, self.key, self.e = ns, key, e
+
+    @property
+    def length(self) -> int:
+        return self.e.length
+
+    @property
+    def chunk(self) -> int:
+        return self.e.rec_len
+
+    @property
+    def version(self) -> int:
+        return self.e.version
 
 
 class Segment:
@@ -148,7 +182,9 @@ class SegmentLog:
 
     def __init__(self, disk_dir: str, name: str, *, capacity_bytes: int, segment_bytes: int,
                  max_value_bytes: int, max_key_bytes: int = 512, max_namespace_bytes: int = 128,
-                 direct_io: bool = True) -> None:
+                 direct_io: bool = True, eviction_policy: EvictionPolicy | None = None) -> None:
+        """``eviction_policy``: orders the live records for compaction and quota
+        evictions (see the module docstring); None: write order and ``ref`` bits only."""
         if segment_bytes % BLOCK or segment_bytes < (1 << 20):
             raise DiskError(f"segment_bytes {segment_bytes} must be a multiple of 4KiB and "
                             ">= 1MiB; fix --segment-bytes")
@@ -183,6 +219,8 @@ class SegmentLog:
         self.direct = direct_io and hasattr(os, "O_DIRECT")
         self.lock = ranked_lock(LockRank.DISK)
         self.index: dict[tuple[bytes, bytes], Entry] = {}
+        self.policy = eviction_policy
+        self._objs: dict[tuple[bytes, bytes], _DiskObj] = {}  # the policy's, per live key
         self._ns: dict[bytes, _NsDisk] = {}  # namespaces with live records
         self.segments: dict[int, Segment] = {}
         self.active: Segment | None = None
@@ -378,12 +416,16 @@ class SegmentLog:
         return record_geometry(len(ns), len(key), length, placed)[1]
 
     def do_evict_oldest(self, ns: bytes) -> int:
-        """Kill ``ns``'s oldest live record (a quota eviction; its death is persisted).
-        Returns the record bytes freed, 0 when the namespace has none."""
+        """Kill ``ns``'s oldest live record, or with a policy its first candidate (a
+        quota eviction; its death is persisted). Returns the record bytes freed, 0 when
+        the namespace has none."""
         u = self._ns.get(ns)
         if u is None:
             return 0
-        key = next(iter(u.keys))
+        if self.policy is not None:
+            key = next(iter(self.policy.candidates(ns))).key
+        else:
+            key = next(iter(u.keys))
         e = self.index[(ns, key)]
         self.do_kill(ns, key, e)
         self.counters["disk_quota_killed"] += 1
@@ -408,6 +450,8 @@ class SegmentLog:
         last), its segment's live set and the live bytes. The one place that adds."""
         k = (ns, key)
         self.index[k] = e
+        if self.policy is not None:
+            self.do_policy_link(k, e)
         self.do_ns_add(ns, key, e)
         seg.keys.add(k)
         seg.live_bytes += e.rec_len
@@ -419,11 +463,55 @@ class SegmentLog:
         k = (ns, key)
         if self.index.get(k) is e:
             del self.index[k]
+            if self.policy is not None:
+                self.policy.on_remove(self._objs.pop(k))
             self.do_ns_sub(ns, key, e)
         if seg is not None and k in seg.keys:
             seg.keys.discard(k)
             seg.live_bytes -= e.rec_len
             self.live_bytes -= e.rec_len
+
+    def do_policy_link(self, k: tuple[bytes, bytes], e: Entry) -> None:
+        """Tell the policy that ``e`` is ``k``'s live record now (newest)."""
+        old = self._objs.get(k)
+        if old is not None:  # relinked without an unlink (recovery): forget the old one
+            self.policy.on_remove(old)
+        o = self._objs[k] = _DiskObj(k[0], k[1], e)
+        self.policy.on_insert(o)
+
+    def do_carry(self, ns: bytes, key: bytes, e: Entry) -> None:
+        """Publish ``e``, compaction's rewrite of the live record of ``(ns, key)``: the
+        policy keeps its object and its place (a rewrite is not a use, nor a new key)."""
+        k = (ns, key)
+        o, pol = self._objs.get(k), self.policy
+        self.policy = None  # the lock is held: nothing else sees the policy meanwhile
+        try:
+            self.do_insert(ns, key, e)
+        finally:
+            self.policy = pol
+        if o is not None and self.index.get(k) is e:
+            o.e = e
+
+    def do_cold_set(self) -> tuple[set[int], dict[int, int]]:
+        """The policy's first candidates in sealed segments, until they hold one
+        segment's bytes: ``(id() of their entries, their bytes per segment id)``. What
+        compaction gives up first (``tiering.PolicyOrder``)."""
+        cold: set[int] = set()
+        per_seg: dict[int, int] = {}
+        if self.policy is None:
+            return cold, per_seg
+        active = self.active.id if self.active is not None else -1
+        got = 0
+        for o in self.policy.candidates():
+            e = o.e
+            if e.seg == active:
+                continue
+            cold.add(id(e))
+            per_seg[e.seg] = per_seg.get(e.seg, 0) + e.rec_len
+            got += e.rec_len
+            if got >= self.segment_bytes:
+                break
+        return cold, per_seg
 
     def do_kill(self, ns: bytes, key: bytes, e: Entry, indexed: bool = True) -> None:
         """Forget a record and persist its death (so a restart cannot resurrect it)."""
@@ -510,6 +598,14 @@ class SegmentLog:
                              lambda k, e: HeldObject(k[0], k[1], e.length, e.version, e.ph))
 
     def touch(self, ns: bytes, key: bytes) -> bool:
+        if self.policy is not None:
+            with self.lock:
+                o = self._objs.get((ns, key))
+                if o is None:
+                    return False
+                o.e.ref = True
+                self.policy.on_hit(o)
+                return True
         e = self.index.get((ns, key))
         if e is None:
             return False
@@ -538,6 +634,8 @@ class SegmentLog:
                 e.ref = True
                 if offset == 0:
                     self.counters["disk_hits"] += 1
+                    if self.policy is not None:
+                        self.policy.on_hit(self._objs[(ns, key)])
         start = min(offset, e.length)
         end = min(e.length, start + max_len)
         lease = ReadLease(None, ns, key, e.version, e.length, e.checksum, first=offset == 0,
@@ -743,18 +841,23 @@ class SegmentLog:
         ``tiering.SecondChance``: the fewest live bytes).
 
         Records for which ``policy.carry`` is true are rewritten at the head of the log
-        with their ``ref`` cleared; the others are dropped (``disk_evictions``). Returns
-        what happened.
+        with their ``ref`` cleared; the others are dropped (``disk_evictions``). With
+        ``policy.wants_order``, the eviction policy's first candidates (``do_cold_set``)
+        are dropped whatever ``carry`` says. Returns what happened.
         """
         policy = policy or _SECOND_CHANCE
+        if policy.wants_order and self.policy is None:
+            policy = _SECOND_CHANCE  # nothing to order by: no cold marks, carry all
         with self.lock:
-            sealed = [SealedSegment(s.id, s.live_bytes, s.created_ns)
-                      for s in self.segments.values() if s is not self.active]
-            if not sealed:
+            if not any(s is not self.active for s in self.segments.values()):
                 return {"carried": 0, "dropped": 0}
+            cold, cold_bytes = (self.do_cold_set() if policy.wants_order
+                                else (set(), {}))
+            sealed = [SealedSegment(s.id, s.live_bytes, s.created_ns, cold_bytes.get(s.id, 0))
+                      for s in self.segments.values() if s is not self.active]
             victim = self.segments[policy.victim(sealed)]
             live = [(k, self.index[k]) for k in victim.keys]
-        hot = [(k, e) for k, e in live if policy.carry(k[0], k[1], e)]
+        hot = [(k, e) for k, e in live if id(e) not in cold and policy.carry(k[0], k[1], e)]
         carried = 0
         for i in range(0, len(hot), 64):
             if self.degraded:
@@ -770,7 +873,7 @@ class SegmentLog:
                 with self.lock:
                     for (ns, key, e, _p), r in zip(reads, res):
                         if isinstance(r, Entry) and self.index.get((ns, key)) is e:
-                            self.do_insert(ns, key, r)
+                            self.do_carry(ns, key, r)
                             carried += 1
                         elif isinstance(r, Entry):  # deleted or replaced meanwhile
                             self.do_kill(ns, key, r, indexed=False)

@@ -1,6 +1,6 @@
 """The trace bench's offline simulation predicts the real server: a short Mooncake-format
 trace (shared prefixes, follow-up turns, one-off prompts) replayed through a real
-gcache-server per new eviction policy gives the simulated token hit rate within 0.01, with
+gcache-server per eviction policy (each configured one) gives the simulated token hit rate within 0.01, with
 evictions happening and no wrong value, lost read or failed put."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import pytest
 
 from gcache.bench.trace import load_requests, replay_real, round_capacity
 from gcache.bench.trace_sim import simulate
+from gcache.config import EVICTION_POLICIES
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -46,7 +47,7 @@ def test_real_server_hit_rate_matches_the_simulation(tmp_path) -> None:
     _write_trace(trace)
     reqs = load_requests(str(trace), None, 512)
     cap = round_capacity(48)
-    for policy in ("reuse", "s3fifo"):  # the new ones (LRU: the bench and contract tests)
+    for policy in EVICTION_POLICIES:
         sim = simulate(reqs, cap, policy)
         real = replay_real(reqs, cap, policy, disk=False, disk_ratio=10, log_dir=None,
                            timeout_ms=10000)

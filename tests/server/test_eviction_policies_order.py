@@ -1,7 +1,8 @@
 """The order rules of each eviction policy beyond LRU (``reuse``, ``s3fifo``), on the
-policy alone and driving a real in-process MemoryTier (on a virtual clock): which object
-goes first after inserts, hits and re-puts, per namespace too, that a skipped (pinned)
-candidate does not end the walk, and that every configured name builds its policy."""
+policy alone, and every policy (LRU too) driving a real in-process MemoryTier on a
+virtual clock: which object goes first after inserts, hits and re-puts, per namespace
+too, that a skipped (pinned) candidate does not end the walk, and that every configured
+name builds its policy."""
 
 from __future__ import annotations
 
@@ -122,7 +123,7 @@ SIZE = 200_000
 NS = b"ns"
 
 
-@pytest.mark.parametrize("name", ["reuse", "s3fifo"])
+@pytest.mark.parametrize("name", ["lru", "reuse", "s3fifo"])
 def test_memory_tier_evicts_the_unread_before_the_read(tmp_path, name: str) -> None:
     clock = VirtualClock()
     arena = Arena(str(tmp_path / "a.arena"), 8 * MIB, MIB, prefault=False)
