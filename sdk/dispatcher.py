@@ -322,7 +322,7 @@ class Reaper:
                 heap[:] = [e for e in heap if e[2].state != DONE]
                 heapq.heapify(heap)
                 self._prune_at = max(self.PRUNE_MIN, 2 * len(heap))
-            first = heap[0][2] is work
+            first = bool(heap) and heap[0][2] is work  # the prune may drop it too
         if first:
             self._wake.set()
 

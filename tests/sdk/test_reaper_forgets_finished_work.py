@@ -54,3 +54,20 @@ def test_finished_frames_are_not_held_until_their_deadline():
         assert expired == [queued]
     finally:
         reaper.stop()
+
+
+def test_watching_work_already_done_when_the_prune_empties_the_heap():
+    """Work may finish before ``watch`` runs; if the prune then drops every entry,
+    ``watch`` must not fail on the empty heap (it once raised IndexError there and
+    killed the caller's thread)."""
+    clock = VirtualClock()
+    lock = threading.Lock()
+    reaper = Reaper(lock, lambda: None, 3600.0, clock)
+    try:
+        for _ in range(3 * Reaper.PRUNE_MIN):
+            w = Work(Op.GET, b"ns", [], 60.0, lambda w, r: None)
+            with lock:
+                w.state = DONE  # finished before it was watched
+            reaper.watch(w)
+    finally:
+        reaper.stop()
