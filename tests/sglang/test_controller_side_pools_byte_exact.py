@@ -1,0 +1,91 @@
+"""Every side pool SGLang 0.5.23 builds on CPU, backed up and prefetched byte for byte
+through the real HybridCacheController.
+
+Mamba state (``trailing_pages``, one key), the DSA indexer (``all_pages`` sidecar
+on the KV indices), draft KV (``draft``), draft SWA (``draft_swa``, trailing on the
+SWA indices) and the DSA draft pair (``draft`` + ``draft_indexer``). The pools are
+built by SGLang's own assembler; a second engine (fresh host pools, other random
+bytes) restores what the first stored, and every restored page of every pool is
+compared with the producer's through SGLang's ``get_data_page``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+# kind -> the pools whose pages must come back, {pool: page positions of a 6-page chain}
+N = 6
+EXPECTED = {
+    "mamba": {"kv": range(N), "mamba": [N - 1]},
+    "dsa": {"kv": range(N), "indexer": range(N)},
+    "draft": {"kv": range(N), "draft": range(N)},
+    "swa_draft": {"kv": range(N), "swa": [N - 2, N - 1], "draft_swa": [N - 2, N - 1]},
+    "dsa_draft": {"kv": range(N), "indexer": range(N), "draft": range(N),
+                  "draft_indexer": range(N)},
+}
+
+
+@pytest.mark.parametrize("kind", list(EXPECTED))
+def test_side_pools_backup_then_prefetch_restore_every_byte(l3, kind):
+    from sglang_harness import build_stack
+
+    prod = build_stack(kind, "page_first", l3.addresses, seed=1)
+    cons = build_stack(kind, "page_first", l3.addresses, seed=2)
+    try:
+        assert set(prod.controller.mem_pool_host.entry_map) == set(EXPECTED[kind])
+        seq = list(range(100_000 * (list(EXPECTED).index(kind) + 1),
+                         100_000 * (list(EXPECTED).index(kind) + 1) + N * prod.page_size))
+        bk = prod.backup_pools(seq)
+        assert bk.completed_tokens == len(seq)
+        assert {p: sorted(m) for p, m in bk.slots.items()} == {
+            p: list(pos) for p, pos in EXPECTED[kind].items()}
+
+        cons.prefetch(seq, f"side-{kind}")
+        got = cons.restored_pools(seq)
+        assert {p: sorted(m) for p, m in got.items()} == {
+            p: list(pos) for p, pos in EXPECTED[kind].items()}, "every pool's pages must land"
+        for pool, positions in bk.slots.items():
+            for pos, slot in positions.items():
+                assert cons.page_bytes(pool, got[pool][pos]) == prod.page_bytes(pool, slot), \
+                    f"{kind}: pool {pool} page {pos} differs"
+        st = cons.backend.gcache_stats()["counters"]
+        for pool, positions in EXPECTED[kind].items():
+            assert st[f"get_pages_ok.{pool}"] == len(positions)
+        assert st.get("errors", 0) == 0
+    finally:
+        prod.close()
+        cons.close()
+
+
+def test_missing_mamba_state_gives_no_hit_and_loads_nothing(l3):
+    """Mamba is trailing_pages with one key: KV alone (the state evicted or never
+    written) is not restorable, so the hit is 0 and no KV page is fetched."""
+    from sglang.srt.mem_cache.hicache_storage import (
+        HiCacheStorageExtraInfo,
+        PoolHitPolicy,
+        PoolName,
+        PoolTransfer,
+    )
+    from sglang_harness import build_stack, seq_of
+
+    prod = build_stack("mamba", "page_first", l3.addresses, seed=3)
+    cons = build_stack("mamba", "page_first", l3.addresses, seed=4)
+    try:
+        seq = seq_of(900_000, 3)
+        hv, _kv, _swa, done = prod.backup(seq)  # KV only: no Mamba state handed over
+        assert done == len(seq)
+        q = [PoolTransfer(name=PoolName.MAMBA, keys=["__placeholder__"],
+                          hit_policy=PoolHitPolicy.TRAILING_PAGES)]
+        res = cons.backend.batch_exists_v2(hv, q, HiCacheStorageExtraInfo(prefix_keys=None))
+        assert (res.kv_hit_pages, res.restorable_prefix_pages) == (0, [])
+        assert res.extra_pool_hit_pages["kv"] == 3
+
+        bk = prod.backup_pools(seq)  # now with the state at the last page: 3 is restorable
+        assert bk.completed_tokens == len(seq)
+        res = cons.backend.batch_exists_v2(hv, q, HiCacheStorageExtraInfo(prefix_keys=None))
+        assert (res.kv_hit_pages, res.restorable_prefix_pages) == (3, [3])
+    finally:
+        prod.close()
+        cons.close()
