@@ -135,6 +135,12 @@ class GCacheStorage(HiCacheStorage):
             self._log_times[what] = now
             log.error("gcache %s failed; treated as a miss", what, exc_info=exc)
 
+    def bindings(self) -> dict[str, PoolBinding]:
+        """The registered pools by name (each pool's ``PoolSpec`` and mapped host
+        buffers), for diagnostics and tests. Read-only snapshot."""
+        with self._reg_lock:
+            return dict(self._pools)
+
     def _binding(self, name: Any) -> PoolBinding | None:
         return self._pools.get(pool_name(name))
 

@@ -64,17 +64,33 @@ class PoolBinding:
 
 
 def _regions(pool: Any) -> list[tuple[int, Any]]:
+    """The pool's contiguous CPU tensors as (address, uint8 array), sorted by address.
+
+    ``get_hybrid_pool_buffer()`` is SGLang's list of a pool's host tensors (what its
+    Mooncake and NIXL backends register: the DSA indexer's ``index_k_with_scale_buffer``,
+    Mamba's temporal and conv states, ...); the attributes cover pools without it
+    (MLA, the KV anchors). A tensor inside another one (MHA's ``k_buffer`` and
+    ``v_buffer`` are views of ``kv_buffer``) is mapped, and registered, once.
+    """
     import torch
 
-    found: list[tuple[int, Any]] = []
+    tensors: list[Any] = []
+    get = getattr(pool, "get_hybrid_pool_buffer", None)
+    if callable(get):
+        tensors.extend(get() or ())
     for attr in ("kv_buffer", "k_buffer", "v_buffer", "index_k_buffer", "index_k_scale_buffer"):
         val = getattr(pool, attr, None)
-        for t in (val if isinstance(val, (list, tuple)) else [val]):
-            if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.is_contiguous() \
-                    and t.numel():
-                arr = t.detach().reshape(-1).view(torch.uint8).numpy()
-                found.append((t.data_ptr(), arr))
-    found.sort(key=lambda x: x[0])
+        tensors.extend(val if isinstance(val, (list, tuple)) else [val])
+    spans = sorted(((t.data_ptr(), t.numel() * t.element_size(), t) for t in tensors
+                    if isinstance(t, torch.Tensor) and t.device.type == "cpu"
+                    and t.is_contiguous() and t.numel()), key=lambda x: (x[0], -x[1]))
+    found: list[tuple[int, Any]] = []
+    end = -1
+    for ptr, nbytes, t in spans:  # widest first at each address: drop what it contains
+        if ptr + nbytes <= end:
+            continue
+        found.append((ptr, t.detach().reshape(-1).view(torch.uint8).numpy()))
+        end = max(end, ptr + nbytes)
     return found
 
 

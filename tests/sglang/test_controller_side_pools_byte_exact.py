@@ -89,3 +89,23 @@ def test_missing_mamba_state_gives_no_hit_and_loads_nothing(l3):
     finally:
         prod.close()
         cons.close()
+
+
+@pytest.mark.parametrize("kind", ["mamba", "dsa_draft", "swa_draft"])
+def test_every_pool_page_lies_in_a_buffer_the_plugin_registers(l3, kind):
+    """The plugin maps (and, over nixl, registers) each pool's host buffers; a page
+    outside them would be read through a raw pointer and staged, never one-sided."""
+    import torch
+    from sglang_harness import build_stack
+
+    s = build_stack(kind, "page_first", l3.addresses, seed=5)
+    try:
+        for name, b in s.backend.bindings().items():
+            spans = [(a.ctypes.data, a.ctypes.data + a.nbytes) for a in b.arrays]
+            idx = torch.arange(2 * b.page_size, dtype=torch.int64)
+            ptrs, sizes = b.pool.get_page_buffer_meta(idx)
+            for p, n in zip(ptrs, sizes):
+                assert any(lo <= int(p) and int(p) + int(n) <= hi for lo, hi in spans), \
+                    f"{kind}: pool {name} page at {int(p):#x} is in no registered buffer"
+    finally:
+        s.close()
