@@ -9,9 +9,10 @@ A ``PoolSpec``'s ``layout tag`` spells dtype, page size, host layout and storage
 format, plus a digest of the pool geometry (layers, heads, bytes per component), so
 pages written under another layout or shape miss instead of loading wrong bytes.
 ``shard`` is ``tp<r>of<n>`` for rank-sharded pools (MHA: every TP rank stores its own
-head shard) and ``r`` for replicated pools (MLA: only the storage writer rank stores,
-every rank reads), plus ``pp``/``cp``/``dcp`` suffixes when those are > 1. Components
-are the pointers ``get_page_buffer_meta`` returns per page (MHA page_first: K and V;
+head shard; Mamba state) and ``r`` for replicated pools (MLA, and every non-MHA pool
+of a model SGLang calls rank-replicated, such as the DSA indexer: only the storage
+writer rank stores, every rank reads), plus ``pp``/``cp``/``dcp`` suffixes when those
+are > 1. Components are the pointers ``get_page_buffer_meta`` returns per page (MHA page_first: K and V;
 MLA: one), so each object is read from and written to host memory in place: no copy
 beyond what the socket needs.
 """
@@ -94,6 +95,21 @@ def _regions(pool: Any) -> list[tuple[int, Any]]:
     return found
 
 
+def _replicated(name: str, pool: Any, storage_config: Any) -> bool:
+    """Whether one copy of the pool serves every TP rank (key shard ``r``).
+
+    SGLang's ``is_mla_model`` means "rank-replicated" (MLA, DSA, DeepSeek-V4): its
+    controller backs such a model's pools up from the storage writer rank only and
+    every rank reads them, so their keys must not name the rank (the DSA indexer
+    and draft indexer included). Mamba state is TP-sharded even then (SGLang backs
+    it up on every rank), and an MHA pool holds each rank's own heads, so neither
+    is shared. An MLA pool (``kv_cache_dim``) is replicated in any model.
+    """
+    if name == "mamba" or hasattr(pool, "head_num"):
+        return False
+    return hasattr(pool, "kv_cache_dim") or bool(getattr(storage_config, "is_mla_model", False))
+
+
 def _pool_spec(name: str, pool: Any, storage_config: Any, legacy_kv: bool) -> PoolSpec:
     """Identity and object shapes of one host pool."""
     import torch
@@ -103,7 +119,7 @@ def _pool_spec(name: str, pool: Any, storage_config: Any, legacy_kv: bool) -> Po
     if getattr(storage_config, "should_split_heads", False):
         raise ConfigError("gcache does not support heterogeneous-TP head splitting "
                           "(tp_lcm_size / page_head split); run every engine with the same TP")
-    replicated = hasattr(pool, "kv_cache_dim") and name != "mamba"
+    replicated = _replicated(name, pool, storage_config)
     _ptrs, sizes = pool.get_page_buffer_meta(torch.arange(page, dtype=torch.int64))
     comp = tuple(int(s) for s in sizes)
     if legacy_kv:  # one flat page object (get_data_page / set_from_flat_data_page bytes)

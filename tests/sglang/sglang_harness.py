@@ -296,8 +296,9 @@ class Stack:
 
 
 def build_stack(kind: str, layout: str, servers: list[str], *, extra: dict | None = None,
-                seed: int = 0) -> Stack:
-    """kind: one of the kinds in the module docstring."""
+                seed: int = 0, tp: tuple[int, int] = (0, 1)) -> Stack:
+    """kind: one of the kinds in the module docstring. ``tp``: (rank, size) this
+    stack's storage config carries (one process plays one rank; no collectives)."""
     page = DSA_PAGE if kind in ("dsa", "dsa_draft") else PAGE
     if kind in ("swa", "swa_draft"):
         cfg = CacheConfig(page_size=PAGE, components=(ComponentType.FULL, ComponentType.SWA),
@@ -327,7 +328,9 @@ def build_stack(kind: str, layout: str, servers: list[str], *, extra: dict | Non
                     hicache_storage_backend_extra_config=json.dumps(cfg_json),
                     hicache_storage_prefetch_policy="wait_complete")
     set_global_server_args_for_scheduler(sa)
-    with get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
+    with get_parallel().override(tp_rank=tp[0], tp_size=tp[1], attn_tp_rank=tp[0],
+                                 attn_tp_size=tp[1], moe_tp_rank=tp[0], moe_tp_size=tp[1],
+                                 pp_rank=0, pp_size=1):
         cache.init_hicache(sa, cache.cache_init_params)
         if kind.endswith("draft"):  # what kv_cache_builder.maybe_register_hicache_draft does
             specs, entries = build_hicache_draft_sidecars(

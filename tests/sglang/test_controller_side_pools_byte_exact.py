@@ -109,3 +109,27 @@ def test_every_pool_page_lies_in_a_buffer_the_plugin_registers(l3, kind):
                     f"{kind}: pool {name} page at {int(p):#x} is in no registered buffer"
     finally:
         s.close()
+
+
+def test_dsa_indexer_written_by_rank0_is_read_by_every_tp_rank(l3):
+    """DSA is rank-replicated (SGLang's is_mla_model): only the storage writer backs up
+    KV and the indexer, every TP rank reads them. A rank-sharded indexer key would miss
+    on rank 1 and, all_pages, zero the hit of every rank after the MIN reduce."""
+    from sglang_harness import build_stack
+
+    prod = build_stack("dsa", "page_first", l3.addresses, seed=6, tp=(0, 2))
+    cons = build_stack("dsa", "page_first", l3.addresses, seed=7, tp=(1, 2))
+    try:
+        assert not cons.controller.storage_backend.storage_config.is_storage_writer
+        seq = list(range(700_000, 700_000 + 3 * prod.page_size))
+        bk = prod.backup_pools(seq)
+        assert bk.completed_tokens == len(seq)
+        cons.prefetch(seq, "dsa-rank1")
+        got = cons.restored_pools(seq)
+        assert {p: sorted(m) for p, m in got.items()} == {"kv": [0, 1, 2], "indexer": [0, 1, 2]}
+        for pool in ("kv", "indexer"):
+            for pos, slot in bk.slots[pool].items():
+                assert cons.page_bytes(pool, got[pool][pos]) == prod.page_bytes(pool, slot)
+    finally:
+        prod.close()
+        cons.close()
