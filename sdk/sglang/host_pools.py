@@ -32,14 +32,20 @@ from gcache.sdk.sglang.chain_store import PoolSpec
 
 log = logging.getLogger("gcache.sglang")
 
+#: A logical anchor pool (DeepSeek-V4's KV ``LogicalHostPool``: page indices that
+#: the compressed side pools hang off, no bytes) is stored as one marker object of
+#: this size per page, so its presence still gates the hit like any KV page.
+MARKER_BYTES = 1
+
 
 class PoolBinding:
     """One registered SGLang host pool: its PoolSpec and pointer -> view mapping."""
 
-    def __init__(self, name: str, pool: Any, spec: PoolSpec, regions: list[tuple[int, Any]]
-                 ) -> None:
+    def __init__(self, name: str, pool: Any, spec: PoolSpec, regions: list[tuple[int, Any]],
+                 logical: bool = False) -> None:
         self.name, self.pool, self.spec = name, pool, spec
         self.page_size = int(pool.page_size)
+        self.logical = logical  # an anchor with no bytes: one marker object per page
         self._starts = [s for s, _ in regions]
         self.arrays = [a for _, a in regions]  # the pool's CPU buffers (nixl registers them)
 
@@ -54,7 +60,11 @@ class PoolBinding:
         return np.ctypeslib.as_array((ctypes.c_ubyte * size).from_address(ptr))
 
     def page_views(self, host_indices: Any, npages: int) -> list[list[Any]]:
-        """Per page, one writable uint8 view per component, straight over host memory."""
+        """Per page, one writable uint8 view per component, straight over host memory
+        (a logical anchor: a fresh one-byte marker per page, written as 1, read and
+        dropped)."""
+        if self.logical:
+            return [[np.ones(MARKER_BYTES, dtype=np.uint8)] for _ in range(npages)]
         ptrs, sizes = self.pool.get_page_buffer_meta(host_indices)
         n = len(self.spec.comp_bytes)
         if len(ptrs) != npages * n:
@@ -110,17 +120,16 @@ def _replicated(name: str, pool: Any, storage_config: Any) -> bool:
     return hasattr(pool, "kv_cache_dim") or bool(getattr(storage_config, "is_mla_model", False))
 
 
-def _pool_spec(name: str, pool: Any, storage_config: Any, legacy_kv: bool) -> PoolSpec:
-    """Identity and object shapes of one host pool."""
-    import torch
-
+def _pool_spec(name: str, pool: Any, storage_config: Any, legacy_kv: bool,
+               sizes: Any) -> PoolSpec:
+    """Identity and object shapes of one host pool (``sizes``: bytes per component of
+    one page, from ``get_page_buffer_meta``)."""
     page = int(pool.page_size)
     layout = str(getattr(pool, "layout", "?"))
     if getattr(storage_config, "should_split_heads", False):
         raise ConfigError("gcache does not support heterogeneous-TP head splitting "
                           "(tp_lcm_size / page_head split); run every engine with the same TP")
     replicated = _replicated(name, pool, storage_config)
-    _ptrs, sizes = pool.get_page_buffer_meta(torch.arange(page, dtype=torch.int64))
     comp = tuple(int(s) for s in sizes)
     if legacy_kv:  # one flat page object (get_data_page / set_from_flat_data_page bytes)
         comp = (sum(comp),)
@@ -150,8 +159,13 @@ def _pool_spec(name: str, pool: Any, storage_config: Any, legacy_kv: bool) -> Po
 def bind_pool(name: str, pool: Any, storage_config: Any, legacy_kv: bool) -> PoolBinding:
     """Map one host pool: its ``PoolSpec`` (ConfigError for a layout gcache cannot store)
     and its CPU buffers, for pointer -> view lookups."""
-    spec = _pool_spec(name, pool, storage_config, legacy_kv)
-    return PoolBinding(name, pool, spec, _regions(pool))
+    import torch
+
+    meta = pool.get_page_buffer_meta(torch.arange(int(pool.page_size), dtype=torch.int64))
+    logical = meta is None  # DeepSeek-V4's LogicalHostPool: indices only, no bytes
+    spec = _pool_spec(name, pool, storage_config, legacy_kv,
+                      (MARKER_BYTES,) if logical else meta[1])
+    return PoolBinding(name, pool, spec, _regions(pool), logical)
 
 
 def pool_name(name: Any) -> str:

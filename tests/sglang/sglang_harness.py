@@ -15,7 +15,9 @@ Kinds (``build_stack``): ``swa``, ``mha``, ``mla`` (the anchor cases), ``mamba``
 anchor plus the ``indexer`` sidecar, ``all_pages``), ``draft`` (MHA anchor plus a
 ``draft`` KV sidecar), ``swa_draft`` (FULL+SWA plus a ``draft_swa`` sidecar that
 follows the SWA window) and ``dsa_draft`` (DSA plus ``draft`` and
-``draft_indexer``). Side pools are the ones SGLang's own assembler builds;
+``draft_indexer``) and ``dsv4`` (DeepSeek-V4: a logical KV anchor, paged SWA, the
+compressed C4 / C4-indexer / C128 pools on the KV indices and the C4 compressor
+states trailing on the SWA indices). Side pools are the ones SGLang's own assembler builds;
 ``backup_pools`` hands them to the backup thread the way SGLang's tree components
 and ``_build_sidecar_transfers`` do, and ``restored_pools`` reads back where the
 prefetch put each pool's pages.
@@ -68,6 +70,7 @@ WINDOW_TOKENS = 8  # SWA window: 2 pages
 WINDOW_PAGES = WINDOW_TOKENS // PAGE
 
 DSA_PAGE = 64  # DSATokenToKVPool asserts 64-token physical pages off HIP/XPU
+V4_PAGE = 256  # DeepSeek-V4's page (its C128 pool needs page_size % 128 == 0)
 
 PLUGIN = {"backend_name": "gcache", "module_path": "gcache.sdk.sglang",
           "class_name": "GCacheStorage", "interface_v1": 1}
@@ -86,6 +89,21 @@ def _dsa_device_pool(*, size, page_size, dtype, head_num, head_dim, layer_num, d
                             qk_rope_head_dim=8, layer_num=layer_num, device=device,
                             index_head_dim=128, enable_memory_saver=enable_memory_saver,
                             kv_cache_dim=24)
+
+
+def _v4_device_pool(*, size, size_swa, page_size, dtype, head_num, head_dim,
+                    swa_attention_layer_ids, full_attention_layer_ids, device, **_kw):
+    """A 3-layer DeepSeek-V4 pool (ratios 0, 4, 128: SWA-only, C4 + indexer, C128),
+    fp8 as the model serves it; stands in for the kit's SWAKVPool."""
+    from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
+
+    return DeepSeekV4TokenToKVPool(
+        max_num_reqs=4, swa_size=size_swa, c4_size=size // 4, c128_size=size // 128,
+        c4_state_pool_size=64, c128_state_pool_size=64, page_size=page_size,
+        swa_page_size=page_size, dtype=torch.float8_e4m3fn, c4_state_dtype=torch.float32,
+        c128_state_dtype=torch.float32, qk_nope_head_dim=448, qk_rope_head_dim=64,
+        indexer_head_dim=128, layer_num=3, device=device, enable_memory_saver=False,
+        compression_ratios=[0, 4, 128], sliding_window=128, start_layer=0, end_layer=3)
 
 
 def _draft_device_pool(kind: str, cache):
@@ -176,7 +194,7 @@ class Stack:
     def backup_pools(self, seq: list[int], timeout: float = 15.0) -> Backup:
         """Back up ``seq`` with every side pool of the stack, as SGLang hands them over.
 
-        KV: every page. SWA: the trailing WINDOW_PAGES pages. Mamba: one state slot
+        KV: every page. SWA: the pages of the trailing window. Mamba: one state slot
         for the last page (``MambaComponent.build_hicache_transfers``). Sidecars
         (indexer, draft, draft_swa): SGLang's ``_build_sidecar_transfers``, so their
         indices follow their source pool's.
@@ -185,12 +203,13 @@ class Stack:
         n = len(seq) // ps
         hv = get_storage_hash_str(seq, None, page_size=ps)
         entries = self.controller.mem_pool_host.entry_map
+        window = self.cache.cache_init_params.sliding_window_size or 0
         kidx = self.pool(PoolName.KV).alloc(n * ps)
         slots: dict[str, dict[int, int]] = {"kv": {i: int(kidx[i * ps]) for i in range(n)}}
         comp: dict = {}
         extra: list[PoolTransfer] = []
         if PoolName.SWA in entries:
-            pos = list(range(max(0, n - WINDOW_PAGES), n))
+            pos = list(range(max(0, n - -(-window // ps)), n))
             sidx = self.pool(PoolName.SWA).alloc(len(pos) * ps)
             slots["swa"] = {p: int(sidx[i * ps]) for i, p in enumerate(pos)}
             comp[ComponentType.SWA] = [PoolTransfer(
@@ -299,8 +318,12 @@ def build_stack(kind: str, layout: str, servers: list[str], *, extra: dict | Non
                 seed: int = 0, tp: tuple[int, int] = (0, 1)) -> Stack:
     """kind: one of the kinds in the module docstring. ``tp``: (rank, size) this
     stack's storage config carries (one process plays one rank; no collectives)."""
-    page = DSA_PAGE if kind in ("dsa", "dsa_draft") else PAGE
-    if kind in ("swa", "swa_draft"):
+    page = {"dsa": DSA_PAGE, "dsa_draft": DSA_PAGE, "dsv4": V4_PAGE}.get(kind, PAGE)
+    if kind == "dsv4":
+        cfg = CacheConfig(page_size=page, components=(ComponentType.FULL, ComponentType.SWA),
+                          sliding_window_size=128, num_layers=3, full_attention_layer_ids=(0,),
+                          kv_size=16 * page, max_context_len=16 * page, head_num=1, head_dim=8)
+    elif kind in ("swa", "swa_draft"):
         cfg = CacheConfig(page_size=PAGE, components=(ComponentType.FULL, ComponentType.SWA),
                           sliding_window_size=WINDOW_TOKENS, num_layers=6,
                           full_attention_layer_ids=(2, 5), kv_size=512, head_num=2, head_dim=8)
@@ -316,6 +339,7 @@ def build_stack(kind: str, layout: str, servers: list[str], *, extra: dict | Non
     device_pool = {"mla": _mla_device_pool, "dsa": _dsa_device_pool,
                    "dsa_draft": _dsa_device_pool}.get(kind)
     patch = (mock.patch.object(fx, "MHATokenToKVPool", device_pool) if device_pool
+             else mock.patch.object(fx, "SWAKVPool", _v4_device_pool) if kind == "dsv4"
              else contextlib.nullcontext())
     with patch, get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
         cache, _alloc, _rtp = fx.build_fixture(cfg)

@@ -3,7 +3,9 @@ through the real HybridCacheController.
 
 Mamba state (``trailing_pages``, one key), the DSA indexer (``all_pages`` sidecar
 on the KV indices), draft KV (``draft``), draft SWA (``draft_swa``, trailing on the
-SWA indices) and the DSA draft pair (``draft`` + ``draft_indexer``). The pools are
+SWA indices), the DSA draft pair (``draft`` + ``draft_indexer``) and DeepSeek-V4
+(a logical KV anchor stored as one-byte markers, paged SWA, the compressed C4, C4
+indexer and C128 pools, and the C4 compressor states). The pools are
 built by SGLang's own assembler; a second engine (fresh host pools, other random
 bytes) restores what the first stored, and every restored page of every pool is
 compared with the producer's through SGLang's ``get_data_page``.
@@ -24,6 +26,10 @@ EXPECTED = {
     "swa_draft": {"kv": range(N), "swa": [N - 2, N - 1], "draft_swa": [N - 2, N - 1]},
     "dsa_draft": {"kv": range(N), "indexer": range(N), "draft": range(N),
                   "draft_indexer": range(N)},
+    # window 128 tokens < one 256-token page: SWA and the compressor states keep 1 page
+    "dsv4": {"kv": range(N), "swa": [N - 1], "deepseek_v4_c4": range(N),
+             "deepseek_v4_c4_indexer": range(N), "deepseek_v4_c128": range(N),
+             "deepseek_v4_c4_state": [N - 1], "deepseek_v4_c4_indexer_state": [N - 1]},
 }
 
 
@@ -91,7 +97,7 @@ def test_missing_mamba_state_gives_no_hit_and_loads_nothing(l3):
         cons.close()
 
 
-@pytest.mark.parametrize("kind", ["mamba", "dsa_draft", "swa_draft"])
+@pytest.mark.parametrize("kind", ["mamba", "dsa_draft", "swa_draft", "dsv4"])
 def test_every_pool_page_lies_in_a_buffer_the_plugin_registers(l3, kind):
     """The plugin maps (and, over nixl, registers) each pool's host buffers; a page
     outside them would be read through a raw pointer and staged, never one-sided."""
@@ -101,6 +107,9 @@ def test_every_pool_page_lies_in_a_buffer_the_plugin_registers(l3, kind):
     s = build_stack(kind, "page_first", l3.addresses, seed=5)
     try:
         for name, b in s.backend.bindings().items():
+            if b.logical:  # DeepSeek-V4's anchor has no bytes (one marker object a page)
+                assert name == "kv" and b.spec.comp_bytes == (1,) and not b.arrays
+                continue
             spans = [(a.ctypes.data, a.ctypes.data + a.nbytes) for a in b.arrays]
             idx = torch.arange(2 * b.page_size, dtype=torch.int64)
             ptrs, sizes = b.pool.get_page_buffer_meta(idx)
