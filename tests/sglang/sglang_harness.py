@@ -16,8 +16,9 @@ anchor plus the ``indexer`` sidecar, ``all_pages``), ``draft`` (MHA anchor plus 
 ``draft`` KV sidecar), ``swa_draft`` (FULL+SWA plus a ``draft_swa`` sidecar that
 follows the SWA window) and ``dsa_draft`` (DSA plus ``draft`` and
 ``draft_indexer``) and ``dsv4`` (DeepSeek-V4: a logical KV anchor, paged SWA, the
-compressed C4 / C4-indexer / C128 pools on the KV indices and the C4 compressor
-states trailing on the SWA indices). Side pools are the ones SGLang's own assembler builds;
+compressed C1 / C2 / C4 pools with their indexers and C128 on the KV indices, and
+the C4 compressor states trailing on the SWA indices). Side pools are the ones
+SGLang's own assembler builds;
 ``backup_pools`` hands them to the backup thread the way SGLang's tree components
 and ``_build_sidecar_transfers`` do, and ``restored_pools`` reads back where the
 prefetch put each pool's pages.
@@ -93,8 +94,9 @@ def _dsa_device_pool(*, size, page_size, dtype, head_num, head_dim, layer_num, d
 
 def _v4_device_pool(*, size, size_swa, page_size, dtype, head_num, head_dim,
                     swa_attention_layer_ids, full_attention_layer_ids, device, **_kw):
-    """A 3-layer DeepSeek-V4 pool (ratios 0, 4, 128: SWA-only, C4 + indexer, C128),
-    fp8 as the model serves it; stands in for the kit's SWAKVPool."""
+    """A 5-layer DeepSeek-V4 pool, one layer per compression ratio (0: SWA only; 1 and
+    2: C1 / C2 + indexers, layers 1-2 their KV sources; 4: C4 + indexer + compressor
+    states; 128: C128), fp8 as the model serves it; stands in for the kit's SWAKVPool."""
     from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
 
     return DeepSeekV4TokenToKVPool(
@@ -102,8 +104,9 @@ def _v4_device_pool(*, size, size_swa, page_size, dtype, head_num, head_dim,
         c4_state_pool_size=64, c128_state_pool_size=64, page_size=page_size,
         swa_page_size=page_size, dtype=torch.float8_e4m3fn, c4_state_dtype=torch.float32,
         c128_state_dtype=torch.float32, qk_nope_head_dim=448, qk_rope_head_dim=64,
-        indexer_head_dim=128, layer_num=3, device=device, enable_memory_saver=False,
-        compression_ratios=[0, 4, 128], sliding_window=128, start_layer=0, end_layer=3)
+        indexer_head_dim=128, layer_num=5, device=device, enable_memory_saver=False,
+        compression_ratios=[0, 1, 2, 4, 128], sliding_window=128, start_layer=0, end_layer=5,
+        kv_source_layers=[1, 2], full_size=size)
 
 
 def _draft_device_pool(kind: str, cache):
@@ -321,8 +324,8 @@ def build_stack(kind: str, layout: str, servers: list[str], *, extra: dict | Non
     page = {"dsa": DSA_PAGE, "dsa_draft": DSA_PAGE, "dsv4": V4_PAGE}.get(kind, PAGE)
     if kind == "dsv4":
         cfg = CacheConfig(page_size=page, components=(ComponentType.FULL, ComponentType.SWA),
-                          sliding_window_size=128, num_layers=3, full_attention_layer_ids=(0,),
-                          kv_size=16 * page, max_context_len=16 * page, head_num=1, head_dim=8)
+                          sliding_window_size=128, num_layers=5, full_attention_layer_ids=(0,),
+                          kv_size=8 * page, max_context_len=8 * page, head_num=1, head_dim=8)
     elif kind in ("swa", "swa_draft"):
         cfg = CacheConfig(page_size=PAGE, components=(ComponentType.FULL, ComponentType.SWA),
                           sliding_window_size=WINDOW_TOKENS, num_layers=6,

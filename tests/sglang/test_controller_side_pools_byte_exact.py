@@ -4,8 +4,8 @@ through the real HybridCacheController.
 Mamba state (``trailing_pages``, one key), the DSA indexer (``all_pages`` sidecar
 on the KV indices), draft KV (``draft``), draft SWA (``draft_swa``, trailing on the
 SWA indices), the DSA draft pair (``draft`` + ``draft_indexer``) and DeepSeek-V4
-(a logical KV anchor stored as one-byte markers, paged SWA, the compressed C4, C4
-indexer and C128 pools, and the C4 compressor states). The pools are
+(a logical KV anchor stored as one-byte markers, paged SWA, the compressed C1, C2
+and C4 pools with their indexers, C128, and the C4 compressor states). The pools are
 built by SGLang's own assembler; a second engine (fresh host pools, other random
 bytes) restores what the first stored, and every restored page of every pool is
 compared with the producer's through SGLang's ``get_data_page``.
@@ -29,7 +29,9 @@ EXPECTED = {
     # window 128 tokens < one 256-token page: SWA and the compressor states keep 1 page
     "dsv4": {"kv": range(N), "swa": [N - 1], "deepseek_v4_c4": range(N),
              "deepseek_v4_c4_indexer": range(N), "deepseek_v4_c128": range(N),
-             "deepseek_v4_c4_state": [N - 1], "deepseek_v4_c4_indexer_state": [N - 1]},
+             "deepseek_v4_c4_state": [N - 1], "deepseek_v4_c4_indexer_state": [N - 1],
+             "deepseek_v4_c1": range(N), "deepseek_v4_c1_indexer": range(N),
+             "deepseek_v4_c2": range(N), "deepseek_v4_c2_indexer": range(N)},
 }
 
 
