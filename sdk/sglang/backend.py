@@ -150,8 +150,10 @@ class GCacheStorage(HiCacheStorage):
         return list(pk) if pk is not None else None
 
     def _keepalive(self, prefix: list[str] | None, keys: Sequence[str], hit: int,
-                   trailing: Mapping[str, int]) -> None:
-        """Refresh recency of the L1/L2-resident prefix and of the hit pages."""
+                   trailing: Mapping[str, int], all_pages: Sequence[str] = ()) -> None:
+        """Refresh recency of the L1/L2-resident prefix and of the hit pages: KV and
+        every ``all_pages`` pool along the whole chain (each gates the hit), the
+        trailing window of each ``trailing_pages`` pool."""
         if not self.cfg.touch:
             return
         kv = self._pools.get("kv")
@@ -163,6 +165,10 @@ class GCacheStorage(HiCacheStorage):
             return
         groups = self.core.groups(None, chain)
         self.core.touch(kv.spec, chain, groups)
+        for name in all_pages:
+            b = self._pools.get(name)
+            if b is not None:
+                self.core.touch(b.spec, chain, groups)
         for name, w in trailing.items():
             b = self._pools.get(name)
             if b is not None and w > 0:
@@ -216,7 +222,8 @@ class GCacheStorage(HiCacheStorage):
             self.stats.add(exists_calls=1, exists_pages=len(keys),
                            exists_hit_pages=per_pool["kv"], exists_window_safe_pages=hit)
             self._keepalive(prefix, keys, hit,
-                            {n: w for n, p, w in side if p == HitPolicy.TRAILING_PAGES})
+                            {n: w for n, p, w in side if p == HitPolicy.TRAILING_PAGES},
+                            [n for n, p, _w in side if p == HitPolicy.ALL_PAGES])
             return PoolTransferResult(hit, per_pool, restorable)
         except Exception as exc:
             self._guard("batch_exists_v2", exc)

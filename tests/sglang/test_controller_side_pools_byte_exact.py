@@ -144,3 +144,23 @@ def test_dsa_indexer_written_by_rank0_is_read_by_every_tp_rank(l3):
     finally:
         prod.close()
         cons.close()
+
+
+def test_hit_keeps_all_pages_sidecars_alive_with_the_kv(l3):
+    """An all_pages sidecar (DSA indexer) gates the hit like KV, so the keep-alive that
+    refreshes the KV chain on a hit must refresh it too, or the indexer ages out
+    under LRU while its KV stays and every later hit is 0."""
+    from sglang_harness import build_stack
+
+    prod = build_stack("dsa", "page_first", l3.addresses, seed=8)
+    cons = build_stack("dsa", "page_first", l3.addresses, seed=9)
+    try:
+        seq = list(range(800_000, 800_000 + 4 * prod.page_size))
+        assert prod.backup_pools(seq).completed_tokens == len(seq)
+        cons.prefetch(seq, "keepalive")
+        st = cons.backend.gcache_stats()["counters"]
+        assert st["get_pages_ok.indexer"] == 4
+        assert st["touch_keys_sent"] == 4 + 4, "4 KV objects and 4 indexer objects"
+    finally:
+        prod.close()
+        cons.close()
