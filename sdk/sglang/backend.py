@@ -246,7 +246,9 @@ class GCacheStorage(HiCacheStorage):
         bufs = binding.page_views(host_indices, n)
         if write:
             return self.core.put_pages(binding.spec, keys, bufs, groups)
-        return self.core.get_pages(binding.spec, keys, bufs, groups)
+        ok = self.core.get_pages(binding.spec, keys, bufs, groups)
+        binding.finish_read(host_indices, bufs, ok)
+        return ok
 
     def batch_get_v1(self, keys: list[str], host_indices: Any, extra_info: Any = None
                      ) -> list[bool]:

@@ -12,9 +12,13 @@ pages written under another layout or shape miss instead of loading wrong bytes.
 head shard; Mamba state) and ``r`` for replicated pools (MLA, and every non-MHA pool
 of a model SGLang calls rank-replicated, such as the DSA indexer: only the storage
 writer rank stores, every rank reads), plus ``pp``/``cp``/``dcp`` suffixes when those
-are > 1. Components are the pointers ``get_page_buffer_meta`` returns per page (MHA page_first: K and V;
-MLA: one), so each object is read from and written to host memory in place: no copy
-beyond what the socket needs.
+are > 1. Components are the pointers ``get_page_buffer_meta`` returns per page (MHA
+page_first: K and V; MLA: one), so each object is read from and written to host memory
+in place: no copy beyond what the socket needs. Two pool kinds have no such pointers:
+a logical anchor (DeepSeek-V4's KV ``LogicalHostPool``) is one marker object per page,
+and a pool whose ``get_page_buffer_meta`` raises ``NotImplementedError`` (Mamba with
+PLE slot side states) is one whole flat page (``get_data_page`` /
+``set_from_flat_data_page``, copied).
 """
 
 from __future__ import annotations
@@ -42,10 +46,11 @@ class PoolBinding:
     """One registered SGLang host pool: its PoolSpec and pointer -> view mapping."""
 
     def __init__(self, name: str, pool: Any, spec: PoolSpec, regions: list[tuple[int, Any]],
-                 logical: bool = False) -> None:
+                 logical: bool = False, flat: bool = False) -> None:
         self.name, self.pool, self.spec = name, pool, spec
         self.page_size = int(pool.page_size)
         self.logical = logical  # an anchor with no bytes: one marker object per page
+        self.flat = flat  # no zero-copy pointers: one whole-page object, copied
         self._starts = [s for s, _ in regions]
         self.arrays = [a for _, a in regions]  # the pool's CPU buffers (nixl registers them)
 
@@ -65,6 +70,9 @@ class PoolBinding:
         dropped)."""
         if self.logical:
             return [[np.ones(MARKER_BYTES, dtype=np.uint8)] for _ in range(npages)]
+        if self.flat:  # a copy of each page (SGLang's flat page bytes), not a view
+            return [[self.pool.get_data_page(int(host_indices[i * self.page_size]), flat=True)
+                     .contiguous().view(-1).view(torch_uint8()).numpy()] for i in range(npages)]
         ptrs, sizes = self.pool.get_page_buffer_meta(host_indices)
         n = len(self.spec.comp_bytes)
         if len(ptrs) != npages * n:
@@ -72,6 +80,25 @@ class PoolBinding:
                              f"pages, expected {n} per page")
         return [[self._view(int(ptrs[i * n + c]), int(sizes[i * n + c])) for c in range(n)]
                 for i in range(npages)]
+
+
+    def finish_read(self, host_indices: Any, bufs: list[list[Any]], ok: list[bool]) -> None:
+        """After a read into ``page_views``: a flat pool's pages that arrived are copied
+        into host memory (``set_from_flat_data_page``); views need nothing."""
+        if not self.flat:
+            return
+        import torch
+
+        for i, good in enumerate(ok):
+            if good:
+                self.pool.set_from_flat_data_page(int(host_indices[i * self.page_size]),
+                                                  torch.from_numpy(bufs[i][0]))
+
+
+def torch_uint8() -> Any:
+    import torch
+
+    return torch.uint8
 
 
 def _regions(pool: Any) -> list[tuple[int, Any]]:
@@ -121,7 +148,7 @@ def _replicated(name: str, pool: Any, storage_config: Any) -> bool:
 
 
 def _pool_spec(name: str, pool: Any, storage_config: Any, legacy_kv: bool,
-               sizes: Any) -> PoolSpec:
+               sizes: Any, flat: bool = False) -> PoolSpec:
     """Identity and object shapes of one host pool (``sizes``: bytes per component of
     one page, from ``get_page_buffer_meta``)."""
     page = int(pool.page_size)
@@ -141,7 +168,8 @@ def _pool_spec(name: str, pool: Any, storage_config: Any, legacy_kv: bool,
     geometry = repr((type(pool).__name__, getattr(pool, "layer_num", None),
                      getattr(pool, "start_layer", None), getattr(pool, "end_layer", None),
                      getattr(pool, "head_num", None), getattr(pool, "head_dim", None),
-                     getattr(pool, "kv_cache_dim", None), comp, "flat" if legacy_kv else "v1"))
+                     getattr(pool, "kv_cache_dim", None), comp,
+                     "flat" if legacy_kv or flat else "v1"))
     digest = xxhash.xxh3_64_hexdigest(geometry.encode())[:8]
     tag = f"{dtype}.p{page}.{layout}.{fmt}.{digest}"
     sc = storage_config
@@ -161,11 +189,21 @@ def bind_pool(name: str, pool: Any, storage_config: Any, legacy_kv: bool) -> Poo
     and its CPU buffers, for pointer -> view lookups."""
     import torch
 
-    meta = pool.get_page_buffer_meta(torch.arange(int(pool.page_size), dtype=torch.int64))
-    logical = meta is None  # DeepSeek-V4's LogicalHostPool: indices only, no bytes
-    spec = _pool_spec(name, pool, storage_config, legacy_kv,
-                      (MARKER_BYTES,) if logical else meta[1])
-    return PoolBinding(name, pool, spec, _regions(pool), logical)
+    flat = False
+    try:
+        meta = pool.get_page_buffer_meta(torch.arange(int(pool.page_size), dtype=torch.int64))
+    except NotImplementedError as exc:  # e.g. Mamba with PLE slot side states
+        log.warning("pool %s has no zero-copy page pointers (%s); storing whole flat "
+                    "pages, copied through get_data_page", name, exc)
+        flat, meta = True, None
+    logical = meta is None and not flat  # DeepSeek-V4's LogicalHostPool: no bytes
+    if flat:
+        page = pool.get_data_page(0, flat=True)  # (the dummy page may ask for pinning)
+        sizes: Any = (page.numel() * page.element_size(),)
+    else:
+        sizes = (MARKER_BYTES,) if logical else meta[1]
+    spec = _pool_spec(name, pool, storage_config, legacy_kv, sizes, flat)
+    return PoolBinding(name, pool, spec, _regions(pool), logical, flat)
 
 
 def pool_name(name: Any) -> str:

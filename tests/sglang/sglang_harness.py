@@ -11,7 +11,9 @@ L3 paths are driven: ``write_storage`` (backup thread: ``batch_set_v2`` then
 ``batch_exists[_v2]``; IO thread: ``batch_get_v1`` then ``batch_get_v2``).
 
 Kinds (``build_stack``): ``swa``, ``mha``, ``mla`` (the anchor cases), ``mamba``
-(FULL+Mamba: the state pool, ``trailing_pages`` with one key), ``dsa`` (DSA/MLA
+(FULL+Mamba: the state pool, ``trailing_pages`` with one key), ``mamba_ple``
+(the same with Qwen4-Exp's PLE short-conv and N-gram slot states riding on the
+Mamba slot: no zero-copy pointers, whole flat pages), ``dsa`` (DSA/MLA
 anchor plus the ``indexer`` sidecar, ``all_pages``), ``draft`` (MHA anchor plus a
 ``draft`` KV sidecar), ``swa_draft`` (FULL+SWA plus a ``draft_swa`` sidecar that
 follows the SWA window) and ``dsa_draft`` (DSA plus ``draft`` and
@@ -27,6 +29,7 @@ prefetch put each pool's pages.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import time
 from array import array
@@ -330,7 +333,7 @@ def build_stack(kind: str, layout: str, servers: list[str], *, extra: dict | Non
         cfg = CacheConfig(page_size=PAGE, components=(ComponentType.FULL, ComponentType.SWA),
                           sliding_window_size=WINDOW_TOKENS, num_layers=6,
                           full_attention_layer_ids=(2, 5), kv_size=512, head_num=2, head_dim=8)
-    elif kind == "mamba":  # page_size > 1 needs SGLang's mamba extra buffer
+    elif kind in ("mamba", "mamba_ple"):  # page_size > 1 needs SGLang's mamba extra buffer
         cfg = CacheConfig(page_size=PAGE, components=(ComponentType.FULL, ComponentType.MAMBA),
                           num_layers=4, full_attention_layer_ids=(1, 3), kv_size=512,
                           head_num=2, head_dim=8, enable_mamba_extra_buffer=True,
@@ -343,6 +346,9 @@ def build_stack(kind: str, layout: str, servers: list[str], *, extra: dict | Non
                    "dsa_draft": _dsa_device_pool}.get(kind)
     patch = (mock.patch.object(fx, "MHATokenToKVPool", device_pool) if device_pool
              else mock.patch.object(fx, "SWAKVPool", _v4_device_pool) if kind == "dsv4"
+             else mock.patch.object(fx, "HybridReqToTokenPool", functools.partial(
+                 fx.HybridReqToTokenPool, ngram_context_len=4, short_conv_layer_ids=[0],
+                 short_conv_state_shape=(8, 3))) if kind == "mamba_ple"
              else contextlib.nullcontext())
     with patch, get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
         cache, _alloc, _rtp = fx.build_fixture(cfg)

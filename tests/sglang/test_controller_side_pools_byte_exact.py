@@ -1,7 +1,8 @@
 """Every side pool SGLang 0.5.23 builds on CPU, backed up and prefetched byte for byte
 through the real HybridCacheController.
 
-Mamba state (``trailing_pages``, one key), the DSA indexer (``all_pages`` sidecar
+Mamba state (``trailing_pages``, one key; with PLE slot side states too, which
+have no zero-copy pointers and travel as whole flat pages), the DSA indexer (``all_pages`` sidecar
 on the KV indices), draft KV (``draft``), draft SWA (``draft_swa``, trailing on the
 SWA indices), the DSA draft pair (``draft`` + ``draft_indexer``) and DeepSeek-V4
 (a logical KV anchor stored as one-byte markers, paged SWA, the compressed C1, C2
@@ -21,6 +22,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 N = 6
 EXPECTED = {
     "mamba": {"kv": range(N), "mamba": [N - 1]},
+    "mamba_ple": {"kv": range(N), "mamba": [N - 1]},  # whole flat pages (no zero-copy)
     "dsa": {"kv": range(N), "indexer": range(N)},
     "draft": {"kv": range(N), "draft": range(N)},
     "swa_draft": {"kv": range(N), "swa": [N - 2, N - 1], "draft_swa": [N - 2, N - 1]},
