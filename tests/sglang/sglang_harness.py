@@ -289,13 +289,7 @@ class Stack:
 
     def restored(self, seq: list[int]):
         """Host pages now in the tree for ``seq``: (kv slots, {position: swa slot})."""
-        m = fx.match_prefix(self.cache, seq)
-        chain = []
-        node = m.last_host_node
-        while node != self.cache.root_node_handle():
-            chain.append(node)
-            node = fx.node_parent(self.cache, node)
-        chain.reverse()
+        chain = self._host_chain(seq)
         kv_slots: list[int] = []
         swa: dict[int, int] = {}
         for nd in chain:
