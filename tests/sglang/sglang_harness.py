@@ -375,5 +375,23 @@ def build_stack(kind: str, layout: str, servers: list[str], *, extra: dict | Non
     return Stack(cache, seed)
 
 
+@contextlib.contextmanager
+def stack_pair(kind: str, servers: list[str], seeds: tuple[int, int], *,
+               layout: str = "page_first", tps: tuple = ((0, 1), (0, 1))):
+    """A producer and a consumer engine of one kind (own host pools, own random
+    bytes), closed on exit."""
+    prod = build_stack(kind, layout, servers, seed=seeds[0], tp=tps[0])
+    try:
+        cons = build_stack(kind, layout, servers, seed=seeds[1], tp=tps[1])
+    except BaseException:
+        prod.close()
+        raise
+    try:
+        yield prod, cons
+    finally:
+        prod.close()
+        cons.close()
+
+
 def seq_of(start: int, pages: int) -> list[int]:
     return list(range(start, start + pages * PAGE))

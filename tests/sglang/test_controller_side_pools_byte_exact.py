@@ -37,68 +37,61 @@ EXPECTED = {
 }
 
 
+def _positions(slots):
+    return {p: sorted(m) for p, m in slots.items()}
+
+
+def _assert_same_bytes(prod, cons, backed_up, restored, what):
+    for pool, positions in backed_up.items():
+        for pos, slot in positions.items():
+            assert cons.page_bytes(pool, restored[pool][pos]) == prod.page_bytes(pool, slot), \
+                f"{what}: pool {pool} page {pos} differs"
+
+
 @pytest.mark.parametrize("kind", list(EXPECTED))
 def test_side_pools_backup_then_prefetch_restore_every_byte(l3, kind):
-    from sglang_harness import build_stack
+    from sglang_harness import stack_pair
 
-    prod = build_stack(kind, "page_first", l3.addresses, seed=1)
-    cons = build_stack(kind, "page_first", l3.addresses, seed=2)
-    try:
+    want = {p: list(pos) for p, pos in EXPECTED[kind].items()}
+    with stack_pair(kind, l3.addresses, (1, 2)) as (prod, cons):
         assert set(prod.controller.mem_pool_host.entry_map) == set(EXPECTED[kind])
-        seq = list(range(100_000 * (list(EXPECTED).index(kind) + 1),
-                         100_000 * (list(EXPECTED).index(kind) + 1) + N * prod.page_size))
+        start = 100_000 * (list(EXPECTED).index(kind) + 1)
+        seq = list(range(start, start + N * prod.page_size))
         bk = prod.backup_pools(seq)
         assert bk.completed_tokens == len(seq)
-        assert {p: sorted(m) for p, m in bk.slots.items()} == {
-            p: list(pos) for p, pos in EXPECTED[kind].items()}
+        assert _positions(bk.slots) == want
 
         cons.prefetch(seq, f"side-{kind}")
         got = cons.restored_pools(seq)
-        assert {p: sorted(m) for p, m in got.items()} == {
-            p: list(pos) for p, pos in EXPECTED[kind].items()}, "every pool's pages must land"
-        for pool, positions in bk.slots.items():
-            for pos, slot in positions.items():
-                assert cons.page_bytes(pool, got[pool][pos]) == prod.page_bytes(pool, slot), \
-                    f"{kind}: pool {pool} page {pos} differs"
+        assert _positions(got) == want, "every pool's pages must land"
+        _assert_same_bytes(prod, cons, bk.slots, got, kind)
         st = cons.backend.gcache_stats()["counters"]
         for pool, positions in EXPECTED[kind].items():
             assert st[f"get_pages_ok.{pool}"] == len(positions)
         assert st.get("errors", 0) == 0
-    finally:
-        prod.close()
-        cons.close()
 
 
 def test_missing_mamba_state_gives_no_hit_and_loads_nothing(l3):
     """Mamba is trailing_pages with one key: KV alone (the state evicted or never
     written) is not restorable, so the hit is 0 and no KV page is fetched."""
-    from sglang.srt.mem_cache.hicache_storage import (
-        HiCacheStorageExtraInfo,
-        PoolHitPolicy,
-        PoolName,
-        PoolTransfer,
-    )
-    from sglang_harness import build_stack, seq_of
+    from sglang.srt.mem_cache import hicache_storage as hs
+    from sglang_harness import seq_of, stack_pair
 
-    prod = build_stack("mamba", "page_first", l3.addresses, seed=3)
-    cons = build_stack("mamba", "page_first", l3.addresses, seed=4)
-    try:
+    with stack_pair("mamba", l3.addresses, (3, 4)) as (prod, cons):
         seq = seq_of(900_000, 3)
         hv, _kv, _swa, done = prod.backup(seq)  # KV only: no Mamba state handed over
         assert done == len(seq)
-        q = [PoolTransfer(name=PoolName.MAMBA, keys=["__placeholder__"],
-                          hit_policy=PoolHitPolicy.TRAILING_PAGES)]
-        res = cons.backend.batch_exists_v2(hv, q, HiCacheStorageExtraInfo(prefix_keys=None))
+        q = [hs.PoolTransfer(name=hs.PoolName.MAMBA, keys=["__placeholder__"],
+                             hit_policy=hs.PoolHitPolicy.TRAILING_PAGES)]
+        no_prefix = hs.HiCacheStorageExtraInfo(prefix_keys=None)
+        res = cons.backend.batch_exists_v2(hv, q, no_prefix)
         assert (res.kv_hit_pages, res.restorable_prefix_pages) == (0, [])
         assert res.extra_pool_hit_pages["kv"] == 3
 
         bk = prod.backup_pools(seq)  # now with the state at the last page: 3 is restorable
         assert bk.completed_tokens == len(seq)
-        res = cons.backend.batch_exists_v2(hv, q, HiCacheStorageExtraInfo(prefix_keys=None))
+        res = cons.backend.batch_exists_v2(hv, q, no_prefix)
         assert (res.kv_hit_pages, res.restorable_prefix_pages) == (3, [3])
-    finally:
-        prod.close()
-        cons.close()
 
 
 @pytest.mark.parametrize("kind", ["mamba", "dsa_draft", "swa_draft", "dsv4"])
@@ -128,41 +121,29 @@ def test_dsa_indexer_written_by_rank0_is_read_by_every_tp_rank(l3):
     """DSA is rank-replicated (SGLang's is_mla_model): only the storage writer backs up
     KV and the indexer, every TP rank reads them. A rank-sharded indexer key would miss
     on rank 1 and, all_pages, zero the hit of every rank after the MIN reduce."""
-    from sglang_harness import build_stack
+    from sglang_harness import stack_pair
 
-    prod = build_stack("dsa", "page_first", l3.addresses, seed=6, tp=(0, 2))
-    cons = build_stack("dsa", "page_first", l3.addresses, seed=7, tp=(1, 2))
-    try:
+    with stack_pair("dsa", l3.addresses, (6, 7), tps=((0, 2), (1, 2))) as (prod, cons):
         assert not cons.controller.storage_backend.storage_config.is_storage_writer
         seq = list(range(700_000, 700_000 + 3 * prod.page_size))
         bk = prod.backup_pools(seq)
         assert bk.completed_tokens == len(seq)
         cons.prefetch(seq, "dsa-rank1")
         got = cons.restored_pools(seq)
-        assert {p: sorted(m) for p, m in got.items()} == {"kv": [0, 1, 2], "indexer": [0, 1, 2]}
-        for pool in ("kv", "indexer"):
-            for pos, slot in bk.slots[pool].items():
-                assert cons.page_bytes(pool, got[pool][pos]) == prod.page_bytes(pool, slot)
-    finally:
-        prod.close()
-        cons.close()
+        assert _positions(got) == {"kv": [0, 1, 2], "indexer": [0, 1, 2]}
+        _assert_same_bytes(prod, cons, bk.slots, got, "dsa rank 1")
 
 
 def test_hit_keeps_all_pages_sidecars_alive_with_the_kv(l3):
     """An all_pages sidecar (DSA indexer) gates the hit like KV, so the keep-alive that
     refreshes the KV chain on a hit must refresh it too, or the indexer ages out
     under LRU while its KV stays and every later hit is 0."""
-    from sglang_harness import build_stack
+    from sglang_harness import stack_pair
 
-    prod = build_stack("dsa", "page_first", l3.addresses, seed=8)
-    cons = build_stack("dsa", "page_first", l3.addresses, seed=9)
-    try:
+    with stack_pair("dsa", l3.addresses, (8, 9)) as (prod, cons):
         seq = list(range(800_000, 800_000 + 4 * prod.page_size))
         assert prod.backup_pools(seq).completed_tokens == len(seq)
         cons.prefetch(seq, "keepalive")
         st = cons.backend.gcache_stats()["counters"]
         assert st["get_pages_ok.indexer"] == 4
         assert st["touch_keys_sent"] == 4 + 4, "4 KV objects and 4 indexer objects"
-    finally:
-        prod.close()
-        cons.close()
