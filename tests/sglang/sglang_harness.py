@@ -13,7 +13,8 @@ L3 paths are driven: ``write_storage`` (backup thread: ``batch_set_v2`` then
 Kinds (``build_stack``): ``swa``, ``mha``, ``mla`` (the anchor cases), ``mamba``
 (FULL+Mamba: the state pool, ``trailing_pages`` with one key), ``mamba_ple``
 (the same with Qwen4-Exp's PLE short-conv and N-gram slot states riding on the
-Mamba slot: no zero-copy pointers, whole flat pages), ``dsa`` (DSA/MLA
+Mamba slot: no zero-copy pointers, whole flat pages), ``qsa`` (the same plus Qwen4-Exp's QSA compressed-key
+``indexer``, ``all_pages`` on the KV indices), ``dsa`` (DSA/MLA
 anchor plus the ``indexer`` sidecar, ``all_pages``), ``draft`` (MHA anchor plus a
 ``draft`` KV sidecar), ``swa_draft`` (FULL+SWA plus a ``draft_swa`` sidecar that
 follows the SWA window) and ``dsa_draft`` (DSA plus ``draft`` and
@@ -110,6 +111,20 @@ def _v4_device_pool(*, size, size_swa, page_size, dtype, head_num, head_dim,
         indexer_head_dim=128, layer_num=5, device=device, enable_memory_saver=False,
         compression_ratios=[0, 1, 2, 4, 128], sliding_window=128, start_layer=0, end_layer=5,
         kv_source_layers=[1, 2], full_size=size)
+
+
+def _qsa_device_pool(*, size, dtype, page_size, head_num, head_dim, full_attention_layer_ids,
+                     device, enable_memory_saver, mamba_pool):
+    """Qwen4-Exp's hybrid pool with QSA compressed keys; stands in for the kit's
+    HybridLinearKVPool."""
+    from sglang.srt.mem_cache.qsa_kv_pool import QSATokenToKVPool
+
+    return QSATokenToKVPool(
+        size=size, dtype=dtype, page_size=page_size, head_num=head_num, head_dim=head_dim,
+        full_attention_layer_ids=list(full_attention_layer_ids), device=device,
+        mamba_pool=mamba_pool, qsa_index_kv_heads=1, qsa_index_head_dim=8,
+        qsa_compress_ratio=PAGE, qsa_token_topk=8, num_request_slots=10,
+        enable_memory_saver=enable_memory_saver)
 
 
 def _draft_device_pool(kind: str, cache):
@@ -327,7 +342,7 @@ def build_stack(kind: str, layout: str, servers: list[str], *, extra: dict | Non
         cfg = CacheConfig(page_size=PAGE, components=(ComponentType.FULL, ComponentType.SWA),
                           sliding_window_size=WINDOW_TOKENS, num_layers=6,
                           full_attention_layer_ids=(2, 5), kv_size=512, head_num=2, head_dim=8)
-    elif kind in ("mamba", "mamba_ple"):  # page_size > 1 needs SGLang's mamba extra buffer
+    elif kind in ("mamba", "mamba_ple", "qsa"):  # page > 1 needs SGLang's mamba extra buffer
         cfg = CacheConfig(page_size=PAGE, components=(ComponentType.FULL, ComponentType.MAMBA),
                           num_layers=4, full_attention_layer_ids=(1, 3), kv_size=512,
                           head_num=2, head_dim=8, enable_mamba_extra_buffer=True,
@@ -343,6 +358,7 @@ def build_stack(kind: str, layout: str, servers: list[str], *, extra: dict | Non
              else mock.patch.object(fx, "HybridReqToTokenPool", functools.partial(
                  fx.HybridReqToTokenPool, ngram_context_len=4, short_conv_layer_ids=[0],
                  short_conv_state_shape=(8, 3))) if kind == "mamba_ple"
+             else mock.patch.object(fx, "HybridLinearKVPool", _qsa_device_pool) if kind == "qsa"
              else contextlib.nullcontext())
     with patch, get_parallel().override(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1):
         cache, _alloc, _rtp = fx.build_fixture(cfg)

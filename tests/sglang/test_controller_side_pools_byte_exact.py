@@ -2,7 +2,7 @@
 through the real HybridCacheController.
 
 Mamba state (``trailing_pages``, one key; with PLE slot side states too, which
-have no zero-copy pointers and travel as whole flat pages), the DSA indexer (``all_pages`` sidecar
+have no zero-copy pointers and travel as whole flat pages), the QSA and DSA indexers (``all_pages`` sidecar
 on the KV indices), draft KV (``draft``), draft SWA (``draft_swa``, trailing on the
 SWA indices), the DSA draft pair (``draft`` + ``draft_indexer``) and DeepSeek-V4
 (a logical KV anchor stored as one-byte markers, paged SWA, the compressed C1, C2
@@ -23,6 +23,7 @@ N = 6
 EXPECTED = {
     "mamba": {"kv": range(N), "mamba": [N - 1]},
     "mamba_ple": {"kv": range(N), "mamba": [N - 1]},  # whole flat pages (no zero-copy)
+    "qsa": {"kv": range(N), "mamba": [N - 1], "indexer": range(N)},
     "dsa": {"kv": range(N), "indexer": range(N)},
     "draft": {"kv": range(N), "draft": range(N)},
     "swa_draft": {"kv": range(N), "swa": [N - 2, N - 1], "draft_swa": [N - 2, N - 1]},
@@ -55,7 +56,7 @@ def test_side_pools_backup_then_prefetch_restore_every_byte(l3, kind):
     want = {p: list(pos) for p, pos in EXPECTED[kind].items()}
     with stack_pair(kind, l3.addresses, (1, 2)) as (prod, cons):
         assert set(prod.controller.mem_pool_host.entry_map) == set(EXPECTED[kind])
-        start = 100_000 * (list(EXPECTED).index(kind) + 1)
+        start = 1_000_000 * (list(EXPECTED).index(kind) + 1)  # other tests stay below 1M
         seq = list(range(start, start + N * prod.page_size))
         bk = prod.backup_pools(seq)
         assert bk.completed_tokens == len(seq)
@@ -94,7 +95,7 @@ def test_missing_mamba_state_gives_no_hit_and_loads_nothing(l3):
         assert (res.kv_hit_pages, res.restorable_prefix_pages) == (3, [3])
 
 
-@pytest.mark.parametrize("kind", ["mamba", "dsa_draft", "swa_draft", "dsv4"])
+@pytest.mark.parametrize("kind", ["mamba", "qsa", "dsa_draft", "swa_draft", "dsv4"])
 def test_every_pool_page_lies_in_a_buffer_the_plugin_registers(l3, kind):
     """The plugin maps (and, over nixl, registers) each pool's host buffers; a page
     outside them would be read through a raw pointer and staged, never one-sided."""
