@@ -20,7 +20,8 @@ anchor plus the ``indexer`` sidecar, ``all_pages``), ``draft`` (MHA anchor plus 
 follows the SWA window) and ``dsa_draft`` (DSA plus ``draft`` and
 ``draft_indexer``) and ``dsv4`` (DeepSeek-V4: a logical KV anchor, paged SWA, the
 compressed C1 / C2 / C4 pools with their indexers and C128 on the KV indices, and
-the C4 compressor states trailing on the SWA indices). Side pools are the ones
+the C4 compressor states trailing on the SWA indices), ``dsv4_draft`` (plus a
+one-layer V4 MTP draft worker's ``draft_swa``). Side pools are the ones
 SGLang's own assembler builds;
 ``backup_pools`` hands them to the backup thread the way SGLang's tree components
 and ``_build_sidecar_transfers`` do, and ``restored_pools`` reads back where the
@@ -134,6 +135,17 @@ def _draft_device_pool(kind: str, cache):
         return MHATokenToKVPool(size=size, page_size=PAGE, dtype=torch.bfloat16, head_num=2,
                                 head_dim=8, layer_num=1, device="cpu",
                                 enable_memory_saver=False)
+    if kind == "dsv4_draft":  # a one-layer SWA-only V4 draft (MTP) worker
+        from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
+
+        return DeepSeekV4TokenToKVPool(
+            max_num_reqs=4, swa_size=size, c4_size=size // 4, c128_size=size // 128,
+            c4_state_pool_size=64, c128_state_pool_size=64, page_size=V4_PAGE,
+            swa_page_size=V4_PAGE, dtype=torch.float8_e4m3fn, c4_state_dtype=torch.float32,
+            c128_state_dtype=torch.float32, qk_nope_head_dim=448, qk_rope_head_dim=64,
+            indexer_head_dim=128, layer_num=1, device="cpu", enable_memory_saver=False,
+            compression_ratios=[0], sliding_window=128, start_layer=0, end_layer=1,
+            full_size=size, is_draft_worker=True)
     if kind == "dsa_draft":
         return _dsa_device_pool(size=size, page_size=DSA_PAGE, dtype=torch.bfloat16,
                                 head_num=1, head_dim=8, layer_num=1, device="cpu",
@@ -333,8 +345,9 @@ def build_stack(kind: str, layout: str, servers: list[str], *, extra: dict | Non
                 seed: int = 0, tp: tuple[int, int] = (0, 1)) -> Stack:
     """kind: one of the kinds in the module docstring. ``tp``: (rank, size) this
     stack's storage config carries (one process plays one rank; no collectives)."""
-    page = {"dsa": DSA_PAGE, "dsa_draft": DSA_PAGE, "dsv4": V4_PAGE}.get(kind, PAGE)
-    if kind == "dsv4":
+    page = {"dsa": DSA_PAGE, "dsa_draft": DSA_PAGE, "dsv4": V4_PAGE,
+            "dsv4_draft": V4_PAGE}.get(kind, PAGE)
+    if kind in ("dsv4", "dsv4_draft"):
         cfg = CacheConfig(page_size=page, components=(ComponentType.FULL, ComponentType.SWA),
                           sliding_window_size=128, num_layers=5, full_attention_layer_ids=(0,),
                           kv_size=8 * page, max_context_len=8 * page, head_num=1, head_dim=8)
@@ -354,7 +367,7 @@ def build_stack(kind: str, layout: str, servers: list[str], *, extra: dict | Non
     device_pool = {"mla": _mla_device_pool, "dsa": _dsa_device_pool,
                    "dsa_draft": _dsa_device_pool}.get(kind)
     patch = (mock.patch.object(fx, "MHATokenToKVPool", device_pool) if device_pool
-             else mock.patch.object(fx, "SWAKVPool", _v4_device_pool) if kind == "dsv4"
+             else mock.patch.object(fx, "SWAKVPool", _v4_device_pool) if kind.startswith("dsv4")
              else mock.patch.object(fx, "HybridReqToTokenPool", functools.partial(
                  fx.HybridReqToTokenPool, ngram_context_len=4, short_conv_layer_ids=[0],
                  short_conv_state_shape=(8, 3))) if kind == "mamba_ple"

@@ -6,7 +6,8 @@ have no zero-copy pointers and travel as whole flat pages), the QSA and DSA inde
 on the KV indices), draft KV (``draft``), draft SWA (``draft_swa``, trailing on the
 SWA indices), the DSA draft pair (``draft`` + ``draft_indexer``) and DeepSeek-V4
 (a logical KV anchor stored as one-byte markers, paged SWA, the compressed C1, C2
-and C4 pools with their indexers, C128, and the C4 compressor states). The pools are
+and C4 pools with their indexers, C128, the C4 compressor states, and an MTP draft
+worker's SWA). The pools are
 built by SGLang's own assembler; a second engine (fresh host pools, other random
 bytes) restores what the first stored, and every restored page of every pool is
 compared with the producer's through SGLang's ``get_data_page``.
@@ -29,12 +30,14 @@ EXPECTED = {
     "swa_draft": {"kv": range(N), "swa": [N - 2, N - 1], "draft_swa": [N - 2, N - 1]},
     "dsa_draft": {"kv": range(N), "indexer": range(N), "draft": range(N),
                   "draft_indexer": range(N)},
-    # window 128 tokens < one 256-token page: SWA and the compressor states keep 1 page
-    "dsv4": {"kv": range(N), "swa": [N - 1], "deepseek_v4_c4": range(N),
-             "deepseek_v4_c4_indexer": range(N), "deepseek_v4_c128": range(N),
-             "deepseek_v4_c4_state": [N - 1], "deepseek_v4_c4_indexer_state": [N - 1],
-             "deepseek_v4_c1": range(N), "deepseek_v4_c1_indexer": range(N),
-             "deepseek_v4_c2": range(N), "deepseek_v4_c2_indexer": range(N)},
+    # window 128 tokens < one 256-token page: SWA, draft SWA and the compressor states
+    # keep 1 page
+    "dsv4_draft": {"kv": range(N), "swa": [N - 1], "draft_swa": [N - 1],
+                   "deepseek_v4_c4": range(N),
+                   "deepseek_v4_c4_indexer": range(N), "deepseek_v4_c128": range(N),
+                   "deepseek_v4_c4_state": [N - 1], "deepseek_v4_c4_indexer_state": [N - 1],
+                   "deepseek_v4_c1": range(N), "deepseek_v4_c1_indexer": range(N),
+                   "deepseek_v4_c2": range(N), "deepseek_v4_c2_indexer": range(N)},
 }
 
 
@@ -95,7 +98,7 @@ def test_missing_mamba_state_gives_no_hit_and_loads_nothing(l3):
         assert (res.kv_hit_pages, res.restorable_prefix_pages) == (3, [3])
 
 
-@pytest.mark.parametrize("kind", ["mamba", "qsa", "dsa_draft", "swa_draft", "dsv4"])
+@pytest.mark.parametrize("kind", ["mamba", "qsa", "dsa_draft", "swa_draft", "dsv4_draft"])
 def test_every_pool_page_lies_in_a_buffer_the_plugin_registers(l3, kind):
     """The plugin maps (and, over nixl, registers) each pool's host buffers; a page
     outside them would be read through a raw pointer and staged, never one-sided."""
