@@ -14,7 +14,8 @@ Kinds (``build_stack``): ``swa``, ``mha``, ``mla`` (the anchor cases), ``mamba``
 (FULL+Mamba: the state pool, ``trailing_pages`` with one key), ``mamba_ple``
 (the same with Qwen4-Exp's PLE short-conv and N-gram slot states riding on the
 Mamba slot: no zero-copy pointers, whole flat pages), ``qsa`` (the same plus Qwen4-Exp's QSA compressed-key
-``indexer``, ``all_pages`` on the KV indices), ``dsa`` (DSA/MLA
+``indexer``, ``all_pages`` on the KV indices), ``minimax`` (MiniMax sparse attention:
+MHA plus its index-key ``indexer`` on the KV indices), ``dsa`` (DSA/MLA
 anchor plus the ``indexer`` sidecar, ``all_pages``), ``draft`` (MHA anchor plus a
 ``draft`` KV sidecar), ``swa_draft`` (FULL+SWA plus a ``draft_swa`` sidecar that
 follows the SWA window) and ``dsa_draft`` (DSA plus ``draft`` and
@@ -126,6 +127,20 @@ def _qsa_device_pool(*, size, dtype, page_size, head_num, head_dim, full_attenti
         mamba_pool=mamba_pool, qsa_index_kv_heads=1, qsa_index_head_dim=8,
         qsa_compress_ratio=PAGE, qsa_token_topk=8, num_request_slots=10,
         enable_memory_saver=enable_memory_saver)
+
+
+def _minimax_device_pool(*, size, page_size, dtype, head_num, head_dim, layer_num, device,
+                         enable_memory_saver):
+    """MiniMax's sparse-attention pool (dense layer 0, sparse layers 1-2 with an index
+    key cache); stands in for the kit's MHATokenToKVPool."""
+    from sglang.srt.mem_cache.memory_pool import MiniMaxSparseKVPool
+
+    return MiniMaxSparseKVPool(size=size, page_size=page_size, dtype=dtype, head_num=head_num,
+                               head_dim=head_dim, idx_head_dim=8, dense_layer_ids=[0],
+                               sparse_layer_ids=[1, 2], disable_value_sparse_layer_ids=[1, 2],
+                               device=device,
+                               enable_memory_saver=enable_memory_saver, start_layer=0,
+                               end_layer=layer_num)
 
 
 def _draft_device_pool(kind: str, cache):
@@ -365,6 +380,7 @@ def build_stack(kind: str, layout: str, servers: list[str], *, extra: dict | Non
         cfg = CacheConfig(page_size=page, num_layers=3, kv_size=128 * page, head_num=2,
                           head_dim=8, max_context_len=128 * page)
     device_pool = {"mla": _mla_device_pool, "dsa": _dsa_device_pool,
+                   "minimax": _minimax_device_pool,
                    "dsa_draft": _dsa_device_pool}.get(kind)
     patch = (mock.patch.object(fx, "MHATokenToKVPool", device_pool) if device_pool
              else mock.patch.object(fx, "SWAKVPool", _v4_device_pool) if kind.startswith("dsv4")

@@ -2,7 +2,7 @@
 through the real HybridCacheController.
 
 Mamba state (``trailing_pages``, one key; with PLE slot side states too, which
-have no zero-copy pointers and travel as whole flat pages), the QSA and DSA indexers (``all_pages`` sidecar
+have no zero-copy pointers and travel as whole flat pages), the QSA, MiniMax-sparse and DSA indexers (``all_pages`` sidecar
 on the KV indices), draft KV (``draft``), draft SWA (``draft_swa``, trailing on the
 SWA indices), the DSA draft pair (``draft`` + ``draft_indexer``) and DeepSeek-V4
 (a logical KV anchor stored as one-byte markers, paged SWA, the compressed C1, C2
@@ -25,6 +25,7 @@ EXPECTED = {
     "mamba": {"kv": range(N), "mamba": [N - 1]},
     "mamba_ple": {"kv": range(N), "mamba": [N - 1]},  # whole flat pages (no zero-copy)
     "qsa": {"kv": range(N), "mamba": [N - 1], "indexer": range(N)},
+    "minimax": {"kv": range(N), "indexer": range(N)},
     "dsa": {"kv": range(N), "indexer": range(N)},
     "draft": {"kv": range(N), "draft": range(N)},
     "swa_draft": {"kv": range(N), "swa": [N - 2, N - 1], "draft_swa": [N - 2, N - 1]},
