@@ -15,7 +15,8 @@ Kinds (``build_stack``): ``swa``, ``mha``, ``mla`` (the anchor cases), ``mamba``
 (the same with Qwen4-Exp's PLE short-conv and N-gram slot states riding on the
 Mamba slot: no zero-copy pointers, whole flat pages), ``qsa`` (the same plus Qwen4-Exp's QSA compressed-key
 ``indexer``, ``all_pages`` on the KV indices), ``minimax`` (MiniMax sparse attention:
-MHA plus its index-key ``indexer`` on the KV indices), ``dsa`` (DSA/MLA
+MHA plus its index-key ``indexer`` on the KV indices), ``minimax_nvfp4`` (the same
+packed as MiniMax M3.1's NVFP4, 128-token pages), ``dsa`` (DSA/MLA
 anchor plus the ``indexer`` sidecar, ``all_pages``), ``draft`` (MHA anchor plus a
 ``draft`` KV sidecar), ``swa_draft`` (FULL+SWA plus a ``draft_swa`` sidecar that
 follows the SWA window) and ``dsa_draft`` (DSA plus ``draft`` and
@@ -141,6 +142,23 @@ def _minimax_device_pool(*, size, page_size, dtype, head_num, head_dim, layer_nu
                                device=device,
                                enable_memory_saver=enable_memory_saver, start_layer=0,
                                end_layer=layer_num)
+
+
+def _nvfp4_device_pool(*, size, page_size, dtype, head_num, head_dim, layer_num, device,
+                       enable_memory_saver):
+    """MiniMax M3.1's NVFP4 pool (every layer sparse, K-only index), packed as NVFP4."""
+    from sglang.srt.mem_cache.minimax_m3_nvfp4_pool import (
+        MiniMaxM3Nvfp4IndexKPool,
+        MiniMaxM3Nvfp4KVPool,
+    )
+
+    layers = list(range(layer_num))
+    return MiniMaxM3Nvfp4KVPool(
+        size=size, page_size=page_size, dtype=dtype, head_num=head_num,
+        head_dim=MiniMaxM3Nvfp4IndexKPool.INDEX_HEAD_DIM,
+        idx_head_dim=MiniMaxM3Nvfp4IndexKPool.INDEX_HEAD_DIM, dense_layer_ids=[],
+        sparse_layer_ids=layers, disable_value_sparse_layer_ids=layers, device=device,
+        enable_memory_saver=enable_memory_saver, start_layer=0, end_layer=layer_num)
 
 
 def _draft_device_pool(kind: str, cache):
@@ -361,7 +379,7 @@ def build_stack(kind: str, layout: str, servers: list[str], *, extra: dict | Non
     """kind: one of the kinds in the module docstring. ``tp``: (rank, size) this
     stack's storage config carries (one process plays one rank; no collectives)."""
     page = {"dsa": DSA_PAGE, "dsa_draft": DSA_PAGE, "dsv4": V4_PAGE,
-            "dsv4_draft": V4_PAGE}.get(kind, PAGE)
+            "dsv4_draft": V4_PAGE, "minimax_nvfp4": 128}.get(kind, PAGE)  # NVFP4: 128
     if kind in ("dsv4", "dsv4_draft"):
         cfg = CacheConfig(page_size=page, components=(ComponentType.FULL, ComponentType.SWA),
                           sliding_window_size=128, num_layers=5, full_attention_layer_ids=(0,),
@@ -380,7 +398,7 @@ def build_stack(kind: str, layout: str, servers: list[str], *, extra: dict | Non
         cfg = CacheConfig(page_size=page, num_layers=3, kv_size=128 * page, head_num=2,
                           head_dim=8, max_context_len=128 * page)
     device_pool = {"mla": _mla_device_pool, "dsa": _dsa_device_pool,
-                   "minimax": _minimax_device_pool,
+                   "minimax": _minimax_device_pool, "minimax_nvfp4": _nvfp4_device_pool,
                    "dsa_draft": _dsa_device_pool}.get(kind)
     patch = (mock.patch.object(fx, "MHATokenToKVPool", device_pool) if device_pool
              else mock.patch.object(fx, "SWAKVPool", _v4_device_pool) if kind.startswith("dsv4")

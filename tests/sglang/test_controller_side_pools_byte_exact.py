@@ -26,6 +26,7 @@ EXPECTED = {
     "mamba_ple": {"kv": range(N), "mamba": [N - 1]},  # whole flat pages (no zero-copy)
     "qsa": {"kv": range(N), "mamba": [N - 1], "indexer": range(N)},
     "minimax": {"kv": range(N), "indexer": range(N)},
+    "minimax_nvfp4": {"kv": range(N), "indexer": range(N)},  # NVFP4-packed K, V, index K
     "dsa": {"kv": range(N), "indexer": range(N)},
     "draft": {"kv": range(N), "draft": range(N)},
     "swa_draft": {"kv": range(N), "swa": [N - 2, N - 1], "draft_swa": [N - 2, N - 1]},
