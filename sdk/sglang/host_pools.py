@@ -71,8 +71,10 @@ class PoolBinding:
         if self.logical:
             return [[np.ones(MARKER_BYTES, dtype=np.uint8)] for _ in range(npages)]
         if self.flat:  # a copy of each page (SGLang's flat page bytes), not a view
+            import torch
+
             return [[self.pool.get_data_page(int(host_indices[i * self.page_size]), flat=True)
-                     .contiguous().view(-1).view(torch_uint8()).numpy()] for i in range(npages)]
+                     .contiguous().view(-1).view(torch.uint8).numpy()] for i in range(npages)]
         ptrs, sizes = self.pool.get_page_buffer_meta(host_indices)
         n = len(self.spec.comp_bytes)
         if len(ptrs) != npages * n:
@@ -80,7 +82,6 @@ class PoolBinding:
                              f"pages, expected {n} per page")
         return [[self._view(int(ptrs[i * n + c]), int(sizes[i * n + c])) for c in range(n)]
                 for i in range(npages)]
-
 
     def finish_read(self, host_indices: Any, bufs: list[list[Any]], ok: list[bool]) -> None:
         """After a read into ``page_views``: a flat pool's pages that arrived are copied
@@ -93,12 +94,6 @@ class PoolBinding:
             if good:
                 self.pool.set_from_flat_data_page(int(host_indices[i * self.page_size]),
                                                   torch.from_numpy(bufs[i][0]))
-
-
-def torch_uint8() -> Any:
-    import torch
-
-    return torch.uint8
 
 
 def _regions(pool: Any) -> list[tuple[int, Any]]:
