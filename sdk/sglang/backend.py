@@ -135,6 +135,12 @@ class GCacheStorage(HiCacheStorage):
             self._log_times[what] = now
             log.error("gcache %s failed; treated as a miss", what, exc_info=exc)
 
+    def bindings(self) -> dict[str, PoolBinding]:
+        """The registered pools by name (each pool's ``PoolSpec`` and mapped host
+        buffers), for diagnostics and tests. Read-only snapshot."""
+        with self._reg_lock:
+            return dict(self._pools)
+
     def _binding(self, name: Any) -> PoolBinding | None:
         return self._pools.get(pool_name(name))
 
@@ -144,8 +150,10 @@ class GCacheStorage(HiCacheStorage):
         return list(pk) if pk is not None else None
 
     def _keepalive(self, prefix: list[str] | None, keys: Sequence[str], hit: int,
-                   trailing: Mapping[str, int]) -> None:
-        """Refresh recency of the L1/L2-resident prefix and of the hit pages."""
+                   trailing: Mapping[str, int], all_pages: Sequence[str] = ()) -> None:
+        """Refresh recency of the L1/L2-resident prefix and of the hit pages: KV and
+        every ``all_pages`` pool along the whole chain (each gates the hit), the
+        trailing window of each ``trailing_pages`` pool."""
         if not self.cfg.touch:
             return
         kv = self._pools.get("kv")
@@ -157,6 +165,10 @@ class GCacheStorage(HiCacheStorage):
             return
         groups = self.core.groups(None, chain)
         self.core.touch(kv.spec, chain, groups)
+        for name in all_pages:
+            b = self._pools.get(name)
+            if b is not None:
+                self.core.touch(b.spec, chain, groups)
         for name, w in trailing.items():
             b = self._pools.get(name)
             if b is not None and w > 0:
@@ -210,7 +222,8 @@ class GCacheStorage(HiCacheStorage):
             self.stats.add(exists_calls=1, exists_pages=len(keys),
                            exists_hit_pages=per_pool["kv"], exists_window_safe_pages=hit)
             self._keepalive(prefix, keys, hit,
-                            {n: w for n, p, w in side if p == HitPolicy.TRAILING_PAGES})
+                            {n: w for n, p, w in side if p == HitPolicy.TRAILING_PAGES},
+                            [n for n, p, _w in side if p == HitPolicy.ALL_PAGES])
             return PoolTransferResult(hit, per_pool, restorable)
         except Exception as exc:
             self._guard("batch_exists_v2", exc)
@@ -233,7 +246,9 @@ class GCacheStorage(HiCacheStorage):
         bufs = binding.page_views(host_indices, n)
         if write:
             return self.core.put_pages(binding.spec, keys, bufs, groups)
-        return self.core.get_pages(binding.spec, keys, bufs, groups)
+        ok = self.core.get_pages(binding.spec, keys, bufs, groups)
+        binding.finish_read(host_indices, bufs, ok)
+        return ok
 
     def batch_get_v1(self, keys: list[str], host_indices: Any, extra_info: Any = None
                      ) -> list[bool]:
