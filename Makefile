@@ -6,17 +6,20 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: run test venv bench bench-transports lint clean
 
-$(STAMP): pyproject.toml setup.py native/gcache_native.c Makefile
+# Every install takes the exact versions of constraints.txt (pyproject's extras are ranges).
+PIP := $(BIN)/pip install -q -c constraints.txt
+
+$(STAMP): pyproject.toml constraints.txt setup.py native/gcache_native.c Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
 	# torch is pinned: 2.13.0 is the CPU wheel on local disk; any other spec pulls CUDA builds.
 	# nixl-cu12 (the nixl transport) depends on torch: install it in the same command, or
 	# pip resolves it against a 5.7 GB CUDA torch.
-	$(BIN)/pip install -q 'torch==2.13.0' 'nixl-cu12==1.5.1'
-	$(BIN)/pip install -q -e '.[test]'
+	$(PIP) 'torch==2.13.0' nixl-cu12
+	$(PIP) -e '.[test]'
 	# SGLang for tests/sglang: --no-deps, because its declared deps pull a CUDA torch and
 	# kernels; the `sglang` extra (inside `test`) holds the CPU-only set it needs. Idempotent.
-	$(BIN)/pip install -q --no-deps 'sglang==0.5.23'
+	$(PIP) --no-deps sglang
 	touch $(STAMP)
 
 venv: $(STAMP)

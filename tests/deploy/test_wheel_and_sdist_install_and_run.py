@@ -43,8 +43,10 @@ def _pip(python: Path, *args: str) -> None:
 @pytest.mark.timeout(600)
 def test_wheel_and_sdist_install_and_run_the_sessions_workload(tmp_path: Path) -> None:
     out = tmp_path / "dist"
-    r = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--sdist",
-                        "--wheel", "--outdir", str(out), str(ROOT)],
+    # no --sdist/--wheel: build makes the sdist, then the wheel from the unpacked sdist
+    # (so the sdist must hold all a build needs, and the tree gets no build/ directory)
+    r = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir",
+                        str(out), str(ROOT)],
                        capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     wheel = next(out.glob("gcache-*.whl"))
