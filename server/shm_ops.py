@@ -101,7 +101,8 @@ from gcache.credentials import Right
 from gcache.errors import ProtocolError
 from gcache.network import boot_id
 from gcache.protocol import (Op, check_flag, check_items, check_key, check_namespace,
-                             check_placement, parse_put_items, self_contained)
+                             check_placement, pack_lease_rows, parse_put_items,
+                             self_contained)
 from gcache.status import Status
 
 log = logging.getLogger("gcache.server.shm")
@@ -458,7 +459,11 @@ def handle(conn: Any, op: int, rid: int, meta: Any, plen: int) -> None:
                                  "one_sided": False, "error": why})
             return
     if op == Op.LEASE:
-        conn.reply(op, rid, {"items": _lease(conn, st, tier, mem, meta)})
+        rows = _lease(conn, st, tier, mem, meta)
+        if check_flag(meta, "pk"):  # the client reads the packed form (docs/protocol.md)
+            conn.reply(op, rid, {"packed": pack_lease_rows(rows)})
+        else:
+            conn.reply(op, rid, {"items": rows})
     elif op == Op.RELEASE:
         conn.reply(op, rid, {"st": _release(conn, st, meta)})
     elif op == Op.ALLOC:

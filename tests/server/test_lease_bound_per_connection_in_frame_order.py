@@ -4,14 +4,15 @@
 leases with one lock hold. The per-connection bound must still count only the leases
 actually granted, in item order: a miss takes no room, the first items that fit get
 leases, and every item after the bound answers BUSY (the SDK reads those with a GET),
-hit or miss, with nothing left pinned for them. RELEASE frees the room again.
+hit or miss, with nothing left pinned for them. RELEASE frees the room again. A
+LEASE with ``"pk": 1`` gets the same rows packed (six u64 each).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from gcache.protocol import Op, encode_frame
+from gcache.protocol import Op, encode_frame, unpack_lease_rows
 from gcache.sdk import Client
 from gcache.status import Status
 
@@ -72,4 +73,11 @@ def test_lease_bound_per_connection_in_frame_order(make_cluster, monkeypatch):
     rep = _call(c, Op.LEASE, 25, {"ns": b"a", "items": [[b"k18", 0], [b"k19", 0]]})
     assert [x[0] for x in rep["items"]] == [Status.OK, Status.OK]
     assert _stats(addr)["shm_leases"] == 14
+    # the packed reply ("pk": 1): the same rows, six u64 each, no list per item
+    rep = _call(c, Op.LEASE, 26, {"ns": b"a", "items": [[b"k0", 0], [b"nope", 0]], "pk": 1})
+    assert set(rep) == {"packed"}
+    rows = unpack_lease_rows(rep["packed"], 2)
+    assert rows[0] == Status.OK and rows[1] == 2 and rows[4] not in held
+    assert rows[6:] == (Status.MISS, 0, 0, 0, 0, 0)
+    assert _stats(addr)["shm_leases"] == 15
     c.sock.close()
