@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 from gcache.protocol import Op
 from gcache.sdk.buffers import digest
-from gcache.sdk.transports.base import GetItem, ItemResult, KeyItem, PutItem, Work
+from gcache.sdk.transports.base import (DIGEST_LATER, GetItem, ItemResult, KeyItem, PutItem,
+                                        Work)
 from gcache.status import Status
 
 if TYPE_CHECKING:
@@ -240,11 +241,11 @@ class PutBatch(Batch):
             if n > most:
                 too_large.append(i)
                 continue
-            c = digest(v)  # the server refuses to publish bytes that hash differently
-            if n <= step:
+            if n <= step:  # checksummed as it is sent (the shm staging copy hashes it)
                 parts[i] = 1
-                routed.setdefault(addr, []).append(PutItem(k, n, 0, n, 0, v, c, i))
+                routed.setdefault(addr, []).append(PutItem(k, n, 0, n, 0, v, DIGEST_LATER, i))
                 continue
+            c = digest(v)  # the server refuses to publish bytes that hash differently
             pid = int.from_bytes(os.urandom(8), "little") >> 1 or 1
             offs = range(0, n, step)
             parts[i] = len(offs)
