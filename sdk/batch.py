@@ -351,7 +351,7 @@ class IntoBatch(Batch):
         per-key tuple or call."""
         checks, verify, parts = self.checks, self.verify, self.parts
         OK = _OK
-        pre = []  # (item, result, status before the whole-object checks)
+        pre = []  # each item's status before the whole-object checks (no tuple per key)
         for it, r in zip(items, results):
             st = r.status
             if st == OK:
@@ -359,26 +359,27 @@ class IntoBatch(Batch):
                     st = _SIZE_MISMATCH  # slice_status (offset 0)
                 elif verify and r.landed is not None and r.landed != r.checksum:
                     st = checks.compare(it.key, r.landed, r.checksum)  # counted: CORRUPT
-            pre.append((it, r, st))
-        finished, taken = [], []
+            pre.append(st)
+        taken = []  # positions in the frame of the items that finish their key
         with self.lock:
-            for t in pre:
-                i = t[0].index
+            for k, it in enumerate(items):
+                i = it.index
                 if parts[i] > 0:  # else a duplicate or late answer: ignored, as fold does
                     parts[i] = 0
-                    finished.append(i)
-                    taken.append(t)
-        if not finished:
+                    taken.append(k)
+        if not taken:
             return
         res = self.results
-        for it, r, st in taken:
+        for k in taken:
+            it, st = items[k], pre[k]
             if st == OK:
+                r = results[k]
                 if r.total_len != it.max_len:  # finalize: the buffer is not the object's size
                     st = _SIZE_MISMATCH
                 elif verify and r.landed is None:  # not hashed as it landed: read it now
                     st = checks.check(it.key, it.dest, r.checksum)
             res[it.index] = st
-        self.complete(finished)
+        self.complete([items[k].index for k in taken])
 
     def finalize(self, i: int, st: Status) -> Status:
         if st == Status.OK and self.totals[i] != len(self.views[i]):
