@@ -85,6 +85,7 @@ class _FrameStatus(GCacheError):
 Copy = tuple  # (local, remote, n, want_hash)
 
 _INT6 = (int, int, int, int, int, int)
+RELEASE_GRACE_S = 0.01  # how long a no-wait RELEASE may block past the deadline
 _key_of, _version_of = attrgetter("key"), attrgetter("version")
 
 
@@ -101,7 +102,6 @@ def _lease_rows(rmeta: dict, n: int) -> tuple[int, ...] | list[int]:
         if type(ls) is not list or tuple(map(type, ls)) != _INT6:
             raise ProtocolError("malformed LEASE reply item")
     return [v for ls in leases for v in ls]
-RELEASE_GRACE_S = 0.01  # how long a no-wait RELEASE may block past the deadline
 
 
 class DataPath(abc.ABC):
