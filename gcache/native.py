@@ -21,8 +21,10 @@ Functions (contracts; the C file's opening comment has the same):
   ``0 <= n <= len(buffer)``, a writable destination): ValueError; a non-buffer or a
   non-int: TypeError. The clock (``time.monotonic``) is read before the first span and
   at the first span boundary after every ``CHECK_BYTES`` copied: at or past
-  ``stop_at``, TimeoutError. Returns each span's xxh3_64 (seed 0) of the bytes that
-  landed when ``want_hash``, else None.
+  ``stop_at``, TimeoutError. Returns each span's xxh3_64 (seed 0) of the buffer's ``n``
+  bytes, read right after they moved, when ``want_hash`` (``into``: the bytes that
+  landed; else the bytes that were sent: a staged put's checksum in the same pass as
+  its copy), else None.
 * ``byte_views(objs, writable) -> list[memoryview]``: ``gcache.sdk.buffers.as_view``
   for host buffers, a whole batch per call: each object's memoryview, cast to flat
   unsigned bytes unless it already is; ValueError for a non-contiguous buffer or
@@ -109,8 +111,7 @@ def copy_spans_py(spans: Sequence[tuple], base: int, size: int, into: bool,
             else:
                 ctypes.memmove(base + off, local, n)
         if want:
-            landed = (ctypes.c_char * n).from_address(local if into else base + off) \
-                if n else b""
+            landed = (ctypes.c_char * n).from_address(local) if n else b""
             out.append(xxhash.xxh3_64_intdigest(landed))
         else:
             out.append(None)

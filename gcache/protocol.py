@@ -567,3 +567,24 @@ def auth_mac(token: str, nonce: bytes) -> bytes:
     import hashlib
 
     return hmac.new(token.encode(), b"gcache-auth-v1:" + nonce, hashlib.sha256).digest()
+
+
+# LEASE replies in packed form (a LEASE request with ``"pk": 1``): ``{"packed": bytes}``,
+# each item's row ``[status, total_len, version, arena_offset, lease_id, checksum]`` as
+# six little-endian u64 back to back, instead of one msgpack list per item (which the
+# client decoded into a list per key, most of its GC pressure on a batch get).
+LEASE_ROW = 6
+
+
+def pack_lease_rows(rows: Sequence[Sequence[int]]) -> bytes:
+    """The packed form of LEASE reply rows (each six non-negative ints below 2**64)."""
+    flat = [v for row in rows for v in row]
+    return struct.pack(f"<{len(flat)}Q", *flat)
+
+
+def unpack_lease_rows(blob: Any, n: int) -> tuple[int, ...]:
+    """The ``n`` rows of a packed LEASE reply, flat (row j is ``[6*j, 6*j + 6)``);
+    ProtocolError unless ``blob`` is bytes of exactly ``n`` rows."""
+    if type(blob) is not bytes or len(blob) != 8 * LEASE_ROW * n:
+        raise ProtocolError(f"packed LEASE reply is not {n} rows of {LEASE_ROW} u64")
+    return struct.unpack(f"<{LEASE_ROW * n}Q", blob)

@@ -11,9 +11,12 @@
  *       for the whole loop so dispatch threads copy in parallel. A span is a tuple
  *       (buffer, offset, n, want_hash): into=True copies n bytes from base+offset into
  *       the buffer's first n bytes; into=False copies the buffer's first n bytes to
- *       base+offset. With want_hash the n landed bytes are hashed (xxh3_64, seed 0)
- *       right after they land, while they are still in the cache: the read pass of a
- *       checksum check costs a fraction of a second pass over DRAM. Returns each
+ *       base+offset. With want_hash the buffer's n bytes are hashed (xxh3_64, seed 0)
+ *       right after each chunk of them moved, while they are still in the cache: the
+ *       bytes that landed (into=True: a get's checksum check) or the bytes that were
+ *       sent (into=False: a staged put's checksum, computed in the same pass as its
+ *       copy; a buffer changed mid-copy then hashes unlike the copy, which the server
+ *       refuses). Either costs a fraction of a second pass over DRAM. Returns each
  *       span's digest, or None where want_hash was false.
  *       Bounds: every span is checked before the first byte moves (0 <= offset,
  *       offset + n <= size, 0 <= n <= len(buffer); a read-only buffer cannot be a
@@ -86,7 +89,8 @@ typedef struct {
     XXH64_hash_t digest;
 } span_t;
 
-/* copy one span (into: mapping -> buffer), hashing what landed when asked */
+/* copy one span (into: mapping -> buffer), hashing the caller buffer's bytes (what
+ * landed, or what was sent) right after each chunk moved, when asked */
 static void move_span(span_t *s, char *base, int into, XXH3_state_t *state) {
     char *dst = into ? s->local : base + s->off;
     const char *src = into ? base + s->off : s->local;
@@ -98,14 +102,14 @@ static void move_span(span_t *s, char *base, int into, XXH3_state_t *state) {
     if (s->n <= HASH_CHUNK) {
         if (s->n)
             memcpy(dst, src, (size_t)s->n);
-        s->digest = GC_XXH3(dst, (size_t)s->n);
+        s->digest = GC_XXH3(s->local, (size_t)s->n);
         return;
     }
     XXH3_64bits_reset(state);
     for (Py_ssize_t done = 0; done < s->n; done += HASH_CHUNK) {
         Py_ssize_t k = s->n - done < HASH_CHUNK ? s->n - done : HASH_CHUNK;
         memcpy(dst + done, src + done, (size_t)k);
-        GC_XXH3_UPDATE(state, dst + done, (size_t)k);
+        GC_XXH3_UPDATE(state, s->local + done, (size_t)k);
     }
     s->digest = XXH3_64bits_digest(state);
 }

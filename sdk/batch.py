@@ -33,11 +33,13 @@ import logging
 import os
 import threading
 from concurrent.futures import Future
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 from gcache.protocol import Op
 from gcache.sdk.buffers import digest
-from gcache.sdk.transports.base import GetItem, ItemResult, KeyItem, PutItem, Work
+from gcache.sdk.transports.base import (DIGEST_LATER, GetItem, ItemResult, KeyItem, PutItem,
+                                        Work)
 from gcache.status import Status
 
 if TYPE_CHECKING:
@@ -48,6 +50,9 @@ log = logging.getLogger("gcache.sdk")
 KeyCallback = Callable[[int, bytes, Any], None]
 BatchCallback = Callable[[list], None]
 Routed = dict[str, list]  # owner address ('' = none) -> its items, in key order
+
+_OK, _NOT_OWNER, _SIZE_MISMATCH = Status.OK, Status.NOT_OWNER, Status.SIZE_MISMATCH
+_status = attrgetter("status")
 
 # one folded slice, within this module: (key index, status, version, total_len, checksum)
 _Slice = tuple[int, Status, int, int, "int | None"]
@@ -149,7 +154,9 @@ class Batch:
     def frame_done(self, work: Work, results: list[ItemResult]) -> None:
         """``Work.on_done`` of every frame of this batch: called once per frame."""
         items = work.items
-        moved = [it for it, r in zip(items, results) if r.status == Status.NOT_OWNER]
+        # one C-level scan of the statuses; the per-item lists only when some moved
+        moved = ([it for it, r in zip(items, results) if r.status == _NOT_OWNER]
+                 if _NOT_OWNER in map(_status, results) else None)
         if moved:
             self.sender.reroute(self, work, moved)
             keep = [k for k, r in enumerate(results) if r.status != Status.NOT_OWNER]
@@ -197,12 +204,19 @@ class Batch:
                     finished.append(i)
         if not finished:
             return
+        results, left, finalize = self.results, self.left, self.finalize
         for i in finished:
-            res = self.finalize(i, self.left[i])
-            self.results[i] = res
-            if self.on_key is not None:
+            results[i] = finalize(i, left[i])
+        self.complete(finished)
+
+    def complete(self, finished: list[int]) -> None:
+        """Keys ``finished`` (each taken from ``parts`` by this caller, under the lock,
+        exactly once) have their results written: run their per-key callbacks, count
+        them, and complete the batch after its last key."""
+        if self.on_key is not None:
+            for i in finished:
                 try:
-                    self.on_key(i, self.keys[i], res)
+                    self.on_key(i, self.keys[i], self.results[i])
                 except Exception:
                     log.exception("per-key callback raised")
         with self.lock:
@@ -245,11 +259,11 @@ class PutBatch(Batch):
             if n > most:
                 too_large.append(i)
                 continue
-            c = digest(v)  # the server refuses to publish bytes that hash differently
-            if n <= step:
+            if n <= step:  # checksummed as it is sent (the shm staging copy hashes it)
                 parts[i] = 1
-                routed.setdefault(addr, []).append(PutItem(k, n, 0, n, 0, v, c, i))
+                routed.setdefault(addr, []).append(PutItem(k, n, 0, n, 0, v, DIGEST_LATER, i))
                 continue
+            c = digest(v)  # the server refuses to publish bytes that hash differently
             pid = int.from_bytes(os.urandom(8), "little") >> 1 or 1
             offs = range(0, n, step)
             parts[i] = len(offs)
@@ -298,7 +312,7 @@ class IntoBatch(Batch):
     """``get_batch_into``: each object lands in its caller's buffer, which must be
     exactly the object's size (else SIZE_MISMATCH)."""
 
-    __slots__ = ("views", "checks", "verify", "verified")
+    __slots__ = ("views", "checks", "verify", "verified", "sliced")
 
     def __init__(self, keys: list[bytes], views: list, checks: Checksums, deadline: float,
                  sender: Sender, callback: BatchCallback | None,
@@ -308,17 +322,22 @@ class IntoBatch(Batch):
         self.verify = checks.on
         # keys whose one slice was checked as it landed (``ItemResult.landed``)
         self.verified: list[bool] = [False] * len(keys) if checks.on else []
+        self.sliced = False  # some key travels as several slices (``fold_frame``)
 
     def route(self, owners: list[str], slice_bytes: int) -> Routed:
         routed: Routed = {}
         parts, step = self.parts, slice_bytes
+        item = tuple.__new__  # GetItem(...) without the NamedTuple's Python-level __new__
         for i, (k, v, addr) in enumerate(zip(self.keys, self.views, owners)):
             n = len(v)
-            dest = routed.setdefault(addr, [])
+            dest = routed.get(addr)
+            if dest is None:
+                dest = routed[addr] = []
             if n <= step:  # one slice: the whole buffer
                 parts[i] = 1
-                dest.append(GetItem(k, 0, n, 0, v, i))
+                dest.append(item(GetItem, (k, 0, n, 0, v, i)))
                 continue
+            self.sliced = True
             offs = range(0, n, step)
             parts[i] = len(offs)
             for off in offs:
@@ -327,6 +346,9 @@ class IntoBatch(Batch):
         return routed
 
     def fold_frame(self, work: Work, items: list, results: list[ItemResult]) -> None:
+        if not self.sliced:
+            self._fold_whole(items, results)
+            return
         verified, OK = self.verified, Status.OK
         out = []
         for it, r in zip(items, results):
@@ -338,6 +360,44 @@ class IntoBatch(Batch):
                 verified[it.index] = st == OK
             out.append((it.index, st, r.version, r.total_len, r.checksum))
         self.fold(out)
+
+    def _fold_whole(self, items: list, results: list[ItemResult]) -> None:
+        """``fold_frame`` when every key of the batch is one slice (its whole buffer):
+        each item finishes its key, so its result is computed here at once, exactly as
+        ``slice_status`` -> ``fold`` -> ``finalize`` would (same statuses, same checks
+        in the same order, same counters), with one lock hold for the frame and no
+        per-key tuple or call."""
+        checks, verify, parts = self.checks, self.verify, self.parts
+        OK = _OK
+        pre = []  # each item's status before the whole-object checks (no tuple per key)
+        for it, r in zip(items, results):
+            st = r.status
+            if st == OK:
+                if r.nbytes != min(it.max_len, max(0, r.total_len)):
+                    st = _SIZE_MISMATCH  # slice_status (offset 0)
+                elif verify and r.landed is not None and r.landed != r.checksum:
+                    st = checks.compare(it.key, r.landed, r.checksum)  # counted: CORRUPT
+            pre.append(st)
+        taken = []  # positions in the frame of the items that finish their key
+        with self.lock:
+            for k, it in enumerate(items):
+                i = it.index
+                if parts[i] > 0:  # else a duplicate or late answer: ignored, as fold does
+                    parts[i] = 0
+                    taken.append(k)
+        if not taken:
+            return
+        res = self.results
+        for k in taken:
+            it, st = items[k], pre[k]
+            if st == OK:
+                r = results[k]
+                if r.total_len != it.max_len:  # finalize: the buffer is not the object's size
+                    st = _SIZE_MISMATCH
+                elif verify and r.landed is None:  # not hashed as it landed: read it now
+                    st = checks.check(it.key, it.dest, r.checksum)
+            res[it.index] = st
+        self.complete([items[k].index for k in taken])
 
     def finalize(self, i: int, st: Status) -> Status:
         if st == Status.OK and self.totals[i] != len(self.views[i]):

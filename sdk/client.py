@@ -348,7 +348,7 @@ class Client:
             return self._put_after_stream(keys, buffers, stream, group, timeout_ms, callback,
                                           on_key, if_absent)
         device = self._settings.device_buffers
-        ks = [self._key(k) for k in keys]
+        ks = self._keys(keys)
         views = as_views(buffers, writable=False, device=device)
         return self._start(PutBatch(ks, views, self.limits, self._deadline(timeout_ms),
                                     self._router, callback, on_key, if_absent), group,
@@ -434,7 +434,7 @@ class Client:
             callback, outer = self._streams.complete_after(
                 stream, callback, self._deadline(timeout_ms) + 1.0)
         device = self._settings.device_buffers
-        ks = [self._key(k) for k in keys]
+        ks = self._keys(keys)
         views = as_views(buffers, writable=True, device=device)
         fut = self._start(IntoBatch(ks, views, self._checks, self._deadline(timeout_ms),
                                     self._router, callback, on_key), group, None, here)
@@ -472,7 +472,7 @@ class Client:
                    timeout_ms: int | None = None, callback: BatchCallback | None = None,
                    on_key: KeyCallback | None = None, here: bool = False) -> Future | Batch:
         """``get_batch_async``; ``here``: a synchronous call (see ``_start``)."""
-        return self._start(BytesBatch([self._key(k) for k in keys], self._checks,
+        return self._start(BytesBatch(self._keys(keys), self._checks,
                                       self._deadline(timeout_ms), self._router, callback,
                                       on_key), group, None, here)
 
@@ -653,6 +653,15 @@ class Client:
         self.close()
 
     # ------------------------------------------------------------------ internals
+    def _keys(self, keys: Sequence[Key]) -> list[bytes]:
+        """``[self._key(k) for k in keys]``: C-level passes only when every key already is
+        non-empty ``bytes`` within ``max_key_bytes`` (content hashes, the usual batch)."""
+        ks = list(keys)
+        if ks and set(map(type, ks)) == {bytes} and min(map(len, ks)) > 0 \
+                and max(map(len, ks)) <= self.limits.max_key_bytes:
+            return ks
+        return [self._key(k) for k in ks]
+
     def _key(self, key: Key) -> bytes:
         k = key if type(key) is bytes else key.encode() if isinstance(key, str) else bytes(key)
         if not k:
@@ -689,7 +698,7 @@ class Client:
     def _keyed(self, op: int, keys: Sequence[Key], *, group: Any = None,
                timeout_ms: int | None = None, callback: BatchCallback | None = None,
                on_key: KeyCallback | None = None, here: bool = False) -> Future | Batch:
-        return self._start(KeyBatch(op, [self._key(k) for k in keys],
+        return self._start(KeyBatch(op, self._keys(keys),
                                     self._deadline(timeout_ms), self._router, callback,
                                     on_key), group, None, here)
 

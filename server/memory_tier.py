@@ -624,11 +624,13 @@ class MemoryTier(Tier):
         view = self.arena.buf[o.data_off + start:o.data_off + end]
         return Pinned(Status.OK, o.length, o.version, view, o, o.checksum)
 
-    def pin_read_many(self, ns: bytes, items: list[tuple[bytes, int, int, int]]
-                      ) -> list[Pinned]:
+    def pin_read_many(self, ns: bytes, items: list[tuple[bytes, int, int, int]],
+                      views: bool = True) -> list[Pinned]:
         """``pin_read`` of every ``(key, offset, max_len, expect_version)`` of one frame,
         in order, with one lock hold for the whole frame (index lookups, recency, pins);
-        views and first-read verification happen after it, outside the lock."""
+        views and first-read verification happen after it, outside the lock.
+        ``views=False`` (shm LEASE: the client copies, the server never reads the bytes):
+        no view is cut, ``Pinned.view`` is None and ``token`` still locates the bytes."""
         index, on_hit = self._index, self.policy.on_hit
         seen = self.access_observer
         found: list[_Obj | Pinned] = []
@@ -651,6 +653,8 @@ class MemoryTier(Tier):
                 out.append(o)
             elif not o.verified and not self._verify(o):
                 out.append(Pinned(Status.CORRUPT))
+            elif not views:
+                out.append(Pinned(_OK, o.length, o.version, None, o, o.checksum))
             else:
                 start = o.data_off + min(offset, o.length)
                 end = min(o.data_off + o.length, start + max_len)

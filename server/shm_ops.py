@@ -5,7 +5,8 @@ bytes between the mapping and its own buffers; the server only hands out and tak
 back *where* the bytes are, through four small control ops on the ordinary framed
 connection (docs/protocol.md, "Shared-memory ops"):
 
-* ``LEASE`` pins memory-resident objects (``MemoryTier.pin_read``) and answers each
+* ``LEASE`` pins memory-resident objects (``MemoryTier.pin_read_many``: one lock
+  hold per frame, no views cut) and answers each
   object's absolute arena offset. Eviction, replace and delete of a pinned object only
   mark it doomed, so its bytes stay put until ``RELEASE``. Only objects already in the
   memory tier are leased; anything else (on disk only) answers ``BUSY`` and the client
@@ -100,7 +101,8 @@ from gcache.credentials import Right
 from gcache.errors import ProtocolError
 from gcache.network import boot_id
 from gcache.protocol import (Op, check_flag, check_items, check_key, check_namespace,
-                             check_placement, parse_put_items, self_contained)
+                             check_placement, pack_lease_rows, parse_put_items,
+                             self_contained)
 from gcache.status import Status
 
 log = logging.getLogger("gcache.server.shm")
@@ -250,6 +252,16 @@ class ShmState:
             table[i] = entry
             return i
 
+    def hold_many(self, table: dict, entries: list[tuple]) -> list[int]:
+        """``hold`` of every entry of one frame with one lock hold: their ids, or [] once
+        the connection closed (the caller then releases what it pinned)."""
+        with self.lock:
+            if self.closed:
+                return []
+            ids = list(itertools.islice(self.ids, len(entries)))
+            table.update(zip(ids, entries))
+            return ids
+
     def expire(self, now: float) -> None:
         with self.lock:
             old_l = [i for i, (_, _, exp) in self.leases.items() if exp < now]
@@ -262,8 +274,7 @@ class ShmState:
                 self.expired.clear()
             self.expired.update(old_l)
             self.expired.update(old_s)
-        for tier, pin, _ in gone_l:
-            tier.unpin(pin)
+        _unpin_all(gone_l)
         for tier, slot, _ in gone_s:
             tier.abort_put(slot, self.holder)
         if old_l or old_s:
@@ -280,8 +291,7 @@ class ShmState:
             self.stages.clear()
         for s in stages:
             s.close()
-        for tier, pin, _ in leases:
-            tier.unpin(pin)
+        _unpin_all(leases)
         for tier, slot, _ in slots:
             tier.abort_put(slot)
         if self.tier is not None:  # incomplete sliced puts it took part in, quarantine
@@ -449,7 +459,11 @@ def handle(conn: Any, op: int, rid: int, meta: Any, plen: int) -> None:
                                  "one_sided": False, "error": why})
             return
     if op == Op.LEASE:
-        conn.reply(op, rid, {"items": _lease(conn, st, tier, mem, meta)})
+        rows = _lease(conn, st, tier, mem, meta)
+        if check_flag(meta, "pk"):  # the client reads the packed form (docs/protocol.md)
+            conn.reply(op, rid, {"packed": pack_lease_rows(rows)})
+        else:
+            conn.reply(op, rid, {"items": rows})
     elif op == Op.RELEASE:
         conn.reply(op, rid, {"st": _release(conn, st, meta)})
     elif op == Op.ALLOC:
@@ -461,6 +475,9 @@ def handle(conn: Any, op: int, rid: int, meta: Any, plen: int) -> None:
 
 
 def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
+    """Pin the frame's memory-resident objects and answer where each one is. The frame's
+    pins, lease ids and lease-bound check each take their lock once per frame
+    (``MemoryTier.pin_read_many`` with no views: the server never reads the bytes)."""
     lim = conn.limits
     ns = check_namespace(meta.get("ns", b""), lim)
     items = check_items(meta, lim)
@@ -469,46 +486,52 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
         if not (isinstance(it, list) and len(it) == 2 and isinstance(it[1], int)
                 and it[1] >= 0):
             raise ProtocolError("LEASE item must be [key, expect_version]", Status.BAD_REQUEST)
-        parsed.append((check_key(it[0], lim), it[1]))
+        parsed.append((check_key(it[0], lim), 0, 0, it[1]))
     if not conn.may(Right.READ, ns, Op.LEASE):
         return [[int(Status.AUTH), 0, 0, 0, 0, 0]] * len(parsed)
     refused = conn.read_refusals(ns, meta, len(parsed))
-    out = []
-    now = time.monotonic()
-    hits = 0
-    for (key, ev), no in zip(parsed, refused):
+    busy = [int(Status.BUSY), 0, 0, 0, 0, 0]
+    out: list = [busy] * len(parsed)  # BUSY unless answered below
+    want = []  # indices to pin, in order
+    for i, no in enumerate(refused):
         if no is not None:
-            out.append([int(no), 0, 0, 0, 0, 0])
-            continue
-        if mem is None:
-            out.append([int(Status.BUSY), 0, 0, 0, 0, 0])
-            continue
+            out[i] = [int(no), 0, 0, 0, 0, 0]
+        elif mem is not None:
+            want.append(i)
+    expiry = time.monotonic() + st.lease_s
+    OK, MISS = Status.OK, Status.MISS
+    hits = nbytes = 0
+    while want:
+        # at most max_held leases per connection: the items past the bound answer BUSY
+        # (the client reads them with a GET), as do misses after it, unpinned
         with st.lock:
-            full = len(st.leases) >= st.max_held
-        if full:
-            out.append([int(Status.BUSY), 0, 0, 0, 0, 0])
+            room = st.max_held - len(st.leases)
+        if room <= 0:
+            break
+        batch, want = want[:room], want[room:]
+        pins = mem.pin_read_many(ns, [parsed[i] for i in batch], False)
+        got = [(i, p) for i, p in zip(batch, pins) if p.status == OK]
+        for i, p in zip(batch, pins):
+            if p.status != OK:
+                s = p.status
+                if s == MISS and mem is not tier and tier.exists(ns, parsed[i][0]):
+                    s = Status.BUSY  # on disk only: read it with a GET (which promotes)
+                out[i] = [int(s), p.total_len, p.version, 0, 0, 0]
+        if not got:
             continue
-        p = mem.pin_read(ns, key, 0, 0, ev)
-        if p.status != Status.OK:
-            s = p.status
-            if s == Status.MISS and mem is not tier and tier.exists(ns, key):
-                s = Status.BUSY  # on disk only: read it with a GET (which promotes)
-            out.append([int(s), p.total_len, p.version, 0, 0, 0])
+        ids = st.hold_many(st.leases, [(mem, p, expiry) for _, p in got])
+        if not ids:  # the connection closed meanwhile
+            mem.unpin_many([p for _, p in got])
+            for i, _ in got:
+                out[i] = [int(Status.CLOSED), 0, 0, 0, 0, 0]
             continue
-        o = p.token
-        if p.view is not None:
-            p.view.release()
-            p.view = None
-        lid = st.hold(st.leases, (mem, p, now + st.lease_s))
-        if not lid:
-            mem.unpin(p)
-            out.append([int(Status.CLOSED), 0, 0, 0, 0, 0])
-            continue
-        hits += 1
-        out.append([int(Status.OK), o.length, o.version, o.data_off, lid, p.checksum])
+        for (i, p), lid in zip(got, ids):
+            o = p.token
+            out[i] = [int(OK), o.length, o.version, o.data_off, lid, p.checksum]
+            nbytes += o.length
+        hits += len(got)
     # counted as gets (the items served); BUSY items are counted by the GET that follows
     m = conn.svc.metrics
-    nbytes = sum(x[1] for x in out if x[0] == Status.OK)
     if hits:
         m.items.labels("get", "OK").inc(hits)
         m.bytes.labels("out").inc(nbytes)
@@ -534,9 +557,18 @@ def _release(conn: Any, st: ShmState, meta: dict) -> list[int]:
                 out.append(int(Status.TIMEOUT))  # reaped: what the client copied may be torn
             else:
                 out.append(int(Status.BAD_REQUEST))  # unknown or forged id
-    for tier, pin, _ in gone:
-        tier.unpin(pin)
+    _unpin_all(gone)
     return out
+
+
+def _unpin_all(held: list[tuple[Any, Any, float]]) -> None:
+    """Unpin ``(tier, Pinned, expiry)`` leases: one ``unpin_many`` per tier (one lock
+    hold for a frame's leases)."""
+    by_tier: dict[int, tuple[Any, list]] = {}
+    for tier, pin, _ in held:
+        by_tier.setdefault(id(tier), (tier, []))[1].append(pin)
+    for tier, pins in by_tier.values():
+        tier.unpin_many(pins)
 
 
 def _alloc(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:

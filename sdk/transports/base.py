@@ -70,6 +70,10 @@ from gcache.status import Status
 next_request_id = itertools.count(1).__next__
 
 
+#: ``PutItem.checksum`` of an unsliced value whose checksum is computed when it is sent
+DIGEST_LATER = -1
+
+
 class PutItem(NamedTuple):
     """One slice of a value to store."""
 
@@ -79,7 +83,10 @@ class PutItem(NamedTuple):
     length: int  # of this slice
     put_id: int  # ties the slices of one sliced put together (0: not sliced)
     src: Any  # the slice's bytes: a memoryview or DeviceView of ``length`` bytes
-    checksum: int | None  # xxh3_64 of the whole value, the same on every slice
+    # xxh3_64 of the whole value, the same on every slice; or DIGEST_LATER for an
+    # unsliced value: the transport computes it as it sends (``tcp.put_fields``; the shm
+    # staging copy hashes the value in the same pass as it copies it)
+    checksum: int | None
     index: int = 0  # the key's position in the caller's batch (not sent)
 
 

@@ -40,10 +40,12 @@ from __future__ import annotations
 import abc
 import logging
 import time
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Sequence
 
 from gcache.errors import GCacheError, ProtocolError
-from gcache.protocol import Op, encode_frame, read_frame, sendmsg_all
+from gcache.protocol import (LEASE_ROW, Op, encode_frame, read_frame, sendmsg_all,
+                             unpack_lease_rows)
 from gcache.status import Status, status_of
 from gcache.config import TransportKind
 from gcache.sdk.transports.base import (AuthError, ItemResult, TransportTimeout, Work,
@@ -84,6 +86,22 @@ Copy = tuple  # (local, remote, n, want_hash)
 
 _INT6 = (int, int, int, int, int, int)
 RELEASE_GRACE_S = 0.01  # how long a no-wait RELEASE may block past the deadline
+_key_of, _version_of = attrgetter("key"), attrgetter("version")
+
+
+def _lease_rows(rmeta: dict, n: int) -> tuple[int, ...] | list[int]:
+    """A LEASE reply's ``n`` rows, flat (row j at ``[6*j, 6*j + 6)``): the packed form
+    (``"packed"``, asked for with ``"pk": 1``), or a server's list of lists; anything
+    else is a ProtocolError (the caller closes the connection)."""
+    if "packed" in rmeta:
+        return unpack_lease_rows(rmeta["packed"], n)
+    leases = rmeta.get("items")
+    if not isinstance(leases, list) or len(leases) != n:
+        raise ProtocolError("LEASE reply items do not match the request")
+    for ls in leases:
+        if type(ls) is not list or tuple(map(type, ls)) != _INT6:
+            raise ProtocolError("malformed LEASE reply item")
+    return [v for ls in leases for v in ls]
 
 
 class DataPath(abc.ABC):
@@ -274,55 +292,58 @@ class OneSidedTransport(TcpTransport):
 
     def _get(self, work: Work) -> list[ItemResult]:
         items = work.items
-        first: dict[tuple[bytes, int], int] = {}
-        which = []
-        for it in items:
-            which.append(first.setdefault((it.key, it.version), len(first)))
-        uniq = list(first)
+        keys = list(map(_key_of, items))
+        which: list[int] | None = None  # item -> its row in the LEASE (None: the same)
+        if any(map(_version_of, items)) or len(dict.fromkeys(keys)) != len(keys):
+            first: dict[tuple[bytes, int], int] = {}
+            which = [first.setdefault((it.key, it.version), len(first)) for it in items]
+            uniq = [[k, ev] for k, ev in first]
+        else:  # distinct keys, no expected version: one row each, in item order
+            uniq = [[k, 0] for k in keys]
         extra = dict(work.extra or {})
-        if "ph" in extra and isinstance(extra["ph"], list) and len(extra["ph"]) == len(items):
+        if which is not None and "ph" in extra and isinstance(extra["ph"], list) \
+                and len(extra["ph"]) == len(items):
             ph = [0] * len(uniq)
             for i, j in enumerate(which):
                 ph[j] = extra["ph"][i]
             extra["ph"] = ph
         t0 = time.monotonic()
-        rmeta = self.call(Op.LEASE, {"ns": work.ns, "items": [[k, ev] for k, ev in uniq],
-                                      **extra}, work.deadline)
+        rmeta = self.call(Op.LEASE, {"ns": work.ns, "items": uniq, "pk": 1, **extra},
+                          work.deadline)
         if rmeta.get("one_sided") is False:
             return self._refused(work, rmeta)
-        leases = rmeta.get("items")
-        if not isinstance(leases, list) or len(leases) != len(uniq):
-            raise ProtocolError("LEASE reply items do not match the request")
+        rows = _lease_rows(rmeta, len(uniq))
         out: list[ItemResult | None] = [None] * len(items)
         fallback = []
         held: list[int] = []
         try:  # any failure before RELEASE closes the connection: the server drops the leases
             lo, hi = self.path.span
-            for ls in leases:
-                if type(ls) is not list or tuple(map(type, ls)) != _INT6:
-                    raise ProtocolError("malformed LEASE reply item")
-                if ls[0] == Status.OK:
-                    held.append(ls[4])
-                    if not lo <= ls[3] <= ls[3] + ls[1] <= hi:
-                        self._check_span(ls[3], ls[1])  # raises
+            verify, OK, BUSY = work.verify, Status.OK, Status.BUSY
+            for b in range(0, len(rows), LEASE_ROW):
+                if rows[b] == OK:
+                    held.append(rows[b + 4])
+                    off, total = rows[b + 3], rows[b + 1]
+                    if not lo <= off <= off + total <= hi:
+                        self._check_span(off, total)  # raises
             copies: list[Copy] = []
             hashed: list[ItemResult] = []  # results whose copy is hashed as it lands
-            verify, OK, BUSY = work.verify, Status.OK, Status.BUSY
             for i, it in enumerate(items):
-                st, total, ver, off, _lid, csum = leases[which[i]]
+                b = LEASE_ROW * (i if which is None else which[i])
+                st = rows[b]
                 if st != OK:
                     if st == BUSY:
                         fallback.append(i)
                     else:
-                        out[i] = ItemResult(status_of(st), total, ver, 0)
+                        out[i] = ItemResult(status_of(st), rows[b + 1], rows[b + 2], 0)
                     continue
+                total, off = rows[b + 1], rows[b + 3]
                 start = it.offset
                 if start > total:
                     start = total
                 n = total - start
                 if n > it.max_len:
                     n = it.max_len
-                res = out[i] = ItemResult(OK, total, ver, n, None, csum)
+                res = out[i] = ItemResult(OK, total, rows[b + 2], n, None, rows[b + 5])
                 dst = it.dest
                 if dst is None:  # a byte get: the bytes land in a new buffer
                     res.data = bytearray(n)
@@ -363,9 +384,9 @@ class OneSidedTransport(TcpTransport):
             lost = {lid for lid, s in zip(held, st) if s != Status.OK}
             if lost:  # expired mid-copy: the bytes may be torn
                 for i in range(len(items)):
-                    r = leases[which[i]]
-                    if r[0] == Status.OK and r[4] in lost and out[i] is not None:
-                        out[i] = ItemResult(Status.TIMEOUT, r[1], r[2], 0)
+                    b = LEASE_ROW * (i if which is None else which[i])
+                    if rows[b] == Status.OK and rows[b + 4] in lost and out[i] is not None:
+                        out[i] = ItemResult(Status.TIMEOUT, rows[b + 1], rows[b + 2], 0)
         STATS[f"{self.kind.value}_get_items"] += len(items) - len(fallback)
         if fallback:
             self._drain(work.deadline)

@@ -52,7 +52,7 @@ from gcache.protocol import Limits, Op
 from gcache.status import status_of
 from gcache.errors import ProtocolError
 from gcache.native import copy_spans
-from gcache.sdk.transports.base import ItemResult, TransportTimeout, Work
+from gcache.sdk.transports.base import DIGEST_LATER, ItemResult, TransportTimeout, Work
 from gcache.sdk.transports.onesided import STATS, Copy, DataPath, OneSidedTransport
 from gcache.sdk.transports.tcp import put_fields
 
@@ -291,16 +291,19 @@ class ShmPath(DataPath):
         stage, items = self.stage, work.items
         spans, pos = [], 0
         for i in run:
-            n = items[i].length
-            spans.append((items[i].src, pos, n, False))
+            it = items[i]
+            n = it.length
+            # an unsliced value's checksum: hashed in the same pass as its copy, from the
+            # caller's buffer while it is in the cache (no second pass over DRAM)
+            spans.append((it.src, pos, n, it.checksum == DIGEST_LATER))
             pos += n
         try:  # one call, the GIL released; the clock read every few MiB
-            copy_spans(spans, stage.base, stage.capacity, False, work.deadline)
+            sums = copy_spans(spans, stage.base, stage.capacity, False, work.deadline)
         except TimeoutError:
             raise TransportTimeout() from None
         sub = conn.subset(work, run)
         meta = {"ns": work.ns, "stage": stage.name, "skey": stage.key,
-                "items": put_fields(sub.items),
+                "items": put_fields(sub.items, sums),
                 **(sub.extra or {})}
         try:
             rmeta = conn.call(Op.PUT_STAGED, meta, work.deadline)

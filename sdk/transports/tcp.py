@@ -28,17 +28,26 @@ from gcache.protocol import (PREFIX_SIZE, Limits, Op, encode_frame, read_frame,
                              recv_into_many, sendmsg_all)
 from gcache.config import TransportKind
 from gcache.status import Status, status_of
-from gcache.sdk.transports.base import (ItemResult, PutItem, Transport, Work,
+from gcache.sdk.buffers import digest
+from gcache.sdk.transports.base import (DIGEST_LATER, ItemResult, PutItem, Transport, Work,
                                         next_request_id)
 
 
 _INT5 = (int, int, int, int, int)
 
 
-def put_fields(items: list[PutItem]) -> list[list]:
-    """A PUT's (or ALLOC's, PUT_STAGED's) wire items: everything but the bytes."""
-    return [[it.key, it.total_len, it.offset, it.length, it.put_id, it.checksum]
-            for it in items]
+def put_fields(items: list[PutItem], sums: list[int | None] | None = None) -> list[list]:
+    """A PUT's (or ALLOC's, PUT_STAGED's) wire items: everything but the bytes. A
+    ``DIGEST_LATER`` checksum is computed here (xxh3_64 of the item's bytes: the whole
+    value), or taken from ``sums`` (one per item; None: compute) when the caller hashed
+    the bytes as it copied them."""
+    out = []
+    for j, it in enumerate(items):
+        c = it.checksum
+        if c == DIGEST_LATER:
+            c = sums[j] if sums is not None and sums[j] is not None else digest(it.src)
+        out.append([it.key, it.total_len, it.offset, it.length, it.put_id, c])
+    return out
 
 
 class TcpTransport(Transport):

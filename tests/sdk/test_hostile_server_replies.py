@@ -17,7 +17,8 @@ import threading
 
 import pytest
 
-from gcache.protocol import FLAG_RESPONSE, Limits, Op, encode_frame, read_frame
+from gcache.protocol import (FLAG_RESPONSE, Limits, Op, encode_frame, pack_lease_rows,
+                             read_frame)
 from gcache.sdk import Client, Status
 from gcache.sdk.transports.tcp import TcpTransport
 
@@ -81,6 +82,12 @@ BAD_LEASES = {
     "not-ints": lambda size: [[0, "4096", 7, 1 << 20, 1, 0]],
     "wrong-arity": lambda size: [[0, 4096, 7]],
     "wrong-count": lambda size: [[0, 64, 7, 1 << 20, 1, 0], [0, 64, 7, 1 << 20, 2, 0]],
+    # the packed form (``"pk": 1``): the same spans as six u64 per row, or a bad blob
+    "packed-past-the-end": lambda size: pack_lease_rows([[0, 4096, 7, size - 100, 1, 0]]),
+    "packed-huge-length": lambda size: pack_lease_rows([[0, 1 << 62, 7, 1 << 20, 1, 0]]),
+    "packed-short": lambda size: pack_lease_rows([[0, 4096, 7, 1 << 20, 1, 0]])[:-1],
+    "packed-two-rows": lambda size: pack_lease_rows([[0, 64, 7, 1 << 20, 1, 0]] * 2),
+    "packed-not-bytes": lambda size: [0, 4096, 7, 1 << 20, 1, 0],
 }
 
 
@@ -96,7 +103,8 @@ def test_bad_lease_spans_are_misses_not_crashes(cluster, case, monkeypatch):
     def reply(op, meta):
         seen.append(op)
         if op == Op.LEASE:
-            return {"items": BAD_LEASES[case](size)}
+            assert meta.get("pk") == 1  # the SDK asks for the packed form
+            return {"packed" if case.startswith("packed") else "items": BAD_LEASES[case](size)}
         if op == Op.ALLOC:
             return {"items": [[0, size - 10, 1]]}  # a slot past the end of the arena
         if op == Op.PUT_STAGED:

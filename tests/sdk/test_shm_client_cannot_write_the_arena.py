@@ -240,3 +240,35 @@ def test_client_of_another_uid_reads_through_the_arena_group(make_cluster, monke
         assert c.put("other-uid", v) == Status.OK  # staged: file 0640 with the group
         assert c.get("other-uid") == v
     assert onesided.STATS["shm_staged_frames"] == before + 1
+
+
+@pytest.mark.timeout(60)
+def test_staging_file_shrunk_after_validation_refuses_only_the_values_past_its_end(srv):
+    """The server validates a staging file once per connection, then reads each frame's
+    values from it: a client that truncates its file afterwards gets BAD_REQUEST for
+    each value the file no longer holds, the values before stand, nothing torn is
+    published and the connection keeps serving."""
+    t = _raw(srv.addresses[0])
+    stage = _Staging(t.auth_reply["shm"]["path"], t.auth_reply["shm"]["uid"], t.shm.map.gid,
+                     1 << 20)
+    v1, v2, v3 = os.urandom(1000), os.urandom(200_000), os.urandom(5000)
+    pos = staging.HEADER_BYTES
+    for v in (v1, v2, v3):
+        stage.mm[pos:pos + len(v)] = v
+        pos += len(v)
+
+    def frame(rid_items: list) -> dict:
+        meta = {"ns": b"default", "stage": stage.name, "skey": stage.key,
+                "items": [[k, len(v), 0, len(v), 0, checksum(v)] for k, v in rid_items]}
+        return t.call(Op.PUT_STAGED, meta, time.monotonic() + 5)
+
+    assert frame([(b"first", v1)])["st"] == [Status.OK]  # validated and kept open
+    os.truncate(stage.path, staging.HEADER_BYTES + 1000 + 100_000)  # v2 cut in half
+    rep = frame([(b"one", v1), (b"two", v2), (b"three", v3)])
+    assert rep["st"] == [Status.OK, Status.BAD_REQUEST, Status.BAD_REQUEST], rep
+    stage.close()
+    t.close()
+    with Client(srv.addresses, transport="tcp") as c:
+        assert c.get("one") == v1 and c.get("first") == v1
+        assert c.get("two") is None and c.get("three") is None
+        assert c.put("after", v3) == Status.OK and c.get("after") == v3
