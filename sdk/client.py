@@ -293,7 +293,7 @@ class Client:
                              callback: BatchCallback | None = None,
                              on_key: KeyCallback | None = None, stream: Any = None,
                              if_absent: bool = False,
-                             placement: Sequence[int] | None = None) -> Future:
+                             placement: Sequence[int] | None = None) -> Future[list[Status]]:
         """Store ``buffers[i]`` under ``keys[i]``, reading the buffers in place.
 
         The buffers must stay unchanged until the future completes.
@@ -354,33 +354,49 @@ class Client:
                                     self._router, callback, on_key, if_absent), group,
                            placement, here)
 
-    def put_batch_from(self, keys: Sequence[Key], buffers: Sequence[Any], **kw: Any
-                       ) -> list[Status]:
+    def put_batch_from(self, keys: Sequence[Key], buffers: Sequence[Any], *,
+                       group: Any = None, timeout_ms: int | None = None,
+                       callback: BatchCallback | None = None, on_key: KeyCallback | None = None,
+                       stream: Any = None, if_absent: bool = False,
+                       placement: Sequence[int] | None = None) -> list[Status]:
         """Synchronous ``put_batch_from_async`` (same Args and Failure).
 
         Returns:
             ``list[Status]``, one per key.
         """
-        return self._wait(self._put_from(keys, buffers, here=True, **kw), len(keys),
-                          Status.TIMEOUT)
+        fut = self._put_from(keys, buffers, group=group, timeout_ms=timeout_ms,
+                             callback=callback, on_key=on_key, stream=stream,
+                             if_absent=if_absent, placement=placement, here=True)
+        return self._wait(fut, len(keys), Status.TIMEOUT)
 
-    def put_batch(self, keys: Sequence[Key], values: Sequence[bytes], **kw: Any) -> list[Status]:
+    def put_batch(self, keys: Sequence[Key], values: Sequence[bytes], *, group: Any = None,
+                  timeout_ms: int | None = None, callback: BatchCallback | None = None,
+                  on_key: KeyCallback | None = None, if_absent: bool = False) -> list[Status]:
         """Store byte values: ``put_batch_from`` (same Args and Failure).
 
         Returns:
             ``list[Status]``, one per key.
         """
-        return self.put_batch_from(keys, values, **kw)
+        return self.put_batch_from(keys, values, group=group, timeout_ms=timeout_ms,
+                                   callback=callback, on_key=on_key, if_absent=if_absent)
 
-    def put_batch_async(self, keys: Sequence[Key], values: Sequence[bytes], **kw: Any) -> Future:
+    def put_batch_async(self, keys: Sequence[Key], values: Sequence[bytes], *,
+                        group: Any = None, timeout_ms: int | None = None,
+                        callback: BatchCallback | None = None,
+                        on_key: KeyCallback | None = None,
+                        if_absent: bool = False) -> Future[list[Status]]:
         """``put_batch_from_async`` for byte values (same Args, Returns and Failure)."""
-        return self.put_batch_from_async(keys, values, **kw)
+        return self.put_batch_from_async(keys, values, group=group, timeout_ms=timeout_ms,
+                                         callback=callback, on_key=on_key,
+                                         if_absent=if_absent)
 
-    def put(self, key: Key, value: Any, **kw: Any) -> Status:
+    def put(self, key: Key, value: Any, *, group: Any = None, timeout_ms: int | None = None,
+            if_absent: bool = False) -> Status:
         """Store one value (bytes or any buffer).
 
         Args:
-            key, value: one key and its value; ``kw`` as ``put_batch_from_async``.
+            key, value: one key and its value; group, timeout_ms, if_absent: as
+                ``put_batch_from_async``.
 
         Returns:
             Its Status.
@@ -388,17 +404,21 @@ class Client:
         Failure:
             A miss status (TIMEOUT, UNAVAILABLE, ...); bad arguments raise ValueError.
         """
-        return self.put_batch_from([key], [value], **kw)[0]
+        return self.put_batch_from([key], [value], group=group, timeout_ms=timeout_ms,
+                                   if_absent=if_absent)[0]
 
-    def put_async(self, key: Key, value: Any, **kw: Any) -> Future:
+    def put_async(self, key: Key, value: Any, *, group: Any = None,
+                  timeout_ms: int | None = None, if_absent: bool = False) -> Future[Status]:
         """``put`` as a Future of its Status (same Args and Failure)."""
-        return _first(self.put_batch_from_async([key], [value], **kw))
+        return _first(self.put_batch_from_async([key], [value], group=group,
+                                                timeout_ms=timeout_ms, if_absent=if_absent))
 
     # ------------------------------------------------------------------ gets
     def get_batch_into_async(self, keys: Sequence[Key], buffers: Sequence[Any], *,
                              group: Any = None, timeout_ms: int | None = None,
                              callback: BatchCallback | None = None,
-                             on_key: KeyCallback | None = None, stream: Any = None) -> Future:
+                             on_key: KeyCallback | None = None,
+                             stream: Any = None) -> Future[list[Status]]:
         """Read each object straight into ``buffers[i]`` (exact size expected).
 
         Args:
@@ -440,19 +460,22 @@ class Client:
                                     self._router, callback, on_key), group, None, here)
         return fut if outer is None else outer
 
-    def get_batch_into(self, keys: Sequence[Key], buffers: Sequence[Any], **kw: Any
-                       ) -> list[Status]:
+    def get_batch_into(self, keys: Sequence[Key], buffers: Sequence[Any], *,
+                       group: Any = None, timeout_ms: int | None = None,
+                       callback: BatchCallback | None = None,
+                       on_key: KeyCallback | None = None, stream: Any = None) -> list[Status]:
         """Synchronous ``get_batch_into_async`` (same Args and Failure).
 
         Returns:
             ``list[Status]``, one per key.
         """
-        return self._wait(self._get_into(keys, buffers, here=True, **kw), len(keys),
-                          Status.TIMEOUT)
+        fut = self._get_into(keys, buffers, group=group, timeout_ms=timeout_ms,
+                             callback=callback, on_key=on_key, stream=stream, here=True)
+        return self._wait(fut, len(keys), Status.TIMEOUT)
 
     def get_batch_async(self, keys: Sequence[Key], *, group: Any = None,
                         timeout_ms: int | None = None, callback: BatchCallback | None = None,
-                        on_key: KeyCallback | None = None) -> Future:
+                        on_key: KeyCallback | None = None) -> Future[list[bytes | None]]:
         """Read values as new bytes.
 
         Args:
@@ -476,19 +499,24 @@ class Client:
                                       self._deadline(timeout_ms), self._router, callback,
                                       on_key), group, None, here)
 
-    def get_batch(self, keys: Sequence[Key], **kw: Any) -> list[bytes | None]:
+    def get_batch(self, keys: Sequence[Key], *, group: Any = None,
+                  timeout_ms: int | None = None, callback: BatchCallback | None = None,
+                  on_key: KeyCallback | None = None) -> list[bytes | None]:
         """Synchronous ``get_batch_async`` (same Args and Failure).
 
         Returns:
             ``list[bytes | None]``; ``None`` for every kind of miss.
         """
-        return self._wait(self._get_bytes(keys, here=True, **kw), len(keys), None)
+        fut = self._get_bytes(keys, group=group, timeout_ms=timeout_ms, callback=callback,
+                              on_key=on_key, here=True)
+        return self._wait(fut, len(keys), None)
 
-    def get(self, key: Key, **kw: Any) -> bytes | None:
+    def get(self, key: Key, *, group: Any = None, timeout_ms: int | None = None
+            ) -> bytes | None:
         """Read one value.
 
         Args:
-            key: the key; ``kw`` as ``get_batch_async``.
+            key: the key; group, timeout_ms: as ``get_batch_async``.
 
         Returns:
             Its bytes, or ``None`` on a miss, a timeout or a dead server.
@@ -496,16 +524,17 @@ class Client:
         Failure:
             Misses are ``None``; bad arguments raise ValueError.
         """
-        return self.get_batch([key], **kw)[0]
+        return self.get_batch([key], group=group, timeout_ms=timeout_ms)[0]
 
-    def get_async(self, key: Key, **kw: Any) -> Future:
+    def get_async(self, key: Key, *, group: Any = None, timeout_ms: int | None = None
+                  ) -> Future[bytes | None]:
         """``get`` as a Future of ``bytes | None`` (same Args and Failure)."""
-        return _first(self.get_batch_async([key], **kw))
+        return _first(self.get_batch_async([key], group=group, timeout_ms=timeout_ms))
 
     # ------------------------------------------------------------------ keyed ops
     def exists_batch_async(self, keys: Sequence[Key], *, group: Any = None,
                            timeout_ms: int | None = None, callback: BatchCallback | None = None,
-                           on_key: KeyCallback | None = None) -> Future:
+                           on_key: KeyCallback | None = None) -> Future[list[bool]]:
         """Whether each key is stored now.
 
         Args:
@@ -520,16 +549,21 @@ class Client:
         return self._keyed(Op.EXISTS, keys, group=group, timeout_ms=timeout_ms,
                            callback=callback, on_key=on_key)
 
-    def exists_batch(self, keys: Sequence[Key], **kw: Any) -> list[bool]:
+    def exists_batch(self, keys: Sequence[Key], *, group: Any = None,
+                     timeout_ms: int | None = None, callback: BatchCallback | None = None,
+                     on_key: KeyCallback | None = None) -> list[bool]:
         """Synchronous ``exists_batch_async`` (same Args and Failure).
 
         Returns:
             True per key that is stored now; False for absent, timeout or dead server.
         """
-        return self._wait(self._keyed(Op.EXISTS, keys, here=True, **kw), len(keys), False)
+        fut = self._keyed(Op.EXISTS, keys, group=group, timeout_ms=timeout_ms,
+                          callback=callback, on_key=on_key, here=True)
+        return self._wait(fut, len(keys), False)
 
-    def exists(self, key: Key, **kw: Any) -> bool:
-        """Whether one key is stored now (``kw`` as ``exists_batch_async``).
+    def exists(self, key: Key, *, group: Any = None,
+               timeout_ms: int | None = None) -> bool:
+        """Whether one key is stored now (``group``, ``timeout_ms`` as ``exists_batch_async``).
 
         Returns:
             True if stored; False for absent, timeout or dead server.
@@ -537,11 +571,11 @@ class Client:
         Failure:
             Bad arguments raise ValueError.
         """
-        return self.exists_batch([key], **kw)[0]
+        return self.exists_batch([key], group=group, timeout_ms=timeout_ms)[0]
 
     def delete_batch_async(self, keys: Sequence[Key], *, group: Any = None,
                            timeout_ms: int | None = None, callback: BatchCallback | None = None,
-                           on_key: KeyCallback | None = None) -> Future:
+                           on_key: KeyCallback | None = None) -> Future[list[Status]]:
         """Delete keys.
 
         Args:
@@ -557,16 +591,21 @@ class Client:
         return self._keyed(Op.DELETE, keys, group=group, timeout_ms=timeout_ms,
                            callback=callback, on_key=on_key)
 
-    def delete_batch(self, keys: Sequence[Key], **kw: Any) -> list[Status]:
+    def delete_batch(self, keys: Sequence[Key], *, group: Any = None,
+                     timeout_ms: int | None = None, callback: BatchCallback | None = None,
+                     on_key: KeyCallback | None = None) -> list[Status]:
         """Synchronous ``delete_batch_async`` (same Args and Failure).
 
         Returns:
             OK per key that was deleted, MISS per key that was absent.
         """
-        return self._wait(self._keyed(Op.DELETE, keys, here=True, **kw), len(keys), Status.TIMEOUT)
+        fut = self._keyed(Op.DELETE, keys, group=group, timeout_ms=timeout_ms,
+                          callback=callback, on_key=on_key, here=True)
+        return self._wait(fut, len(keys), Status.TIMEOUT)
 
-    def delete(self, key: Key, **kw: Any) -> Status:
-        """Delete one key (``kw`` as ``delete_batch_async``).
+    def delete(self, key: Key, *, group: Any = None,
+               timeout_ms: int | None = None) -> Status:
+        """Delete one key (``group``, ``timeout_ms`` as ``delete_batch_async``).
 
         Returns:
             OK if deleted, MISS if absent, else a miss status.
@@ -574,11 +613,11 @@ class Client:
         Failure:
             Bad arguments raise ValueError.
         """
-        return self.delete_batch([key], **kw)[0]
+        return self.delete_batch([key], group=group, timeout_ms=timeout_ms)[0]
 
     def touch_batch_async(self, keys: Sequence[Key], *, group: Any = None,
                           timeout_ms: int | None = None, callback: BatchCallback | None = None,
-                          on_key: KeyCallback | None = None) -> Future:
+                          on_key: KeyCallback | None = None) -> Future[list[Status]]:
         """Refresh recency (protect from eviction) without moving data.
 
         Args:
@@ -593,16 +632,21 @@ class Client:
         return self._keyed(Op.TOUCH, keys, group=group, timeout_ms=timeout_ms,
                            callback=callback, on_key=on_key)
 
-    def touch_batch(self, keys: Sequence[Key], **kw: Any) -> list[Status]:
+    def touch_batch(self, keys: Sequence[Key], *, group: Any = None,
+                    timeout_ms: int | None = None, callback: BatchCallback | None = None,
+                    on_key: KeyCallback | None = None) -> list[Status]:
         """Synchronous ``touch_batch_async`` (same Args and Failure).
 
         Returns:
             ``list[Status]``, one per key.
         """
-        return self._wait(self._keyed(Op.TOUCH, keys, here=True, **kw), len(keys), Status.TIMEOUT)
+        fut = self._keyed(Op.TOUCH, keys, group=group, timeout_ms=timeout_ms,
+                          callback=callback, on_key=on_key, here=True)
+        return self._wait(fut, len(keys), Status.TIMEOUT)
 
-    def touch(self, key: Key, **kw: Any) -> Status:
-        """Refresh one key's recency (``kw`` as ``touch_batch_async``).
+    def touch(self, key: Key, *, group: Any = None,
+              timeout_ms: int | None = None) -> Status:
+        """Refresh one key's recency (``group``, ``timeout_ms`` as ``touch_batch_async``).
 
         Returns:
             OK if stored, MISS if absent, else a miss status.
@@ -610,7 +654,7 @@ class Client:
         Failure:
             Bad arguments raise ValueError.
         """
-        return self.touch_batch([key], **kw)[0]
+        return self.touch_batch([key], group=group, timeout_ms=timeout_ms)[0]
 
     # ------------------------------------------------------------------ admin
     def stats(self, timeout_ms: int = 2000) -> dict[str, dict]:
