@@ -371,32 +371,38 @@ class Client:
 
     def put_batch(self, keys: Sequence[Key], values: Sequence[bytes], *, group: Any = None,
                   timeout_ms: int | None = None, callback: BatchCallback | None = None,
-                  on_key: KeyCallback | None = None, if_absent: bool = False) -> list[Status]:
+                  on_key: KeyCallback | None = None, stream: Any = None,
+                  if_absent: bool = False,
+                  placement: Sequence[int] | None = None) -> list[Status]:
         """Store byte values: ``put_batch_from`` (same Args and Failure).
 
         Returns:
             ``list[Status]``, one per key.
         """
         return self.put_batch_from(keys, values, group=group, timeout_ms=timeout_ms,
-                                   callback=callback, on_key=on_key, if_absent=if_absent)
+                                   callback=callback, on_key=on_key, stream=stream,
+                                   if_absent=if_absent, placement=placement)
 
     def put_batch_async(self, keys: Sequence[Key], values: Sequence[bytes], *,
                         group: Any = None, timeout_ms: int | None = None,
                         callback: BatchCallback | None = None,
-                        on_key: KeyCallback | None = None,
-                        if_absent: bool = False) -> Future[list[Status]]:
+                        on_key: KeyCallback | None = None, stream: Any = None,
+                        if_absent: bool = False,
+                        placement: Sequence[int] | None = None) -> Future[list[Status]]:
         """``put_batch_from_async`` for byte values (same Args, Returns and Failure)."""
         return self.put_batch_from_async(keys, values, group=group, timeout_ms=timeout_ms,
-                                         callback=callback, on_key=on_key,
-                                         if_absent=if_absent)
+                                         callback=callback, on_key=on_key, stream=stream,
+                                         if_absent=if_absent, placement=placement)
 
     def put(self, key: Key, value: Any, *, group: Any = None, timeout_ms: int | None = None,
-            if_absent: bool = False) -> Status:
+            callback: BatchCallback | None = None, on_key: KeyCallback | None = None,
+            stream: Any = None, if_absent: bool = False,
+            placement: Sequence[int] | None = None) -> Status:
         """Store one value (bytes or any buffer).
 
         Args:
-            key, value: one key and its value; group, timeout_ms, if_absent: as
-                ``put_batch_from_async``.
+            key, value: one key and its value; the keywords as ``put_batch_from_async``
+                (``placement``: a list of the one key's hash).
 
         Returns:
             Its Status.
@@ -405,13 +411,19 @@ class Client:
             A miss status (TIMEOUT, UNAVAILABLE, ...); bad arguments raise ValueError.
         """
         return self.put_batch_from([key], [value], group=group, timeout_ms=timeout_ms,
-                                   if_absent=if_absent)[0]
+                                   callback=callback, on_key=on_key, stream=stream,
+                                   if_absent=if_absent, placement=placement)[0]
 
     def put_async(self, key: Key, value: Any, *, group: Any = None,
-                  timeout_ms: int | None = None, if_absent: bool = False) -> Future[Status]:
+                  timeout_ms: int | None = None, callback: BatchCallback | None = None,
+                  on_key: KeyCallback | None = None, stream: Any = None,
+                  if_absent: bool = False,
+                  placement: Sequence[int] | None = None) -> Future[Status]:
         """``put`` as a Future of its Status (same Args and Failure)."""
         return _first(self.put_batch_from_async([key], [value], group=group,
-                                                timeout_ms=timeout_ms, if_absent=if_absent))
+                                                timeout_ms=timeout_ms, callback=callback,
+                                                on_key=on_key, stream=stream,
+                                                if_absent=if_absent, placement=placement))
 
     # ------------------------------------------------------------------ gets
     def get_batch_into_async(self, keys: Sequence[Key], buffers: Sequence[Any], *,
@@ -511,12 +523,13 @@ class Client:
                               on_key=on_key, here=True)
         return self._wait(fut, len(keys), None)
 
-    def get(self, key: Key, *, group: Any = None, timeout_ms: int | None = None
-            ) -> bytes | None:
+    def get(self, key: Key, *, group: Any = None, timeout_ms: int | None = None,
+            callback: BatchCallback | None = None,
+            on_key: KeyCallback | None = None) -> bytes | None:
         """Read one value.
 
         Args:
-            key: the key; group, timeout_ms: as ``get_batch_async``.
+            key: the key; the keywords as ``get_batch_async``.
 
         Returns:
             Its bytes, or ``None`` on a miss, a timeout or a dead server.
@@ -524,12 +537,15 @@ class Client:
         Failure:
             Misses are ``None``; bad arguments raise ValueError.
         """
-        return self.get_batch([key], group=group, timeout_ms=timeout_ms)[0]
+        return self.get_batch([key], group=group, timeout_ms=timeout_ms, callback=callback,
+                              on_key=on_key)[0]
 
-    def get_async(self, key: Key, *, group: Any = None, timeout_ms: int | None = None
-                  ) -> Future[bytes | None]:
+    def get_async(self, key: Key, *, group: Any = None, timeout_ms: int | None = None,
+                  callback: BatchCallback | None = None,
+                  on_key: KeyCallback | None = None) -> Future[bytes | None]:
         """``get`` as a Future of ``bytes | None`` (same Args and Failure)."""
-        return _first(self.get_batch_async([key], group=group, timeout_ms=timeout_ms))
+        return _first(self.get_batch_async([key], group=group, timeout_ms=timeout_ms,
+                                           callback=callback, on_key=on_key))
 
     # ------------------------------------------------------------------ keyed ops
     def exists_batch_async(self, keys: Sequence[Key], *, group: Any = None,
@@ -562,8 +578,9 @@ class Client:
         return self._wait(fut, len(keys), False)
 
     def exists(self, key: Key, *, group: Any = None,
-               timeout_ms: int | None = None) -> bool:
-        """Whether one key is stored now (``group``, ``timeout_ms`` as ``exists_batch_async``).
+               timeout_ms: int | None = None, callback: BatchCallback | None = None,
+               on_key: KeyCallback | None = None) -> bool:
+        """Whether one key is stored now (the keywords as ``exists_batch_async``).
 
         Returns:
             True if stored; False for absent, timeout or dead server.
@@ -571,7 +588,8 @@ class Client:
         Failure:
             Bad arguments raise ValueError.
         """
-        return self.exists_batch([key], group=group, timeout_ms=timeout_ms)[0]
+        return self.exists_batch([key], group=group, timeout_ms=timeout_ms,
+                                 callback=callback, on_key=on_key)[0]
 
     def delete_batch_async(self, keys: Sequence[Key], *, group: Any = None,
                            timeout_ms: int | None = None, callback: BatchCallback | None = None,
@@ -604,8 +622,9 @@ class Client:
         return self._wait(fut, len(keys), Status.TIMEOUT)
 
     def delete(self, key: Key, *, group: Any = None,
-               timeout_ms: int | None = None) -> Status:
-        """Delete one key (``group``, ``timeout_ms`` as ``delete_batch_async``).
+               timeout_ms: int | None = None, callback: BatchCallback | None = None,
+               on_key: KeyCallback | None = None) -> Status:
+        """Delete one key (the keywords as ``delete_batch_async``).
 
         Returns:
             OK if deleted, MISS if absent, else a miss status.
@@ -613,7 +632,8 @@ class Client:
         Failure:
             Bad arguments raise ValueError.
         """
-        return self.delete_batch([key], group=group, timeout_ms=timeout_ms)[0]
+        return self.delete_batch([key], group=group, timeout_ms=timeout_ms,
+                                 callback=callback, on_key=on_key)[0]
 
     def touch_batch_async(self, keys: Sequence[Key], *, group: Any = None,
                           timeout_ms: int | None = None, callback: BatchCallback | None = None,
@@ -645,8 +665,9 @@ class Client:
         return self._wait(fut, len(keys), Status.TIMEOUT)
 
     def touch(self, key: Key, *, group: Any = None,
-              timeout_ms: int | None = None) -> Status:
-        """Refresh one key's recency (``group``, ``timeout_ms`` as ``touch_batch_async``).
+              timeout_ms: int | None = None, callback: BatchCallback | None = None,
+              on_key: KeyCallback | None = None) -> Status:
+        """Refresh one key's recency (the keywords as ``touch_batch_async``).
 
         Returns:
             OK if stored, MISS if absent, else a miss status.
@@ -654,7 +675,8 @@ class Client:
         Failure:
             Bad arguments raise ValueError.
         """
-        return self.touch_batch([key], group=group, timeout_ms=timeout_ms)[0]
+        return self.touch_batch([key], group=group, timeout_ms=timeout_ms,
+                                callback=callback, on_key=on_key)[0]
 
     # ------------------------------------------------------------------ admin
     def stats(self, timeout_ms: int = 2000) -> dict[str, dict]:
