@@ -44,14 +44,14 @@ Limits (everything before auth is bounded, in time and in count):
 
 * one deadline per request, not per ``recv``: the request line, headers and
   body must all arrive within ``request_deadline_ms`` of the first wait
-  (``_DeadlineReader`` recomputes the time left before every read), else the
+  (``DeadlineReader`` recomputes the time left before every read), else the
   connection is closed (408 when the headers were read). The answer is not
   under it, so the ``/view`` long-poll keeps working;
 * at most ``max_connections`` connections are served at once, one thread
   each, and at most ``max_connections_per_ip`` from one peer address (so one
   host cannot take every thread; generous, since the SDK clients and server of
   a host share its address); beyond either a connection gets a 503 and is
-  closed, never queued on a thread. The listen backlog is ``_LISTEN_BACKLOG``;
+  closed, never queued on a thread. The listen backlog is ``gcache.http_bounds.LISTEN_BACKLOG``;
 * ``Content-Length`` must be a plain decimal at most ``_MAX_BODY``; chunked
   bodies are refused; any error answer closes the connection (an unread body
   must not be parsed as the next request).
@@ -64,7 +64,6 @@ import io
 import json
 import logging
 import re
-import socket
 import ssl
 import threading
 import time
@@ -80,8 +79,7 @@ from gcache.master.detector import FailureDetector
 from gcache.master.joiner import DEFAULT_JOIN_RAMP_S, DEFAULT_JOIN_TIMEOUT_S, JoinDriver
 from gcache.master.metrics import MasterMetrics
 from gcache.master.raft_node import RaftNode
-from gcache.protocol import arm
-from gcache.tls import HTTPServer
+from gcache.http_bounds import BoundedHTTPServer, DeadlineReader
 from gcache.view import MemberState
 
 log = logging.getLogger("gcache.master")
@@ -93,126 +91,10 @@ _MAX_BODY = 1 << 20
 _MAX_WAIT_MS = 30_000
 _FORWARDED = "X-Gcache-Forwarded"
 _FORWARD_TIMEOUT_S = 1.0  # a paused leader must not hold a heartbeat for long
-_LISTEN_BACKLOG = 1024
-_SEND_TIMEOUT_S = 10.0  # answers are small: one send fills no socket buffer
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,10}")
 DEFAULT_REQUEST_DEADLINE_MS = 5000
 DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_MAX_CONNECTIONS_PER_IP = 256  # 0: no per-address cap
-
-
-class _DeadlineReader(io.RawIOBase):
-    """A socket's reads under one deadline: the time left is recomputed before every
-    ``recv``, so a peer trickling a byte at a time is cut off when the deadline passes."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
-        self.deadline: float | None = None
-        self.received = 0  # bytes since arm(): 0 means an idle keep-alive, not a slow peer
-
-    def arm(self, deadline: float) -> None:
-        self.deadline, self.received = deadline, 0
-
-    def disarm(self) -> None:
-        """The request is in: the answer (maybe a long-poll) is not under the deadline."""
-        self.deadline = None
-        self._sock.settimeout(_SEND_TIMEOUT_S)
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        arm(self._sock, self.deadline)  # TimeoutError once the deadline has passed
-        n = self._sock.recv_into(b)
-        self.received += n
-        return n
-
-
-class _BoundedHTTPServer(HTTPServer):
-    """An (https when given ``tls``) HTTP server with at most ``max_connections`` connection
-    threads, at most ``max_per_ip`` of them (0: no cap) for one peer address: past a cap a
-    connection is answered 503 from the accept loop (non-blocking; plain HTTP only: a TLS
-    peer is just closed) and closed. A TLS handshake runs on the connection's thread,
-    within ``handshake_s``."""
-
-    daemon_threads = True
-    request_queue_size = _LISTEN_BACKLOG
-
-    def __init__(self, address: tuple[str, int], handler: type, max_connections: int, *,
-                 max_per_ip: int = 0, tls: ssl.SSLContext | None = None,
-                 handshake_s: float = 10.0) -> None:
-        self.max_connections = max_connections
-        self.max_per_ip = max_per_ip
-        self.handshake_s = handshake_s
-        self._slots = threading.BoundedSemaphore(max_connections)
-        self._per_ip: dict[str, int] = {}
-        self._per_ip_lock = threading.Lock()
-        self._busy = self._503(f"gcache-master is serving its maximum of {max_connections} "
-                               "connections; retry, or raise --max-connections")
-        self._busy_ip = self._503(f"gcache-master is serving its maximum of {max_per_ip} "
-                                  "connections from your address; retry, or raise "
-                                  "--max-connections-per-ip")
-        super().__init__(address, handler, tls=tls)
-
-    @staticmethod
-    def _503(error: str) -> bytes:
-        body = json.dumps({"error": error}).encode()
-        return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-
-    def _refuse(self, request: Any, answer: bytes) -> None:
-        if self.tls is None:
-            try:
-                request.setblocking(False)
-                request.send(answer)
-            except OSError:
-                pass
-        self.shutdown_request(request)
-
-    def _take_ip(self, ip: str) -> bool:
-        if not self.max_per_ip:
-            return True
-        with self._per_ip_lock:
-            n = self._per_ip.get(ip, 0)
-            if n >= self.max_per_ip:
-                return False
-            self._per_ip[ip] = n + 1
-            return True
-
-    def _drop_ip(self, ip: str) -> None:
-        if not self.max_per_ip:
-            return
-        with self._per_ip_lock:
-            n = self._per_ip.pop(ip) - 1
-            if n:
-                self._per_ip[ip] = n
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        ip = client_address[0]
-        if not self._slots.acquire(blocking=False):
-            peer_log.warning("conn_cap", "master API at its connection cap (%d): refused %s",
-                             self.max_connections, ip)
-            self._refuse(request, self._busy)
-            return
-        if not self._take_ip(ip):
-            self._slots.release()
-            peer_log.warning("ip_cap", "master API at its per-address connection cap (%d): "
-                             "refused %s", self.max_per_ip, ip)
-            self._refuse(request, self._busy_ip)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._drop_ip(ip)
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._drop_ip(client_address[0])
-            self._slots.release()
 
 
 def _denied(cred: Credential, path: str) -> str:
@@ -252,12 +134,12 @@ class MasterService:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
-            reader: _DeadlineReader
+            reader: DeadlineReader
 
             def setup(self) -> None:
                 super().setup()
                 self.rfile.close()  # replaced by one that reads under the request deadline
-                self.reader = _DeadlineReader(self.connection)
+                self.reader = DeadlineReader(self.connection)
                 self.rfile = io.BufferedReader(self.reader)
 
             def handle_one_request(self) -> None:
@@ -278,9 +160,9 @@ class MasterService:
                     peer_log.warning("request", "master API: %s: %s", self.client_address[0],
                                      fmt % args)
 
-        self.http = _BoundedHTTPServer((host.strip("[]"), int(port)), Handler, max_connections,
-                                       max_per_ip=max_connections_per_ip, tls=tls,
-                                       handshake_s=self.request_deadline)
+        self.http = BoundedHTTPServer((host.strip("[]"), int(port)), Handler, max_connections,
+                                      max_per_ip=max_connections_per_ip, tls=tls,
+                                      handshake_s=self.request_deadline, log=log)
         self.address = f"{host}:{self.http.server_address[1]}"
 
     def start(self) -> None:

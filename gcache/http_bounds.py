@@ -1,0 +1,153 @@
+"""HTTP serving with bounds, for the masters' API and the servers' metrics endpoint:
+what a slow, silent or hostile peer can hold is bounded in count and in time.
+
+* ``BoundedHTTPServer``: an (https when given ``tls``) threading HTTP server with at most
+  ``max_connections`` connection threads and at most ``max_per_ip`` of them (0: no cap)
+  for one peer address. Past a cap a connection is answered 503 from the accept loop
+  (non-blocking; plain HTTP only: a TLS peer is just closed) and closed, never queued on
+  a thread. A TLS handshake runs on the connection's thread, within ``handshake_s``.
+* ``DeadlineReader``: a socket's reads under one deadline: the time left is recomputed
+  before every ``recv``, so a peer trickling a byte at a time is cut off when the
+  deadline passes (a per-``recv`` timeout would let it go on forever).
+
+Threads: the accept loop runs ``process_request`` (never blocks: refusals are
+non-blocking sends); each admitted connection runs on its own daemon thread.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import socket
+import ssl
+import threading
+from typing import Any
+
+from gcache.logs import RateLimitedLog
+from gcache.protocol import arm
+from gcache.tls import HTTPServer
+
+LISTEN_BACKLOG = 1024
+SEND_TIMEOUT_S = 10.0  # answers are small: one send fills no socket buffer
+
+
+class DeadlineReader(io.RawIOBase):
+    """A socket's reads under one deadline: the time left is recomputed before every
+    ``recv``, so a peer trickling a byte at a time is cut off when the deadline passes."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.deadline: float | None = None
+        self.received = 0  # bytes since arm(): 0 means an idle keep-alive, not a slow peer
+
+    def arm(self, deadline: float) -> None:
+        self.deadline, self.received = deadline, 0
+
+    def disarm(self) -> None:
+        """The request is in: the answer (maybe a long-poll) is not under the deadline."""
+        self.deadline = None
+        self._sock.settimeout(SEND_TIMEOUT_S)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        arm(self._sock, self.deadline)  # TimeoutError once the deadline has passed
+        n = self._sock.recv_into(b)
+        self.received += n
+        return n
+
+
+class BoundedHTTPServer(HTTPServer):
+    """An (https when given ``tls``) HTTP server with at most ``max_connections`` connection
+    threads, at most ``max_per_ip`` of them (0: no cap) for one peer address: past a cap a
+    connection is answered 503 from the accept loop (non-blocking; plain HTTP only: a TLS
+    peer is just closed) and closed. A TLS handshake runs on the connection's thread,
+    within ``handshake_s``."""
+
+    daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
+
+    def __init__(self, address: tuple[str, int], handler: type, max_connections: int, *,
+                 max_per_ip: int = 0, tls: ssl.SSLContext | None = None,
+                 handshake_s: float = 10.0, name: str = "gcache-master",
+                 flags: tuple[str, str] = ("--max-connections", "--max-connections-per-ip"),
+                 log: logging.Logger | None = None) -> None:
+        """``name``: who answers (the 503s and logs say it); ``flags``: the options that
+        raise the two caps, named in the 503s; ``log``: where refusals are logged (rate
+        limited: one line per kind per 10 s)."""
+        self.max_connections = max_connections
+        self.max_per_ip = max_per_ip
+        self.handshake_s = handshake_s
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._per_ip: dict[str, int] = {}
+        self._per_ip_lock = threading.Lock()
+        self.name = name
+        self._log = RateLimitedLog(log or logging.getLogger("gcache.http"), 10.0)
+        self._busy = self._503(f"{name} is serving its maximum of {max_connections} "
+                               f"connections; retry, or raise {flags[0]}")
+        self._busy_ip = self._503(f"{name} is serving its maximum of {max_per_ip} "
+                                  "connections from your address; retry, or raise "
+                                  f"{flags[1]}")
+        super().__init__(address, handler, tls=tls)
+
+    @staticmethod
+    def _503(error: str) -> bytes:
+        body = json.dumps({"error": error}).encode()
+        return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    def _refuse(self, request: Any, answer: bytes) -> None:
+        if self.tls is None:
+            try:
+                request.setblocking(False)
+                request.send(answer)
+            except OSError:
+                pass
+        self.shutdown_request(request)
+
+    def _take_ip(self, ip: str) -> bool:
+        if not self.max_per_ip:
+            return True
+        with self._per_ip_lock:
+            n = self._per_ip.get(ip, 0)
+            if n >= self.max_per_ip:
+                return False
+            self._per_ip[ip] = n + 1
+            return True
+
+    def _drop_ip(self, ip: str) -> None:
+        if not self.max_per_ip:
+            return
+        with self._per_ip_lock:
+            n = self._per_ip.pop(ip) - 1
+            if n:
+                self._per_ip[ip] = n
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        ip = client_address[0]
+        if not self._slots.acquire(blocking=False):
+            self._log.warning("conn_cap", "%s at its connection cap (%d): refused %s",
+                              self.name, self.max_connections, ip)
+            self._refuse(request, self._busy)
+            return
+        if not self._take_ip(ip):
+            self._slots.release()
+            self._log.warning("ip_cap", "%s at its per-address connection cap (%d): "
+                              "refused %s", self.name, self.max_per_ip, ip)
+            self._refuse(request, self._busy_ip)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._drop_ip(ip)
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._drop_ip(client_address[0])
+            self._slots.release()
