@@ -72,11 +72,12 @@ class BoundedHTTPServer(HTTPServer):
     def __init__(self, address: tuple[str, int], handler: type, max_connections: int, *,
                  max_per_ip: int = 0, tls: ssl.SSLContext | None = None,
                  handshake_s: float = 10.0, name: str = "gcache-master",
-                 flags: tuple[str, str] = ("--max-connections", "--max-connections-per-ip"),
+                 flags: tuple[str, str] | None = ("--max-connections",
+                                                  "--max-connections-per-ip"),
                  log: logging.Logger | None = None) -> None:
         """``name``: who answers (the 503s and logs say it); ``flags``: the options that
-        raise the two caps, named in the 503s; ``log``: where refusals are logged (rate
-        limited: one line per kind per 10 s)."""
+        raise the two caps, named in the 503s (None: fixed caps); ``log``: where refusals
+        are logged (rate limited: one line per kind per 10 s)."""
         self.max_connections = max_connections
         self.max_per_ip = max_per_ip
         self.handshake_s = handshake_s
@@ -85,11 +86,12 @@ class BoundedHTTPServer(HTTPServer):
         self._per_ip_lock = threading.Lock()
         self.name = name
         self._log = RateLimitedLog(log or logging.getLogger("gcache.http"), 10.0)
+        raise_all, raise_ip = ((f"; retry, or raise {flags[0]}", f"; retry, or raise {flags[1]}")
+                               if flags else ("; retry", "; retry"))
         self._busy = self._503(f"{name} is serving its maximum of {max_connections} "
-                               f"connections; retry, or raise {flags[0]}")
+                               f"connections{raise_all}")
         self._busy_ip = self._503(f"{name} is serving its maximum of {max_per_ip} "
-                                  "connections from your address; retry, or raise "
-                                  f"{flags[1]}")
+                                  f"connections from your address{raise_ip}")
         super().__init__(address, handler, tls=tls)
 
     @staticmethod

@@ -1,4 +1,4 @@
-"""Prometheus metrics and the HTTP endpoint (/metrics, /healthz) of one server.
+"""Prometheus metrics and the HTTP endpoint (/metrics, /healthz, /readyz) of one server.
 
 Counters are updated per frame (not per key) on the hot path; tier gauges and
 counters are read from the tier's ``stats()`` at scrape time (the same dict the
@@ -45,17 +45,22 @@ Two objects. ``ServerMetrics`` holds the counters the tiers and the service upda
 is built first and reads nothing. ``MetricsEndpoint`` is built last, from the counters
 and the functions it reads at scrape time (the server's ``stats``, the tier's
 ``namespace_usage``, the quotas, the health document): it binds its port at
-construction, serves from ``start`` (one accept thread, a thread per request) and
-releases the port in ``stop`` (owner's thread; bounded by one poll interval, 0.5 s).
+construction, serves from ``start`` (one accept thread, a thread per connection, at
+most ``MAX_CONNECTIONS`` of them and ``MAX_CONNECTIONS_PER_IP`` per peer address, 503
+past a cap; a request must arrive whole within ``REQUEST_DEADLINE_S``:
+``gcache.http_bounds``) and releases the port in ``stop`` (owner's thread; bounded by one
+poll interval, 0.5 s).
 Scrape-time collectors run on the request's thread and must not block.
 """
 
 from __future__ import annotations
 
 import http.server
+import io
 import json
 import ssl
 import threading
+import time
 from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -64,7 +69,14 @@ from prometheus_client.core import GaugeMetricFamily, CounterMetricFamily
 from gcache.process_metrics import add_process_metrics
 from gcache.server.self_drain import DrainReason
 from gcache.server.startup import Phase
-from gcache.tls import HTTPServer
+from gcache.http_bounds import BoundedHTTPServer, DeadlineReader
+
+# What one scraper or prober may hold on the metrics port: a request must arrive whole
+# within REQUEST_DEADLINE_S (one deadline, not per recv), and at most MAX_CONNECTIONS
+# connections are served at once, MAX_CONNECTIONS_PER_IP from one address (503 past it).
+REQUEST_DEADLINE_S = 5.0
+MAX_CONNECTIONS = 64
+MAX_CONNECTIONS_PER_IP = 16
 
 _LAT_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 2.0)
 
@@ -445,7 +457,20 @@ class MetricsEndpoint:
         registries = (metrics.registry, collectors)
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            reader: DeadlineReader
+
+            def setup(self) -> None:
+                super().setup()
+                self.rfile.close()  # replaced by one that reads under the request deadline
+                self.reader = DeadlineReader(self.connection)
+                self.rfile = io.BufferedReader(self.reader)
+
+            def handle_one_request(self) -> None:
+                self.reader.arm(time.monotonic() + REQUEST_DEADLINE_S)
+                super().handle_one_request()
+
             def do_GET(self) -> None:  # noqa: N802
+                self.reader.disarm()  # the request is in; the answer has its own timeout
                 code = 200
                 if self.path == "/metrics":
                     body = b"".join(generate_latest(r) for r in registries)
@@ -469,7 +494,10 @@ class MetricsEndpoint:
                 pass
 
         host, port = listen.rsplit(":", 1)
-        self.http = HTTPServer((host, int(port)), Handler, tls=tls)
+        self.http = BoundedHTTPServer((host.strip("[]"), int(port)), Handler, MAX_CONNECTIONS,
+                                      max_per_ip=MAX_CONNECTIONS_PER_IP, tls=tls,
+                                      handshake_s=REQUEST_DEADLINE_S, flags=None,
+                                      name="gcache-server's metrics endpoint")
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._closed = False
