@@ -44,13 +44,14 @@ A failure after the ports closes what was built and, on a first start (the arena
 did not exist), removes the arena file.
 
 ``start()`` starts, in order: the shm reaper, the agent (registers and heartbeats in
-the background: serving never waits for the masters), the tiers' background threads, the handoff worker, the self-drain monitor, and last the service's
-accept loop, so no client is served before everything behind it runs. ``stop(drain_s)``
-with a budget (``run`` passes ``--drain-on-stop``) first drains the server while
-everything still runs (``SelfDrain.drain``) and, once nothing is left, removes it from
-the masters after its heartbeats stopped; a stop without a drain marks the member down
-at the masters instead (``_leave_down``, at most 1 s), so clients route around it at
-once, and a restart under the same name comes back warm. ``stop()`` then undoes ``start``: signals the handoff
+the background: serving never waits for the masters), the tiers' background threads,
+the handoff worker, the self-drain monitor, and last the service's accept loop, so no
+client is served before everything behind it runs. ``stop(drain_s)`` with a budget
+(``run`` passes ``--drain-on-stop``) first drains the server while everything still runs
+(``SelfDrain.drain``) and, once nothing is left, removes it from the masters after its
+heartbeats stopped; a stop without a drain marks the member down at the masters instead
+(``_leave_down``, at most 1 s), so clients route around it at once, and a restart under
+the same name comes back warm. ``stop()`` then undoes ``start``: signals the handoff
 worker (its SDK clients closed, so a put in flight ends) and the agent, stops the service
 (listening socket closed, connections shut down and released), the metrics endpoint
 (port closed) and the reaper, joins the handoff worker (it holds pins on the tier) and
