@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml setup.py native/gcache_native.c Makefile
 	# SGLang for tests/sglang: --no-deps, because its declared deps pull a CUDA torch and
 	# kernels; the `sglang` extra (inside `test`) holds the CPU-only set it needs. Idempotent.
 	$(BIN)/pip install -q --no-deps 'sglang==0.5.23'
+	# vLLM for the KV-event test (its classes decode what servers publish): --no-deps for
+	# the same reason; the `vllm` extra (inside `test`) holds the CPU-only set it needs.
+	$(BIN)/pip install -q --no-deps 'vllm==0.33.0'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -78,7 +78,7 @@ import socket
 import ssl
 import sys
 import threading
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 from gcache.config import Config
 from gcache.credentials import CredentialStore
@@ -92,6 +92,7 @@ from gcache.signals import relay_signals
 from gcache.server.agent import MembershipAgent
 from gcache.server.arena import Arena, arena_path, header_len
 from gcache.server.eviction import make_policy
+from gcache.server.kv_events import EventQueue, Medium, Resident, check_kv_events
 from gcache.server.mrc import MissRatioCurve
 from gcache.server.freshness import EpochFile, Freshness
 from gcache.server.handoff import PUT_TIMEOUT_MS, Handoff
@@ -161,7 +162,9 @@ class Server:
             check_bind(cfg.listen, self.credentials.required)
             if cfg.metrics_listen:  # /metrics and /healthz describe the server to any reader
                 check_bind(cfg.metrics_listen, self.credentials.required, "--metrics-listen")
-        except ValueError as exc:
+            check_kv_events(cfg.kv_events_endpoint, cfg.kv_events_replay_endpoint,
+                            self.credentials.required)  # it names keys to any subscriber
+        except (ConfigError, ValueError) as exc:
             raise _refused(str(exc), "%s", exc) from None
         self.arena_path = arena_path(cfg.shm_dir, cfg.name)
         try:
@@ -184,17 +187,24 @@ class Server:
         except ConfigError as exc:  # a bad --mrc-tracked-keys: leave the arena as it was
             self.arena.close(self.arena.was_clean, self.arena.next_version)
             raise _refused(str(exc), "%s", exc) from None
+        # KV events (--kv-events-endpoint): one queue per tier, filled under its lock
+        self.kv_queues = ([EventQueue(Medium.MEMORY, cfg.kv_events_queue_events)]
+                          + ([EventQueue(Medium.DISK, cfg.kv_events_queue_events)]
+                             if cfg.disk_dir else [])
+                          if cfg.kv_events_endpoint else [])
         self.memory_tier = MemoryTier(self.arena, high_watermark=cfg.high_watermark,
                                       low_watermark=cfg.low_watermark,
                                       pending_put_timeout_ms=cfg.pending_put_timeout_ms,
                                       quotas=self.quotas, on_quota=self.metrics.quota_event,
                                       eviction_policy=make_policy(cfg.eviction_policy),
-                                      access_observer=self.mrc)
+                                      access_observer=self.mrc,
+                                      events=self.kv_queues[0] if self.kv_queues else None)
         log.info("arena ready", extra={"fields": dict(self.memory_tier.recovery)})
         self.limits = build_limits(cfg)
         self.shm = ShmRegistry()  # GCACHE_SHM_LEASE_MS is read here
         # the server.tier.Tier contract, plus start() and capacity
-        self.tier: Any = (_open_disk_tier(cfg, self.memory_tier, self.limits)
+        self.tier: Any = (_open_disk_tier(cfg, self.memory_tier, self.limits,
+                                          self.kv_queues[1] if self.kv_queues else None)
                           if cfg.disk_dir else self.memory_tier)
         try:
             # under TLS nixl stays off: its bytes would bypass the TLS channel
@@ -253,12 +263,40 @@ class Server:
                                 usage_fn=self.tier.namespace_usage, quotas=self.quotas,
                                 health_fn=self.health, tls=self.tls.listener)
                 if cfg.metrics_listen else None)
+            self.kv_events = self._kv_event_publisher()
         except BaseException:  # e.g. the metrics port is taken: close what was built
             self.listener.sock.close()
             self._close_storage()
             raise
         self._life = threading.Lock()  # serialises start and stop
         self._started = self._stopped = False
+
+    def _kv_event_publisher(self) -> Any:
+        """The KV-event publisher (``--kv-events-endpoint``), its sockets bound; None when
+        off. ServerStartError when an endpoint cannot be bound."""
+        cfg = self.cfg
+        if not cfg.kv_events_endpoint:
+            return None
+        from gcache.server.kv_event_publisher import KvEventPublisher  # zmq: only when on
+        import zmq
+
+        try:
+            return KvEventPublisher(cfg.name, self.kv_queues, cfg.kv_events_endpoint,
+                                    replay_endpoint=cfg.kv_events_replay_endpoint,
+                                    resident=self._resident,
+                                    buffer_batches=cfg.kv_events_buffer_batches)
+        except zmq.ZMQError as exc:
+            raise _refused(f"cannot bind the KV-event endpoints {cfg.kv_events_endpoint} / "
+                           f"{cfg.kv_events_replay_endpoint or '-'}: {exc}; pick a free "
+                           "port", "cannot bind the KV-event endpoints: %s", exc) from None
+
+    def _resident(self) -> Iterator[Resident]:
+        """What the tiers hold now, per medium (a chunked walk: the KV-event snapshots)."""
+        for h in self.memory_tier.held():
+            yield Resident(h.ns, h.key, Medium.MEMORY)
+        if self.tier is not self.memory_tier:
+            for h in self.tier.disk.held():
+                yield Resident(h.ns, h.key, Medium.DISK)
 
     def _advertise(self) -> str:
         """The address clients reach this server at (``--advertise``, else the bound
@@ -313,6 +351,8 @@ class Server:
     def _extra_stats(self) -> dict:
         """The membership numbers and the miss-ratio curve (also in the wire STATS)."""
         s = self._membership_stats()
+        if self.kv_events is not None:
+            s.update(self.kv_events.stats())
         if self.mrc is not None:
             s["mrc"] = self.mrc.snapshot(top=_MRC_TOP_NAMESPACES)
         return s
@@ -351,6 +391,10 @@ class Server:
                     self.metrics_endpoint.start()
                     log.info("metrics on %s://%s:%d/metrics", self.metrics_endpoint.scheme,
                              *self.metrics_endpoint.address)
+                if self.kv_events is not None:  # before the tiers move anything
+                    self.kv_events.start()
+                    log.info("KV events on %s (replay %s)", self.kv_events.endpoint,
+                             self.kv_events.replay_endpoint or "off")
                 self.tier.start()
                 if self.handoff is not None:
                     self.handoff.start()
@@ -414,6 +458,8 @@ class Server:
                             "flight; gcache admin remove %s forgets the member", self.cfg.name)
             elif deregister and self.self_drain is not None:
                 self.self_drain.deregister()
+        if self.kv_events is not None:  # before the tier closes: a snapshot walks it
+            self.kv_events.stop()
         self._close_storage()
         if self.cfg.remove_arena_on_exit:
             try:
@@ -463,7 +509,8 @@ def _group_id(group: str) -> int | None:
                          "name or gid") from None
 
 
-def _open_disk_tier(cfg: Config, memory_tier: MemoryTier, limits: Limits) -> Any:
+def _open_disk_tier(cfg: Config, memory_tier: MemoryTier, limits: Limits,
+                    events: EventQueue | None) -> Any:
     """The NVMe tier behind the memory tier (a TieredStore over both). A setup fault
     closes the memory tier and raises ServerStartError with what to fix."""
     from gcache.server.disk import SegmentLog
@@ -476,7 +523,7 @@ def _open_disk_tier(cfg: Config, memory_tier: MemoryTier, limits: Limits) -> Any
                           max_value_bytes=memory_tier.max_object,
                           max_key_bytes=limits.max_key_bytes,
                           max_namespace_bytes=limits.max_namespace_bytes,
-                          direct_io=cfg.disk_direct_io)
+                          direct_io=cfg.disk_direct_io, events=events)
     except DiskError as exc:
         memory_tier.close(clean=True)
         raise _refused(str(exc), "cannot open the disk tier: %s", exc) from None
