@@ -92,7 +92,8 @@ from gcache.signals import relay_signals
 from gcache.server.agent import MembershipAgent
 from gcache.server.arena import Arena, arena_path, header_len
 from gcache.server.eviction import make_policy
-from gcache.server.kv_events import EventQueue, Medium, Resident, check_kv_events
+from gcache.kv_events import Medium, check_kv_events
+from gcache.server.kv_events import EventQueue, Resident
 from gcache.server.mrc import MissRatioCurve
 from gcache.server.freshness import EpochFile, Freshness
 from gcache.server.handoff import PUT_TIMEOUT_MS, Handoff

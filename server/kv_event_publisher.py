@@ -1,6 +1,7 @@
 """KV events, the publisher: ``KvEventPublisher`` sends what the tiers' ``EventQueue``s
-(``kv_events``, the contract) collected, on ZMQ, exactly as vLLM's ``ZmqEventPublisher``
-does, and answers replay and snapshot requests. Design: ``docs/kv-events.md``.
+(``kv_events``, the tiers' contract; records and topics: ``gcache.kv_events``)
+collected, on ZMQ, exactly as vLLM's ``ZmqEventPublisher`` does, and answers replay and
+snapshot requests. Design: ``docs/kv-events.md``.
 
 Wire:
 
@@ -47,8 +48,10 @@ from typing import Callable, Iterable, Iterator
 import msgspec
 import zmq
 
-from gcache.server.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, EventQueue,
-                                     KVEventBatch, Resident, stored_event)
+from gcache.kv_events import (ALL_NAMESPACES, AllBlocksCleared, BlockRemoved, BlockStored,
+                              KVEventBatch, stored_event)
+from gcache.kv_events import topic as topic_of
+from gcache.server.kv_events import EventQueue, Resident
 
 log = logging.getLogger("gcache.server.kv_events")
 
@@ -59,7 +62,6 @@ MAX_REQUEST_BYTES = 1024  # a longer replay-socket message disconnects its peer
 MAX_BATCH_EVENTS = 1024  # events per published batch
 END_SEQ = (-1).to_bytes(8, "big", signed=True)  # vLLM's end-of-replay marker
 SNAPSHOT_SEQ = -2  # a replay request for this start asks for a snapshot
-ALL_NAMESPACES = b"*"
 
 _ENCODE = msgspec.msgpack.Encoder().encode
 
@@ -147,7 +149,7 @@ class KvEventPublisher:
         return dict(self.counters)
 
     def topic(self, ns: bytes) -> bytes:
-        return b"kv@" + self.server + b"@" + ns
+        return topic_of(self.server, ns)
 
     # ------------------------------------------------------------------ the thread
     def _run(self) -> None:
