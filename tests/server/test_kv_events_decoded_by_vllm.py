@@ -253,3 +253,38 @@ def test_memory_eviction_gives_removed_and_queue_overflow_shows_a_gap(vkv, tmp_p
         sub.close()
         srv.terminate()
         srv.remove_arena()
+
+
+def test_leader_master_publishes_all_blocks_cleared_for_a_server_marked_down(vkv, tmp_path):
+    """A dead server publishes nothing: the leader's failure detector, once its
+    ``mark_down`` committed, publishes AllBlocksCleared on ``kv@<server>@*`` (in
+    process: a real one-master Raft group and detector on virtual time, a real SUB)."""
+    from gcache.clock import VirtualClock
+    from gcache.master.detector import FailureDetector
+    from gcache.master.down_events import DownPublisher
+    from gcache.master.raft_node import RaftNode
+    from gcache.testing.cluster import free_port_pair
+
+    node = RaftNode(f"127.0.0.1:{free_port_pair()}", [], str(tmp_path / "raft"), "test-secret")
+    pub = DownPublisher(f"tcp://127.0.0.1:{free_port()}")
+    sub = Subscriber(vkv, pub.endpoint, [b"kv@s1@*", b"kv@s2@*"])
+    try:
+        wait_for(lambda: node.is_leader, 20.0)
+        for mid in ("s1", "s2"):
+            node.submit({"op": "register", "id": mid, "address": "127.0.0.1:1",
+                         "capacity_bytes": 1 << 20, "boot_id": f"boot-{mid}"})
+        clock = VirtualClock()
+        det = FailureDetector(node, 3.0, clock, on_down=pub.member_gone)
+        assert det.step() == []
+        time.sleep(0.3)  # ZMQ's slow joiner: the subscription reaches the PUB socket
+        clock.advance(3.0)
+        det.seen("s1")  # s1 heartbeats; s2 stays silent
+        clock.advance(0.5)
+        assert det.step() == ["s2"]
+        frames = sub.recv(0.5)
+        assert [(t, s) for t, s, _b in frames] == [(b"kv@s2@*", 1)]
+        assert [type(e) for e in frames[0][2].events] == [vkv.AllBlocksCleared]
+    finally:
+        sub.close()
+        pub.close()
+        node.close()
