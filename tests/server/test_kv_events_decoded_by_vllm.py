@@ -255,6 +255,32 @@ def test_memory_eviction_gives_removed_and_queue_overflow_shows_a_gap(vkv, tmp_p
         srv.remove_arena()
 
 
+def test_restart_announces_all_blocks_cleared_then_what_it_recovered(vkv, tmp_path):
+    """A restarted server starts its topics again at seq 1: AllBlocksCleared on
+    ``kv@<server>@*``, then a BlockStored for each object the arena kept (in the replay
+    buffer, so a router that connects late still gets them)."""
+    name = f"kvev-s-{time.monotonic_ns() % 10**8}"
+    srv, pub, rep = _start(name, tmp_path, [], memory="8MiB")
+    try:
+        keys = [f"s-{i}".encode() for i in range(3)]
+        with Client([srv.address], namespace="ns-s", timeout_ms=5000) as c:
+            assert c.put_batch(keys, [b"q" * 100] * 3) == [Status.OK] * 3
+        srv.restart()
+        sub = Subscriber(vkv, pub, [], rep)
+        try:
+            start = sub.request(1, f"kv@{name}@*".encode())
+            assert [type(e) for _t, _s, b in start for e in b.events] == [vkv.AllBlocksCleared]
+            ns_topic = f"kv@{name}@ns-s".encode()
+            announced = wait_for(lambda: sub.request(1, ns_topic), timeout=5)
+            assert announced[0][1] == 1
+            assert {h for _t, h in _events(announced, vkv.BlockStored, "CPU")} == set(keys)
+        finally:
+            sub.close()
+    finally:
+        srv.terminate()
+        srv.remove_arena()
+
+
 def test_leader_master_publishes_all_blocks_cleared_for_a_server_marked_down(vkv, tmp_path):
     """A dead server publishes nothing: the leader's failure detector, once its
     ``mark_down`` committed, publishes AllBlocksCleared on ``kv@<server>@*`` (in
