@@ -5,6 +5,7 @@ topic is numbered so a gap shows; replay and snapshot resync a subscriber."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import types
@@ -129,6 +130,21 @@ def _connected(sub: Subscriber, client: Client, probe: bytes) -> None:
     raise AssertionError("the subscriber never received the probe's BlockStored")
 
 
+@contextlib.contextmanager
+def _session(vkv, server: tuple, ns: str, timeout_ms: int = 5000):
+    """A subscriber of ``ns``'s topic on ``server`` (``_start``'s triple), connected, and
+    a client of that namespace: yields (server, topic, subscriber, client)."""
+    srv, pub, rep = server
+    topic = f"kv@{srv.name}@{ns}".encode()
+    sub = Subscriber(vkv, pub, [topic, f"kv@{srv.name}@*".encode()], rep)
+    try:
+        with Client([srv.address], namespace=ns, timeout_ms=timeout_ms) as c:
+            _connected(sub, c, f"probe-{ns}".encode())
+            yield srv, topic, sub, c
+    finally:
+        sub.close()
+
+
 @pytest.fixture(scope="module")
 def tiered(tmp_path_factory):
     """One server with a 16 MiB memory tier and an NVMe tier, events and replay on."""
@@ -142,95 +158,71 @@ def tiered(tmp_path_factory):
 
 
 def test_put_and_delete_give_block_stored_and_removed_with_memory_medium(vkv, tiered):
-    srv, pub, rep = tiered
-    topic = f"kv@{srv.name}@ns-a".encode()
-    sub = Subscriber(vkv, pub, [topic, f"kv@{srv.name}@*".encode()], rep)
-    try:
-        with Client([srv.address], namespace="ns-a", timeout_ms=5000) as c:
-            _connected(sub, c, b"probe-a")
-            keys = [f"blk-{i}".encode() for i in range(5)]
-            assert c.put_batch(keys, [b"x" * 1000] * 5) == [Status.OK] * 5
-            frames = sub.recv()
-            assert {h for _t, h in _events(frames, vkv.BlockStored, "CPU")} >= set(keys)
-            assert all(t == topic for t, _s, _b in frames)
-            ev = next(e for _t, _s, b in frames for e in b.events
-                      if isinstance(e, vkv.BlockStored) and e.block_hashes == [keys[0]])
-            assert ev.parent_block_hash is None and ev.token_ids == [] and ev.medium == "CPU"
-            assert c.delete(keys[1]) == Status.OK
-            frames = sub.recv()
-            assert _events(frames, vkv.BlockRemoved, "CPU") == [(topic, keys[1])]
-            assert not sub.gaps
-    finally:
-        sub.close()
+    with _session(vkv, tiered, "ns-a") as (_srv, topic, sub, c):
+        keys = [f"blk-{i}".encode() for i in range(5)]
+        assert c.put_batch(keys, [b"x" * 1000] * 5) == [Status.OK] * 5
+        frames = sub.recv()
+        assert {h for _t, h in _events(frames, vkv.BlockStored, "CPU")} >= set(keys)
+        assert all(t == topic for t, _s, _b in frames)
+        ev = next(e for _t, _s, b in frames for e in b.events
+                  if isinstance(e, vkv.BlockStored) and e.block_hashes == [keys[0]])
+        assert ev.parent_block_hash is None and ev.token_ids == [] and ev.medium == "CPU"
+        assert c.delete(keys[1]) == Status.OK
+        frames = sub.recv()
+        assert _events(frames, vkv.BlockRemoved, "CPU") == [(topic, keys[1])]
+        assert not sub.gaps
 
 
 def test_demotion_gives_removed_from_memory_and_stored_on_storage(vkv, tiered):
-    srv, pub, rep = tiered
-    topic = f"kv@{srv.name}@ns-d".encode()
-    sub = Subscriber(vkv, pub, [topic], rep)
-    try:
-        with Client([srv.address], namespace="ns-d", timeout_ms=10_000) as c:
-            _connected(sub, c, b"probe-d")
-            keys = [f"d-{i}".encode() for i in range(40)]  # 40 x 512 KiB > 16 MiB memory
-            frames = []
-            for a in range(0, 40, 8):
-                assert c.put_batch(keys[a:a + 8], [b"v" * (512 << 10)] * 8) == [Status.OK] * 8
-                frames += sub.recv(0.05)
-            wait_for(lambda: frames.extend(sub.recv(0.2)) or
-                     {h for _t, h in _events(frames, vkv.BlockStored, "STORAGE")} & set(keys),
-                     timeout=10)
-            frames += sub.recv(0.5)
-            on_disk = {h for _t, h in _events(frames, vkv.BlockStored, "STORAGE")}
-            left_memory = {h for _t, h in _events(frames, vkv.BlockRemoved, "CPU")}
-            assert on_disk & set(keys) and on_disk <= set(keys) | {b"probe-d"}
-            assert on_disk <= left_memory  # every demoted key left the memory tier
-            assert not sub.gaps
-    finally:
-        sub.close()
+    with _session(vkv, tiered, "ns-d", 10_000) as (_srv, _topic, sub, c):
+        keys = [f"d-{i}".encode() for i in range(40)]  # 40 x 512 KiB > 16 MiB memory
+        frames = []
+        for a in range(0, 40, 8):
+            assert c.put_batch(keys[a:a + 8], [b"v" * (512 << 10)] * 8) == [Status.OK] * 8
+            frames += sub.recv(0.05)
+        wait_for(lambda: frames.extend(sub.recv(0.2)) or
+                 {h for _t, h in _events(frames, vkv.BlockStored, "STORAGE")} & set(keys),
+                 timeout=10)
+        frames += sub.recv(0.5)
+        on_disk = {h for _t, h in _events(frames, vkv.BlockStored, "STORAGE")}
+        left_memory = {h for _t, h in _events(frames, vkv.BlockRemoved, "CPU")}
+        assert on_disk & set(keys) and on_disk <= set(keys) | {b"probe-ns-d"}
+        assert on_disk <= left_memory  # every demoted key left the memory tier
+        assert not sub.gaps
 
 
 def test_replay_resends_a_topics_frames_and_snapshot_lists_what_is_resident(vkv, tiered):
-    srv, pub, rep = tiered
-    topic = f"kv@{srv.name}@ns-r".encode()
-    sub = Subscriber(vkv, pub, [topic], rep)
-    try:
-        with Client([srv.address], namespace="ns-r", timeout_ms=5000) as c:
-            _connected(sub, c, b"probe-r")
-            keys = [f"r-{i}".encode() for i in range(6)]
-            for k in keys:
-                assert c.put(k, b"y" * 100) == Status.OK
-            assert c.delete(keys[0]) == Status.OK
-            live = sub.recv()
-            replay = sub.request(1, topic)
-            # every live frame is in the replay, the same seq and the same events
-            by_seq = {s: b for t, s, b in replay}
-            assert [s for _t, s, _b in replay] == sorted(by_seq) and replay[0][1] == 1
-            for t, s, b in live:
-                assert t == topic and by_seq[s] == b
-            snap = sub.request(SNAPSHOT_SEQ, topic)
-            assert isinstance(snap[0][2].events[0], vkv.AllBlocksCleared)
-            assert {s for _t, s, _b in snap} == {sub.last[topic]}  # where to resume
-            assert {h for _t, h in _events(snap, vkv.BlockStored, "CPU")} == (
-                set(keys[1:]) | {b"probe-r"})
-            # the start of this incarnation, in the server topic's replay
-            start = sub.request(0, f"kv@{srv.name}@*".encode())
-            assert start[0][1] == 1 and isinstance(start[0][2].events[0], vkv.AllBlocksCleared)
-            # bad requests get the end marker alone
-            assert sub.request(SNAPSHOT_SEQ, b"kv@someone-else@ns-r") == []
-    finally:
-        sub.close()
+    with _session(vkv, tiered, "ns-r") as (srv, topic, sub, c):
+        keys = [f"r-{i}".encode() for i in range(6)]
+        for k in keys:
+            assert c.put(k, b"y" * 100) == Status.OK
+        assert c.delete(keys[0]) == Status.OK
+        live = sub.recv()
+        replay = sub.request(1, topic)
+        # every live frame is in the replay, the same seq and the same events
+        by_seq = {s: b for t, s, b in replay}
+        assert [s for _t, s, _b in replay] == sorted(by_seq) and replay[0][1] == 1
+        for t, s, b in live:
+            assert t == topic and by_seq[s] == b
+        snap = sub.request(SNAPSHOT_SEQ, topic)
+        assert isinstance(snap[0][2].events[0], vkv.AllBlocksCleared)
+        assert {s for _t, s, _b in snap} == {sub.last[topic]}  # where to resume
+        assert {h for _t, h in _events(snap, vkv.BlockStored, "CPU")} == (
+            set(keys[1:]) | {b"probe-ns-r"})
+        # the start of this incarnation, in the server topic's replay
+        start = sub.request(0, f"kv@{srv.name}@*".encode())
+        assert start[0][1] == 1 and isinstance(start[0][2].events[0], vkv.AllBlocksCleared)
+        # bad requests get the end marker alone
+        assert sub.request(SNAPSHOT_SEQ, b"kv@someone-else@ns-r") == []
 
 
 def test_memory_eviction_gives_removed_and_queue_overflow_shows_a_gap(vkv, tmp_path):
     """Memory only, a 4-event queue: a burst of puts overflows it. The subscriber sees
     a seq gap (not a silent loss), the counter says how many, a snapshot resyncs."""
     name = f"kvev-g-{time.monotonic_ns() % 10**8}"
-    srv, pub, rep = _start(name, tmp_path, ["--kv-events-queue-events", "4"], memory="8MiB")
-    topic = f"kv@{name}@ns-g".encode()
-    sub = Subscriber(vkv, pub, [topic], rep)
+    server = _start(name, tmp_path, ["--kv-events-queue-events", "4"], memory="8MiB")
     try:
-        with Client([srv.address], namespace="ns-g", timeout_ms=5000) as c:
-            _connected(sub, c, b"probe-g")
+        with _session(vkv, server, "ns-g") as (srv, topic, sub, c):
             keys = [f"g-{i}".encode() for i in range(64)]  # 64 x 256 KiB = 2x the arena
             assert c.put_batch(keys, [b"z" * (256 << 10)] * 64) == [Status.OK] * 64
             assert c.put(b"after", b"1") == Status.OK
@@ -250,9 +242,8 @@ def test_memory_eviction_gives_removed_and_queue_overflow_shows_a_gap(vkv, tmp_p
             resident = {h for _t, h in _events(snap, vkv.BlockStored, "CPU")}
             assert b"after2" in resident and len(resident) < len(keys)  # some were evicted
     finally:
-        sub.close()
-        srv.terminate()
-        srv.remove_arena()
+        server[0].terminate()
+        server[0].remove_arena()
 
 
 def test_restart_announces_all_blocks_cleared_then_what_it_recovered(vkv, tmp_path):
