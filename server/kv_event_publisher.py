@@ -48,8 +48,8 @@ from typing import Callable, Iterable, Iterator
 import msgspec
 import zmq
 
-from gcache.kv_events import (ALL_NAMESPACES, AllBlocksCleared, BlockRemoved, BlockStored,
-                              KVEventBatch, stored_event)
+from gcache.kv_events import (ALL_NAMESPACES, AllBlocksCleared, BlockRemoved, KVEventBatch,
+                              stored_raw)
 from gcache.kv_events import topic as topic_of
 from gcache.server.kv_events import EventQueue, Resident
 
@@ -59,7 +59,7 @@ FLUSH_S = 0.01  # how often queued events go out (the events of one wake share a
 SNAPSHOT_ROWS = 512  # resident keys (or replayed frames) sent per wake and request
 MAX_JOBS = 4  # replay/snapshot requests answered at once
 MAX_REQUEST_BYTES = 1024  # a longer replay-socket message disconnects its peer
-MAX_BATCH_EVENTS = 1024  # events per published batch
+SLICE_EVENTS = 256  # queued events turned into batches per GIL hold (at most per batch)
 END_SEQ = (-1).to_bytes(8, "big", signed=True)  # vLLM's end-of-replay marker
 SNAPSHOT_SEQ = -2  # a replay request for this start asks for a snapshot
 
@@ -174,27 +174,29 @@ class KvEventPublisher:
                 return
 
     def _flush(self) -> None:
-        """Queued events -> one batch per topic (per ``MAX_BATCH_EVENTS``)."""
+        """Queued events -> one batch per topic and slice of ``SLICE_EVENTS``, giving the
+        GIL back between slices (the IO threads never wait for a whole backlog)."""
         for i, q in enumerate(self.queues):
             dropped = q.dropped
             if dropped != self._dropped[i]:
                 self._gap(dropped - self._dropped[i])
                 self._dropped[i] = dropped
-            medium = q.medium.value
-            while got := q.drain(4 * MAX_BATCH_EVENTS):
+            medium = q.medium
+            while got := q.drain(SLICE_EVENTS):
                 by_topic: dict[bytes, list] = {}
                 for is_store, ns, key in got:
-                    evs = by_topic.setdefault(ns, [])
+                    evs = by_topic.get(ns)
+                    if evs is None:
+                        evs = by_topic[ns] = []
                     if is_store:
-                        evs.append(BlockStored([key], None, [], 0, None, medium, None))
+                        evs.append(stored_raw(key, medium))
                     elif evs and type(evs[-1]) is BlockRemoved:
                         evs[-1].block_hashes.append(key)
                     else:
-                        evs.append(BlockRemoved([key], medium))
+                        evs.append(BlockRemoved([key], medium.value))
                 for ns, evs in by_topic.items():
-                    topic = self.topic(ns)
-                    for a in range(0, len(evs), MAX_BATCH_EVENTS):
-                        self._publish(topic, evs[a:a + MAX_BATCH_EVENTS])
+                    self._publish(self.topic(ns), evs)
+                time.sleep(0)  # let the IO threads in
 
     def _gap(self, lost: int) -> None:
         """``lost`` events were dropped: skip one seq on every topic (a visible gap)."""
@@ -223,7 +225,7 @@ class KvEventPublisher:
             self._announce = None
         by_topic: dict[bytes, list] = {}
         for r in rows:
-            by_topic.setdefault(r.ns, []).append(stored_event(r.key, r.medium))
+            by_topic.setdefault(r.ns, []).append(stored_raw(r.key, r.medium))
         for ns, evs in by_topic.items():
             self._publish(self.topic(ns), evs)
 
@@ -286,7 +288,7 @@ class KvEventPublisher:
                 return
             by_topic: dict[bytes, list] = {}
             for r in chunk:
-                by_topic.setdefault(self.topic(r.ns), []).append(stored_event(r.key, r.medium))
+                by_topic.setdefault(self.topic(r.ns), []).append(stored_raw(r.key, r.medium))
             for t, evs in by_topic.items():
                 yield [t, seq_of(t), _ENCODE(KVEventBatch(time.time(), evs))]
 
