@@ -30,7 +30,8 @@ Wire:
 
 Threads. Everything here runs on the one publisher thread ``gcache-kv-events``
 (``start``), the only user of the sockets after the constructor bound them: it wakes
-every ``FLUSH_S``, turns queued events into one batch per topic, serves requests and
+every ``FLUSH_S``, turns queued events into one batch per topic and slice of
+``SLICE_EVENTS`` (giving the GIL back between slices), serves requests and
 paces replays and snapshots (``SNAPSHOT_ROWS`` frames per wake and request; a
 requester whose send queue is full waits for the next wake, a gone one is dropped).
 The constructor and ``stop`` (bounded: 2 s) are the owner's.
