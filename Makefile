@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml constraints.txt setup.py native/gcache_native.c Makefil
 	# SGLang for tests/sglang: --no-deps, because its declared deps pull a CUDA torch and
 	# kernels; the `sglang` extra (inside `test`) holds the CPU-only set it needs. Idempotent.
 	$(PIP) --no-deps sglang
+	# vLLM for the KV-event test (its classes decode what servers publish): --no-deps for
+	# the same reason; the `vllm` extra (inside `test`) holds the CPU-only set it needs.
+	$(PIP) --no-deps vllm
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -253,6 +253,18 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "curve samples (it lowers it to keep mrc_tracked_keys); each sampled GET costs "
            "the server a few microseconds.", "server"),
     Option("metrics_listen", "addr", "", "Prometheus HOST:PORT; empty disables.", "server"),
+    Option("kv_events_endpoint", "str", "", "ZMQ PUB endpoint to bind (tcp://HOST:PORT or "
+           "ipc:///path) where the server publishes KV events (BlockStored / BlockRemoved / "
+           "AllBlocksCleared, vLLM's format; topic kv@<name>@<namespace>) for cache-aware "
+           "routers; empty disables. Unauthenticated: a non-loopback host needs auth on, like "
+           "--listen (docs/kv-events.md).", "server"),
+    Option("kv_events_replay_endpoint", "str", "", "ZMQ ROUTER endpoint to bind for replay "
+           "and snapshot requests (with kv_events_endpoint); empty disables.", "server"),
+    Option("kv_events_queue_events", "int", 65536, "Most KV events waiting for the "
+           "publisher thread; more are dropped (never blocking IO), counted in "
+           "kv_events_dropped, and subscribers see a sequence gap.", "server"),
+    Option("kv_events_buffer_batches", "int", 10000, "Published KV-event batches kept for "
+           "replay requests.", "server"),
     Option("log_level", "str", "INFO", "Logging level name.", "server"),
     Option("log_format", "str", "json", "Log format: json or text.", "server"),
     Option("pending_put_timeout_ms", "duration_ms", 10000,

@@ -117,12 +117,21 @@ class MasterService:
                  max_connections_per_ip: int = DEFAULT_MAX_CONNECTIONS_PER_IP,
                  join_ramp_s: float = DEFAULT_JOIN_RAMP_S,
                  join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S,
-                 clock: Clock = SYSTEM) -> None:
+                 clock: Clock = SYSTEM, kv_events_endpoint: str = "") -> None:
+        """``kv_events_endpoint``: where the leader publishes that a member is gone
+        (``down_events``; empty: not published). ``zmq.ZMQError`` if it cannot bind."""
         self.node, self.token = node, token
+        self.down_events = None
+        if kv_events_endpoint:
+            from gcache.master.down_events import DownPublisher  # zmq: only when asked
+
+            self.down_events = DownPublisher(kv_events_endpoint)
         self.credentials = credentials or CredentialStore(token=token)
         # tls: serve https; peer_tls: the dialer context for forwarding to the leader
         self.peer_tls = peer_tls
-        self.detector = FailureDetector(node, heartbeat_timeout_ms / 1000.0, clock)
+        self.detector = FailureDetector(
+            node, heartbeat_timeout_ms / 1000.0, clock,
+            on_down=self.down_events.member_gone if self.down_events is not None else None)
         self.metrics = MasterMetrics(node)  # GET /metrics (master/metrics.py)
         self.joiner = JoinDriver(node, self.detector, join_ramp_s, join_timeout_s, clock)
         self.request_deadline = request_deadline_ms / 1000.0
@@ -177,6 +186,13 @@ class MasterService:
         self._stop.set()
         self.http.shutdown()
         self.http.server_close()
+        if self.down_events is not None:
+            self.down_events.close()
+
+    def _removed(self, mid: str, res: dict) -> None:
+        """A ``remove`` of ``mid`` committed: its blocks are unreachable (KV events)."""
+        if self.down_events is not None and res.get("changed", True):
+            self.down_events.member_gone(mid)
 
     # ------------------------------------------------------------------ plumbing
     def dispatch(self, h: Any, method: str) -> None:
@@ -350,6 +366,8 @@ class MasterService:
         res = self.node.submit({"op": op, "id": str(body["id"])})
         if op == "undrain":
             self.detector.seen(str(body["id"]))
+        elif op == "remove":
+            self._removed(str(body["id"]), res)
         return 200, res
 
     def self_op(self, q: dict, body: dict, method: str, path: str) -> tuple[int, dict]:
@@ -373,9 +391,15 @@ class MasterService:
                                   "server removes itself only after its drain"}
         log.info("member %r asks to %s itself", mid, op)
         if op == "down":  # a planned stop: down now, not a heartbeat timeout later
-            return 200, self.node.submit({"op": "mark_down", "id": mid,
-                                          "incarnation": rec.incarnation})
-        return 200, self.node.submit({"op": op, "id": mid})
+            res = self.node.submit({"op": "mark_down", "id": mid,
+                                    "incarnation": rec.incarnation})
+            if self.down_events is not None and res.get("changed", True):
+                self.down_events.member_gone(mid)  # its blocks are unreachable now
+            return 200, res
+        res = self.node.submit({"op": op, "id": mid})
+        if op == "remove":
+            self._removed(mid, res)
+        return 200, res
 
     def status(self, q: dict, body: dict, method: str, path: str) -> tuple[int, dict]:
         if not self.node.is_leader:

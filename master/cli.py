@@ -37,6 +37,7 @@ from gcache import __version__
 from gcache.config import parse_bool
 from gcache.credentials import CredentialStore
 from gcache.errors import ConfigError
+from gcache.kv_events import check_kv_events
 from gcache.logs import setup_logging
 from gcache.network import check_bind, is_loopback, split_hostport
 from gcache.signals import relay_signals
@@ -224,6 +225,11 @@ def _read_config(ctx: click.Context, param: click.Parameter, path: str | None) -
 @click.option("--tls-require-client-cert", default="false", envvar="GCACHE_TLS_REQUIRE_CLIENT_CERT",
               help="mTLS on the API: refuse clients without a certificate signed by "
                    "--tls-ca-file (true|false). [env GCACHE_TLS_REQUIRE_CLIENT_CERT]")
+@click.option("--kv-events-endpoint", default="", envvar="GCACHE_KV_EVENTS_ENDPOINT",
+              help="ZMQ PUB endpoint to bind (tcp://HOST:PORT or ipc:///path) where the "
+                   "leader publishes AllBlocksCleared on kv@<server>@* when it marks a server "
+                   "down or removes it (docs/kv-events.md); empty: off. "
+                   "[env GCACHE_KV_EVENTS_ENDPOINT]")
 @click.option("--log-level", default="INFO", show_default=True, envvar="GCACHE_LOG_LEVEL")
 @click.option("--log-format", type=click.Choice(["json", "text"]), default="json",
               show_default=True, envvar="GCACHE_LOG_FORMAT")
@@ -232,14 +238,15 @@ def main(listen: str, peers: str, data_dir: str, token: str, raft_secret: str,
          join_ramp_s: float, join_timeout_s: float, request_deadline_ms: int, max_connections: int, max_connections_per_ip: int,
          raft_compaction_min_entries: int,
          tls_cert_file: str, tls_key_file: str,
-         tls_ca_file: str, tls_require_client_cert: str, log_level: str, log_format: str
-         ) -> None:
+         tls_ca_file: str, tls_require_client_cert: str, kv_events_endpoint: str,
+         log_level: str, log_format: str) -> None:
     """Run a gcache-master (membership, heartbeats, discovery; never on the IO path)."""
     setup_logging(log_level, log_format)
     peer_list = [p.strip() for p in peers.split(",") if p.strip() and p.strip() != listen]
     try:
         credentials = CredentialStore(credentials_file, token)
         check_bind(listen, credentials.required)
+        check_kv_events(kv_events_endpoint, "", credentials.required)
         password, secret_source = resolve_raft_secret(listen, peer_list, raft_secret,
                                                       raft_secret_file, token)
         check_ports_free(listen)  # after the config checks: they are what to fix first
@@ -264,17 +271,24 @@ def main(listen: str, peers: str, data_dir: str, token: str, raft_secret: str,
     except SnapshotRefused as exc:
         log.error("%s", exc)
         raise SystemExit(f"gcache-master: {exc}") from None
+    import zmq
+
     try:
         svc = MasterService(node, listen=listen, token=token, credentials=credentials,
                             heartbeat_timeout_ms=heartbeat_timeout_ms, raft_to_api=raft_to_api,
                             tls=tls, peer_tls=peer_tls, request_deadline_ms=request_deadline_ms,
                             max_connections=max_connections,
                             max_connections_per_ip=max_connections_per_ip,
-                            join_ramp_s=join_ramp_s, join_timeout_s=join_timeout_s)
+                            join_ramp_s=join_ramp_s, join_timeout_s=join_timeout_s,
+                            kv_events_endpoint=kv_events_endpoint)
     except OSError as exc:  # taken between the probe and here
         node.close()
         raise SystemExit(f"gcache-master: cannot bind --listen {listen}: "
                          f"{exc.strerror or exc}") from None
+    except zmq.ZMQError as exc:
+        node.close()
+        raise SystemExit(f"gcache-master: cannot bind --kv-events-endpoint "
+                         f"{kv_events_endpoint}: {exc}; pick a free port") from None
     svc.start()
     log.info("gcache-master serving", extra={"fields": {
         "listen": svc.address, "raft": raft_address(listen), "peers": peer_list,

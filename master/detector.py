@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from gcache.clock import SYSTEM, Clock
 from gcache.view import MemberState
@@ -36,9 +36,12 @@ WATCHED = (MemberState.UP, MemberState.DRAINING, MemberState.JOINING)
 class FailureDetector:
     """Last-seen times and stats per member, and the missed-heartbeat rule."""
 
-    def __init__(self, node: RaftNode, heartbeat_timeout_s: float, clock: Clock = SYSTEM
-                 ) -> None:
+    def __init__(self, node: RaftNode, heartbeat_timeout_s: float, clock: Clock = SYSTEM,
+                 on_down: Callable[[str], None] | None = None) -> None:
+        """``on_down(member_id)``: called on the monitor thread after a ``mark_down``
+        committed (``down_events.DownPublisher.member_gone``); must not block."""
         self.node = node
+        self.on_down = on_down
         self.heartbeat_timeout = heartbeat_timeout_s
         self.clock = clock
         self._last_seen: dict[str, float] = {}
@@ -96,6 +99,8 @@ class FailureDetector:
                     self.node.submit({"op": "mark_down", "id": mid,
                                       "incarnation": rec.incarnation})
                     down.append(mid)
+                    if self.on_down is not None:
+                        self.on_down(mid)
                 except (TimeoutError, RuntimeError) as exc:
                     log.warning("mark_down %s not committed: %s", mid, exc)
         return down

@@ -87,7 +87,7 @@ import ssl
 import sys
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 from gcache.config import Config
 from gcache.credentials import CredentialStore
@@ -103,6 +103,8 @@ from gcache.view import MemberState
 from gcache.server.agent import MembershipAgent
 from gcache.server.arena import Arena, arena_path, header_len
 from gcache.server.eviction import make_policy
+from gcache.kv_events import Medium, check_kv_events
+from gcache.server.kv_events import EventQueue, Resident
 from gcache.server.mrc import MissRatioCurve
 from gcache.server.freshness import EpochFile, Freshness
 from gcache.server.handoff import PUT_TIMEOUT_MS, Handoff
@@ -205,7 +207,9 @@ class Server:
             check_bind(cfg.listen, self.credentials.required)
             if cfg.metrics_listen:  # /metrics and /healthz describe the server to any reader
                 check_bind(cfg.metrics_listen, self.credentials.required, "--metrics-listen")
-        except ValueError as exc:
+            check_kv_events(cfg.kv_events_endpoint, cfg.kv_events_replay_endpoint,
+                            self.credentials.required)  # it names keys to any subscriber
+        except (ConfigError, ValueError) as exc:
             raise _refused(str(exc), "%s", exc) from None
         try:
             listener = listen_on(cfg.listen, self.credentials.required)
@@ -253,6 +257,11 @@ class Server:
         except ConfigError as exc:  # a bad --mrc-tracked-keys: leave the arena as it was
             self.arena.close(self.arena.was_clean, self.arena.next_version)
             raise _refused(str(exc), "%s", exc) from None
+        # KV events (--kv-events-endpoint): one queue per tier, filled under its lock
+        self.kv_queues = ([EventQueue(Medium.MEMORY, cfg.kv_events_queue_events)]
+                          + ([EventQueue(Medium.DISK, cfg.kv_events_queue_events)]
+                             if cfg.disk_dir else [])
+                          if cfg.kv_events_endpoint else [])
         self.startup.enter(Phase.RECOVERY)
         self.memory_tier = MemoryTier(self.arena, high_watermark=cfg.high_watermark,
                                       low_watermark=cfg.low_watermark,
@@ -261,7 +270,8 @@ class Server:
                                       eviction_policy=make_policy(cfg.eviction_policy),
                                       access_observer=self.mrc,
                                       recovery_progress=self.startup.progress("objects"),
-                                      recency_snapshot_s=cfg.recency_snapshot_ms / 1000)
+                                      recency_snapshot_s=cfg.recency_snapshot_ms / 1000,
+                                      events=self.kv_queues[0] if self.kv_queues else None)
         log.info("arena ready", extra={"fields": dict(self.memory_tier.recovery)})
         self.limits = build_limits(cfg)
         self.shm = ShmRegistry()  # GCACHE_SHM_LEASE_MS is read here
@@ -271,7 +281,8 @@ class Server:
             root = tier_root(cfg.disk_dir, cfg.name)
             self._new_disk_root = None if os.path.exists(root) else root
         # the server.tier.Tier contract, plus start() and capacity
-        self.tier: Any = (_open_disk_tier(cfg, self.memory_tier, self.limits)
+        self.tier: Any = (_open_disk_tier(cfg, self.memory_tier, self.limits,
+                                          self.kv_queues[1] if self.kv_queues else None)
                           if cfg.disk_dir else self.memory_tier)
         try:
             # under TLS nixl stays off: its bytes would bypass the TLS channel
@@ -320,9 +331,37 @@ class Server:
                 ownership=self.agent, nixl_info=self.nixl.info if self.nixl else None,
                 extra_stats=self._extra_stats, freshness=self.freshness,
                 tombstones=self.tombstones)
+            self.kv_events = self._kv_event_publisher()
         except BaseException:  # close what was built
             self._close_storage()
             raise
+
+    def _kv_event_publisher(self) -> Any:
+        """The KV-event publisher (``--kv-events-endpoint``), its sockets bound; None when
+        off. ServerStartError when an endpoint cannot be bound."""
+        cfg = self.cfg
+        if not cfg.kv_events_endpoint:
+            return None
+        from gcache.server.kv_event_publisher import KvEventPublisher  # zmq: only when on
+        import zmq
+
+        try:
+            return KvEventPublisher(cfg.name, self.kv_queues, cfg.kv_events_endpoint,
+                                    replay_endpoint=cfg.kv_events_replay_endpoint,
+                                    resident=self._resident,
+                                    buffer_batches=cfg.kv_events_buffer_batches)
+        except zmq.ZMQError as exc:
+            raise _refused(f"cannot bind the KV-event endpoints {cfg.kv_events_endpoint} / "
+                           f"{cfg.kv_events_replay_endpoint or '-'}: {exc}; pick a free "
+                           "port", "cannot bind the KV-event endpoints: %s", exc) from None
+
+    def _resident(self) -> Iterator[Resident]:
+        """What the tiers hold now, per medium (a chunked walk: the KV-event snapshots)."""
+        for h in self.memory_tier.held():
+            yield Resident(h.ns, h.key, Medium.MEMORY)
+        if self.tier is not self.memory_tier:
+            for h in self.tier.disk.held():
+                yield Resident(h.ns, h.key, Medium.DISK)
 
     def _advertise(self) -> str:
         """The address clients reach this server at (``--advertise``, else the bound
@@ -380,6 +419,8 @@ class Server:
     def _extra_stats(self) -> dict:
         """The membership numbers and the miss-ratio curve (also in the wire STATS)."""
         s = self._membership_stats()
+        if self.kv_events is not None:
+            s.update(self.kv_events.stats())
         if self.mrc is not None:
             s["mrc"] = self.mrc.snapshot(top=_MRC_TOP_NAMESPACES)
         return s
@@ -434,6 +475,10 @@ class Server:
                 self.shm.start()
                 if self.agent is not None:
                     self.agent.start()  # in the background: serving never waits for masters
+                if self.kv_events is not None:  # before the tiers move anything
+                    self.kv_events.start()
+                    log.info("KV events on %s (replay %s)", self.kv_events.endpoint,
+                             self.kv_events.replay_endpoint or "off")
                 self.tier.start()
                 if self.handoff is not None:
                     self.handoff.start()
@@ -501,6 +546,8 @@ class Server:
                 self.self_drain.deregister()
             elif not beating and self.agent.registered.is_set():
                 self._leave_down()
+        if self.kv_events is not None:  # before the tier closes: a snapshot walks it
+            self.kv_events.stop()
         self._close_storage()
         if self.cfg.remove_arena_on_exit:
             try:
@@ -561,7 +608,8 @@ def _group_id(group: str) -> int | None:
                          "name or gid") from None
 
 
-def _open_disk_tier(cfg: Config, memory_tier: MemoryTier, limits: Limits) -> Any:
+def _open_disk_tier(cfg: Config, memory_tier: MemoryTier, limits: Limits,
+                    events: EventQueue | None) -> Any:
     """The NVMe tier behind the memory tier (a TieredStore over both). A setup fault
     closes the memory tier and raises ServerStartError with what to fix."""
     from gcache.server.disk import SegmentLog
@@ -575,7 +623,8 @@ def _open_disk_tier(cfg: Config, memory_tier: MemoryTier, limits: Limits) -> Any
                           max_key_bytes=limits.max_key_bytes,
                           max_namespace_bytes=limits.max_namespace_bytes,
                           direct_io=cfg.disk_direct_io,
-                          eviction_policy=make_policy(cfg.eviction_policy))
+                          eviction_policy=make_policy(cfg.eviction_policy),
+                          events=events)
     except DiskError as exc:
         memory_tier.close(clean=True)
         raise _refused(str(exc), "cannot open the disk tier: %s", exc) from None

@@ -116,6 +116,7 @@ from gcache.server.movement import ColdObject, LockRank, MemoryHooks, ranked_loc
 from gcache.server.tier import HeldObject, Pinned, PutSlot, Tier, held_snapshot
 
 if TYPE_CHECKING:
+    from gcache.server.kv_events import EventQueue
     from gcache.server.mrc import AccessObserver
 
 log = logging.getLogger("gcache.server.memory")
@@ -203,7 +204,8 @@ class MemoryTier(Tier):
                  eviction_policy: EvictionPolicy | None = None,
                  access_observer: AccessObserver | None = None,
                  recovery_progress: Callable[[int, int], None] | None = None,
-                 recency_snapshot_s: float = 10.0) -> None:
+                 recency_snapshot_s: float = 10.0,
+                 events: EventQueue | None = None) -> None:
         """``recovery_progress(done, total)``: the reused arena's scan, chunks checked
         (the start-up log). ``quotas``: per-namespace limits (None: unlimited). ``on_quota(event, ns, n)``
         counts quota events per namespace (``refused``, ``evicted``); it runs with the
@@ -212,7 +214,9 @@ class MemoryTier(Tier):
         whole-object read, hit or miss, and every published put, with the lock held, and
         every EXISTS, without it (``mrc.AccessObserver``; the miss-ratio curve).
         ``recency_snapshot_s``: how often the evictor saves the policy's order in the
-        arena (0: only at a clean stop; see the module docstring)."""
+        arena (0: only at a clean stop; see the module docstring).
+        ``events``: told of every index change after recovery (``kv_events``: an object
+        now current, or gone: evicted, demoted, deleted), with the lock held."""
         self.arena = arena
         self.access_observer = access_observer
         self.recovery_progress = recovery_progress
@@ -260,7 +264,9 @@ class MemoryTier(Tier):
         self._stop = threading.Event()
         self.pressure = threading.Event()  # set when live bytes pass the high watermark
         self._evictor: threading.Thread | None = None
+        self._events: EventQueue | None = None  # recovered objects are announced apart
         self._recover()
+        self._events = events
 
     # ------------------------------------------------------------------ startup
     def _recover(self) -> None:
@@ -523,12 +529,16 @@ class MemoryTier(Tier):
         if old is not None:
             self.policy.on_remove(old)
         self.policy.on_insert(o)
+        if self._events is not None:
+            self._events.stored(o.ns, o.key)
         return old
 
     def do_unindex(self, o: _Obj) -> None:
         """Remove the current object ``o`` from the index (not freed)."""
         del self._index[(o.ns, o.key)]
         self.policy.on_remove(o)
+        if self._events is not None:
+            self._events.removed(o.ns, o.key)
 
     def do_mem_limit(self, ns: bytes) -> int | None:
         return self.quotas.limits(ns).memory_bytes if self.quotas is not None else None

@@ -59,7 +59,7 @@ import os
 import struct
 import threading
 import time
-from typing import Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 from gcache.errors import DiskError
 from gcache.failpoints import failpoint, os_error
@@ -77,6 +77,9 @@ from gcache.server.movement import DemoteItem, LockRank, ReadLease, ranked_lock
 from gcache.server.tier import HeldObject, Pinned, held_snapshot
 from gcache.server.tiering import CompactionPolicy, SealedSegment, SecondChance
 from gcache.status import Status
+
+if TYPE_CHECKING:
+    from gcache.server.kv_events import EventQueue
 
 log = logging.getLogger("gcache.server.disk")
 
@@ -182,9 +185,12 @@ class SegmentLog:
 
     def __init__(self, disk_dir: str, name: str, *, capacity_bytes: int, segment_bytes: int,
                  max_value_bytes: int, max_key_bytes: int = 512, max_namespace_bytes: int = 128,
-                 direct_io: bool = True, eviction_policy: EvictionPolicy | None = None) -> None:
+                 direct_io: bool = True, eviction_policy: EvictionPolicy | None = None,
+                 events: EventQueue | None = None) -> None:
         """``eviction_policy``: orders the live records for compaction and quota
-        evictions (see the module docstring); None: write order and ``ref`` bits only."""
+        evictions (see the module docstring); None: write order and ``ref`` bits only.
+        ``events``: told of every index change after recovery (``kv_events``), with
+        ``self.lock`` held."""
         if segment_bytes % BLOCK or segment_bytes < (1 << 20):
             raise DiskError(f"segment_bytes {segment_bytes} must be a multiple of 4KiB and "
                             ">= 1MiB; fix --segment-bytes")
@@ -239,7 +245,9 @@ class SegmentLog:
                          "disk_write_errors": 0, "disk_evictions": 0, "disk_carried_over": 0,
                          "disk_compactions": 0, "disk_recovered": 0, "disk_dead_unpersisted": 0,
                          "disk_quota_killed": 0}
+        self._events: EventQueue | None = None  # recovered records are announced apart
         self.recovery = self._recover()
+        self._events = events
 
     # ------------------------------------------------------------------ files
     def _open_flags(self) -> int:
@@ -456,6 +464,8 @@ class SegmentLog:
         seg.keys.add(k)
         seg.live_bytes += e.rec_len
         self.live_bytes += e.rec_len
+        if self._events is not None:
+            self._events.stored(ns, key)
 
     def do_unlink(self, ns: bytes, key: bytes, e: Entry, seg: Segment | None) -> None:
         """Undo ``do_link`` for ``e`` (whatever of it still holds). The one place that
@@ -466,6 +476,8 @@ class SegmentLog:
             if self.policy is not None:
                 self.policy.on_remove(self._objs.pop(k))
             self.do_ns_sub(ns, key, e)
+            if self._events is not None:
+                self._events.removed(ns, key)
         if seg is not None and k in seg.keys:
             seg.keys.discard(k)
             seg.live_bytes -= e.rec_len
