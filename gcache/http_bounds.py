@@ -6,6 +6,9 @@ what a slow, silent or hostile peer can hold is bounded in count and in time.
   for one peer address. Past a cap a connection is answered 503 from the accept loop
   (non-blocking; plain HTTP only: a TLS peer is just closed) and closed, never queued on
   a thread. A TLS handshake runs on the connection's thread, within ``handshake_s``.
+* ``DeadlineRequestHandler``: a request handler whose request (line, headers, body)
+  must arrive within ``request_deadline_s`` of its first byte's wait, through a
+  ``DeadlineReader``; ``reader.disarm()`` once the request is in.
 * ``DeadlineReader``: a socket's reads under one deadline: the time left is recomputed
   before every ``recv``, so a peer trickling a byte at a time is cut off when the
   deadline passes (a per-``recv`` timeout would let it go on forever).
@@ -16,12 +19,14 @@ non-blocking sends); each admitted connection runs on its own daemon thread.
 
 from __future__ import annotations
 
+import http.server
 import io
 import json
 import logging
 import socket
 import ssl
 import threading
+import time
 from typing import Any
 
 from gcache.logs import RateLimitedLog
@@ -153,3 +158,22 @@ class BoundedHTTPServer(HTTPServer):
         finally:
             self._drop_ip(client_address[0])
             self._slots.release()
+
+
+class DeadlineRequestHandler(http.server.BaseHTTPRequestHandler):
+    """``BaseHTTPRequestHandler`` reading each request under one deadline of
+    ``request_deadline_s`` (a subclass sets it); a request that has not arrived whole by
+    then ends the connection (``TimeoutError``, which the base class handles)."""
+
+    request_deadline_s = 5.0
+    reader: DeadlineReader
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # replaced by one that reads under the request deadline
+        self.reader = DeadlineReader(self.connection)
+        self.rfile = io.BufferedReader(self.reader)
+
+    def handle_one_request(self) -> None:
+        self.reader.arm(time.monotonic() + self.request_deadline_s)
+        super().handle_one_request()

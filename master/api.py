@@ -59,14 +59,11 @@ Limits (everything before auth is bounded, in time and in count):
 
 from __future__ import annotations
 
-import http.server
-import io
 import json
 import logging
 import re
 import ssl
 import threading
-import time
 import urllib.error
 import urllib.parse
 from typing import Any
@@ -79,7 +76,7 @@ from gcache.master.detector import FailureDetector
 from gcache.master.joiner import DEFAULT_JOIN_RAMP_S, DEFAULT_JOIN_TIMEOUT_S, JoinDriver
 from gcache.master.metrics import MasterMetrics
 from gcache.master.raft_node import RaftNode
-from gcache.http_bounds import BoundedHTTPServer, DeadlineReader
+from gcache.http_bounds import BoundedHTTPServer, DeadlineRequestHandler
 from gcache.view import MemberState
 
 log = logging.getLogger("gcache.master")
@@ -141,19 +138,9 @@ class MasterService:
         host, port = listen.rsplit(":", 1)
         svc = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
+        class Handler(DeadlineRequestHandler):
             protocol_version = "HTTP/1.1"
-            reader: DeadlineReader
-
-            def setup(self) -> None:
-                super().setup()
-                self.rfile.close()  # replaced by one that reads under the request deadline
-                self.reader = DeadlineReader(self.connection)
-                self.rfile = io.BufferedReader(self.reader)
-
-            def handle_one_request(self) -> None:
-                self.reader.arm(time.monotonic() + svc.request_deadline)
-                super().handle_one_request()
+            request_deadline_s = svc.request_deadline
 
             def do_GET(self) -> None:  # noqa: N802
                 svc.dispatch(self, "GET")

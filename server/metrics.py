@@ -55,12 +55,9 @@ Scrape-time collectors run on the request's thread and must not block.
 
 from __future__ import annotations
 
-import http.server
-import io
 import json
 import ssl
 import threading
-import time
 from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -69,7 +66,7 @@ from prometheus_client.core import GaugeMetricFamily, CounterMetricFamily
 from gcache.process_metrics import add_process_metrics
 from gcache.server.self_drain import DrainReason
 from gcache.server.startup import Phase
-from gcache.http_bounds import BoundedHTTPServer, DeadlineReader
+from gcache.http_bounds import BoundedHTTPServer, DeadlineRequestHandler
 
 # What one scraper or prober may hold on the metrics port: a request must arrive whole
 # within REQUEST_DEADLINE_S (one deadline, not per recv), and at most MAX_CONNECTIONS
@@ -456,18 +453,8 @@ class MetricsEndpoint:
             collectors.register(_PhaseCollector(phase_fn))
         registries = (metrics.registry, collectors)
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            reader: DeadlineReader
-
-            def setup(self) -> None:
-                super().setup()
-                self.rfile.close()  # replaced by one that reads under the request deadline
-                self.reader = DeadlineReader(self.connection)
-                self.rfile = io.BufferedReader(self.reader)
-
-            def handle_one_request(self) -> None:
-                self.reader.arm(time.monotonic() + REQUEST_DEADLINE_S)
-                super().handle_one_request()
+        class Handler(DeadlineRequestHandler):
+            request_deadline_s = REQUEST_DEADLINE_S
 
             def do_GET(self) -> None:  # noqa: N802
                 self.reader.disarm()  # the request is in; the answer has its own timeout
