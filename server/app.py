@@ -17,7 +17,8 @@ already built, logs why and raises ``ServerStartError`` with what to fix):
     and leaves nothing (``_bind``): ``listener``, the data socket, bound and listening
     (the kernel's port when ``--listen`` asked for port 0), and ``metrics_endpoint``
     (``--metrics-listen`` only: /metrics, /healthz and /readyz), which serves from here
-    on, so probes and the ``gcache_server_phase`` gauge answer while the arena prefaults.
+    on, so probes and the ``gcache_server_phase`` gauge answer while the arena prefaults;
+    then, with ``--kv-events-endpoint``, the KV-event publisher's sockets (``kv_events``).
     ``startup`` (``startup.py``) holds the phase and logs the prefault's and the
     recovery's progress.
  4. ``arena``: the ``/dev/shm`` file, created or reused (restart survival).
@@ -181,12 +182,22 @@ class Server:
         self._started = self._stopped = False
         # Every port before the arena: a busy port costs no prefault and leaves nothing.
         self.listener, self.metrics_endpoint = self._bind(cfg)
+        self.kv_events: Any = None
         try:
+            # KV events (--kv-events-endpoint): one queue per tier, filled under its lock;
+            # the publisher's sockets are ports too, bound before the arena
+            self.kv_queues = ([EventQueue(Medium.MEMORY, cfg.kv_events_queue_events)]
+                              + ([EventQueue(Medium.DISK, cfg.kv_events_queue_events)]
+                                 if cfg.disk_dir else [])
+                              if cfg.kv_events_endpoint else [])
+            self.kv_events = self._kv_event_publisher()
             self._build(cfg)
         except BaseException:  # close what was built; a first start leaves no arena file
             self.listener.sock.close()
             if self.metrics_endpoint is not None:
                 self.metrics_endpoint.stop()
+            if self.kv_events is not None:
+                self.kv_events.stop()
             arena = getattr(self, "arena", None)
             if arena is not None and arena.created:
                 for path in (self.arena_path, epoch_path(self.arena_path)):
@@ -257,11 +268,6 @@ class Server:
         except ConfigError as exc:  # a bad --mrc-tracked-keys: leave the arena as it was
             self.arena.close(self.arena.was_clean, self.arena.next_version)
             raise _refused(str(exc), "%s", exc) from None
-        # KV events (--kv-events-endpoint): one queue per tier, filled under its lock
-        self.kv_queues = ([EventQueue(Medium.MEMORY, cfg.kv_events_queue_events)]
-                          + ([EventQueue(Medium.DISK, cfg.kv_events_queue_events)]
-                             if cfg.disk_dir else [])
-                          if cfg.kv_events_endpoint else [])
         self.startup.enter(Phase.RECOVERY)
         self.memory_tier = MemoryTier(self.arena, high_watermark=cfg.high_watermark,
                                       low_watermark=cfg.low_watermark,
@@ -331,7 +337,6 @@ class Server:
                 ownership=self.agent, nixl_info=self.nixl.info if self.nixl else None,
                 extra_stats=self._extra_stats, freshness=self.freshness,
                 tombstones=self.tombstones)
-            self.kv_events = self._kv_event_publisher()
         except BaseException:  # close what was built
             self._close_storage()
             raise

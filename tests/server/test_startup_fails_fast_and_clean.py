@@ -68,6 +68,20 @@ def test_a_busy_port_is_one_line_naming_the_flag_and_leaves_no_arena(shm: Path,
 
 
 @pytest.mark.timeout(60)
+def test_a_busy_kv_events_endpoint_fails_before_the_arena(shm: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        taken = f"tcp://127.0.0.1:{busy.getsockname()[1]}"
+        t0 = time.monotonic()
+        r = _start(["--memory", "2GiB", "--listen", f"127.0.0.1:{free_port()}",
+                    "--kv-events-endpoint", taken], shm)
+    _refused(r, f"cannot bind the KV-event endpoints {taken}")
+    assert "clean start of arena" not in r.stderr  # refused before the arena was made
+    assert list(shm.iterdir()) == [] and time.monotonic() - t0 < 20
+
+
+@pytest.mark.timeout(60)
 def test_an_arena_bigger_than_the_tmpfs_is_refused_and_leaves_no_file(shm: Path) -> None:
     r = _start(["--memory", "4TiB", "--listen", f"127.0.0.1:{free_port()}"], shm)
     _refused(r, "not enough space", "--memory")
