@@ -1,0 +1,485 @@
+"""``GCacheConnectorV1``: gcache as the shared L3 KV cache behind vLLM's v1 engine.
+
+Load it with::
+
+    --kv-transfer-config '{"kv_connector": "GCacheConnectorV1",
+                           "kv_connector_module_path": "gcache.sdk.vllm",
+                           "kv_role": "kv_both",
+                           "kv_connector_extra_config": {"masters": "m1:7700,m2:7700"}}'
+
+Contract (vLLM's ``KVConnectorBase_V1``; which side calls what, docs/vllm.md):
+
+Scheduler side (vLLM's scheduler thread; may block only for the lookup's deadline):
+    ``get_num_new_matched_tokens``: one batched ``exists`` per call over the blocks past
+        the local prefix (full groups: every block; window groups: every block, of which
+        the hit rule reads only the last ones before each candidate end; see
+        ``matching``). Side-effect free: it stores nothing and pins nothing; it
+        remembers the answer for ``update_state_after_alloc``. A store fault is a miss.
+        Loads are asynchronous (the request waits in WAITING_FOR_REMOTE_KVS).
+    ``update_state_after_alloc``: the blocks vLLM allocated for the hit become a load
+        plan (group, block id, block hash); window groups load only the window.
+    ``request_finished[_all_groups]``: a finished request's computed full blocks become
+        a save plan (full groups: every block not loaded from gcache; window groups:
+        the blocks still held, i.e. the window); the blocks stay held (returns True)
+        until the workers report the save done.
+    ``build_connector_meta``: hands the plans to the workers, once each.
+Worker side (vLLM's model-runner thread; never blocks on the store):
+    ``register_kv_caches``: maps every group's blocks to byte runs of the KV tensors
+        (``layout.GroupLayout``); block-outermost layouts are read and written in place.
+    ``start_load_kv``: issues the loads (``get_batch_into_async``), completion on the
+        SDK's dispatch threads. ``wait_for_save``: issues the saves
+        (``put_batch_from_async(if_absent=True)``). ``wait_for_layer_load`` and
+        ``save_kv_layer`` do nothing: transfers are whole-block, between steps.
+    ``get_transfer_results``: finished loads and saves; a load that failed for any
+        block is reported finished *and* failed: single-group models by block id
+        (``get_block_ids_with_load_errors``: vLLM keeps the valid prefix), hybrid models
+        by request (``failed_recving``: block ids are per group there). A failed block is
+        never used.
+
+Keys: the client's namespace fingerprints what makes bytes interchangeable (model,
+KV dtype, layout, TP/PP size, groups with their block sizes, page sizes and windows, the
+block-hash algorithm and its seed); a key is ``<group>/<tp rank>/<vLLM block hash>``
+(rank 0 for MLA, whose KV every rank holds alike: only rank 0 writes). vLLM's block
+hash chains the whole prefix, with LoRA, multimodal and cache-salt inputs, and is
+deterministic across processes for sha256 hashing (its default) or with PYTHONHASHSEED
+set; without it a non-cryptographic hash is seeded at random per process, and the seed
+is part of the namespace, so two such processes never share (nor confuse) blocks.
+
+Nothing here raises into vLLM after start-up: a store fault is a miss or a load error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+    SupportsHMA,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+)
+
+from gcache.sdk.client import Client
+from gcache.sdk.vllm.config import ConnectorConfig
+from gcache.sdk.vllm.layout import GroupLayout
+from gcache.sdk.vllm.matching import (
+    GroupKind,
+    GroupPlan,
+    blocks_to_load,
+    longest_hit,
+    plan_lookup,
+    window_blocks,
+)
+from gcache.status import Status
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+log = logging.getLogger("gcache.vllm")
+
+# (group id, vLLM block id, vLLM block hash)
+Item = tuple[int, int, bytes]
+
+
+@dataclass
+class GCacheConnectorMetadata(KVConnectorMetadata):
+    """Scheduler -> workers, once per step: the loads and saves to start."""
+
+    loads: dict[str, list[Item]] = field(default_factory=dict)
+    saves: dict[str, list[Item]] = field(default_factory=dict)
+
+
+@dataclass
+class GCacheConnectorStats(KVConnectorStats):
+    """Counters since the last interval (vLLM's connector stats hooks)."""
+
+    def _add(self, name: str, n: int) -> None:
+        self.data[name] = self.data.get(name, 0) + n
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for k, v in other.data.items():
+            self._add(k, v)
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return dict(self.data)
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+
+def group_plans(kv_cache_config: "KVCacheConfig", hash_block_size: int) -> list[GroupPlan]:
+    """How the connector stores each KV-cache group (``matching.GroupPlan``)."""
+    plans = []
+    for gid, g in enumerate(kv_cache_config.kv_cache_groups):
+        spec = g.kv_cache_spec
+        bs = spec.block_size
+        ratio = max(1, bs // hash_block_size)
+        if isinstance(spec, SlidingWindowSpec):
+            plans.append(GroupPlan(gid, GroupKind.WINDOW, bs,
+                                   window_blocks(spec.sliding_window, bs), ratio, False))
+        elif isinstance(spec, FullAttentionSpec) and bs % hash_block_size == 0:
+            plans.append(GroupPlan(gid, GroupKind.FULL, bs, 0, ratio,
+                                   isinstance(spec, MLAAttentionSpec)))
+        else:
+            plans.append(GroupPlan(gid, GroupKind.OTHER, bs, 0, ratio, False))
+    return plans
+
+
+def fingerprint(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig",
+                hash_block_size: int) -> str:
+    """What must match for two engines' blocks to be interchangeable, as text."""
+    mc, cc, pc = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
+    parts = [f"model={mc.model}", f"revision={getattr(mc, 'revision', None)}",
+             f"dtype={mc.dtype}", f"cache_dtype={cc.cache_dtype}",
+             f"tp={pc.tensor_parallel_size}", f"pp={pc.pipeline_parallel_size}",
+             f"hash={cc.prefix_caching_hash_algo}/{hash_block_size}/{_none_hash_seed()}",
+             f"layout={_layout(cc)}"]
+    for gid, g in enumerate(kv_cache_config.kv_cache_groups):
+        s = g.kv_cache_spec
+        parts.append(f"g{gid}={type(s).__name__}/{s.block_size}/{s.page_size_bytes}/"
+                     f"{len(g.layer_names)}/{getattr(s, 'sliding_window', None)}")
+    return ";".join(parts)
+
+
+def _none_hash_seed() -> str:
+    try:
+        from vllm.v1.core.kv_cache_utils import get_none_hash_seed
+        return hashlib.sha256(str(get_none_hash_seed()).encode()).hexdigest()[:16]
+    except Exception:  # noqa: BLE001 - older vLLM: the default seed
+        return "default"
+
+
+def _layout(cache_config: Any) -> str:
+    try:
+        return str(cache_config.get_resolved_kv_cache_layout())
+    except Exception:  # noqa: BLE001 - not resolvable before the backend is chosen
+        import os
+        return os.environ.get("VLLM_KV_CACHE_LAYOUT", "default")
+
+
+def _tp_rank(cfg: ConnectorConfig) -> int:
+    if cfg.tp_rank is not None:
+        return cfg.tp_rank
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+        return int(get_tensor_model_parallel_rank())
+    except Exception:  # noqa: BLE001 - no distributed state (one process): rank 0
+        return 0
+
+
+class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
+    """gcache behind vLLM: see the module docstring for the contract."""
+
+    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
+                 kv_cache_config: "KVCacheConfig") -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config or {}
+        self.cfg = ConnectorConfig.from_extra(extra)
+        from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+
+        _, self.hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
+        self.plans = group_plans(kv_cache_config, self.hash_block_size)
+        self.enabled = all(p.kind is not GroupKind.OTHER for p in self.plans)
+        if not self.enabled:
+            log.warning("gcache connector: KV-cache groups %s are neither full nor sliding-"
+                        "window attention; the connector stores nothing for this model",
+                        [type(g.kv_cache_spec).__name__
+                         for g in kv_cache_config.kv_cache_groups])
+        self.multi_group = len(self.plans) > 1
+        fp = fingerprint(vllm_config, kv_cache_config, self.hash_block_size)
+        ns = self.cfg.namespace or "vllm-" + hashlib.sha256(fp.encode()).hexdigest()[:24]
+        log.info("gcache connector (%s): namespace %s for %s", role.name, ns, fp)
+        self.client = Client(self.cfg.servers or None, masters=self.cfg.masters or None,
+                             namespace=ns, timeout_ms=self.cfg.timeout_ms,
+                             credential=self.cfg.credential, token=self.cfg.token,
+                             transport=self.cfg.transport, config_file=self.cfg.config_file)
+        self.rank = _tp_rank(self.cfg)
+        self._lock = threading.Lock()
+        self._stats = GCacheConnectorStats()
+        # scheduler side
+        self._hits: dict[str, tuple[int, int]] = {}  # req -> (local tokens, hit end)
+        self._loaded: dict[str, int] = {}  # req -> tokens loaded from gcache
+        self._loads: dict[str, list[Item]] = {}
+        self._saves: dict[str, list[Item]] = {}
+        self._saving: set[str] = set()
+        # worker side
+        self._layouts: dict[int, GroupLayout] = {}
+        self._done_loads: dict[str, set[int]] = {}  # req -> failed block ids
+        self._done_saves: set[str] = set()
+        self._load_errors: set[int] = set()
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a cache: a dropped save is a later miss
+
+    # ------------------------------------------------------------------ keys
+    def _key(self, gid: int, block_hash: bytes, rank: int) -> bytes:
+        return b"%d/%d/" % (gid, rank) + bytes(block_hash)
+
+    def _rank_for(self, p: GroupPlan) -> int:
+        return 0 if p.replicated else self.rank
+
+    # ------------------------------------------------------------------ scheduler side
+    def get_num_new_matched_tokens(self, request: "Request",
+                                   num_computed_tokens: int) -> tuple[int | None, bool]:
+        self._hits.pop(request.request_id, None)
+        if not self.enabled or getattr(request, "skip_reading_prefix_cache", False):
+            return 0, False
+        try:
+            n = self._lookup(request, num_computed_tokens)
+        except Exception:  # noqa: BLE001 - never into the engine: a miss
+            log.exception("gcache connector: lookup failed; counted as a miss")
+            return 0, False
+        if n <= 0:
+            return 0, False
+        self._hits[request.request_id] = (num_computed_tokens, num_computed_tokens + n)
+        return n, True
+
+    def _lookup(self, request: "Request", num_computed_tokens: int) -> int:
+        hashes = request.block_hashes
+        lk = plan_lookup(self.plans, len(hashes), self.hash_block_size, num_computed_tokens,
+                         request.num_tokens)
+        if lk is None:
+            return 0
+        keys = [self._key(p.gid, hashes[(j + 1) * p.ratio - 1], 0)
+                for p, blocks in zip(self.plans, lk.blocks) for j in blocks]
+        found = self.client.exists_batch(keys, timeout_ms=self.cfg.lookup_timeout_ms)
+        present, at = [], 0
+        for blocks in lk.blocks:
+            present.append(found[at:at + len(blocks)])
+            at += len(blocks)
+        n = longest_hit(self.plans, lk, present)
+        self._stats._add("lookups", 1)
+        self._stats._add("lookup_hit_tokens", n)
+        return n
+
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
+                                 num_external_tokens: int) -> None:
+        hit = self._hits.pop(request.request_id, None)
+        if num_external_tokens <= 0 or hit is None:
+            return
+        start = hit[0]
+        end = start + num_external_tokens
+        per_group = blocks.blocks
+        hashes = request.block_hashes
+        items: list[Item] = []
+        for p in self.plans:
+            group = per_group[p.gid]
+            for j in blocks_to_load(p, start, end):
+                if j < len(group) and not group[j].is_null:
+                    items.append((p.gid, group[j].block_id, bytes(hashes[(j + 1) * p.ratio - 1])))
+        self._loads[request.request_id] = items
+        self._loaded[request.request_id] = end
+
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+        meta = GCacheConnectorMetadata(loads=self._loads, saves=self._saves)
+        self._loads, self._saves = {}, {}
+        return meta
+
+    def request_finished(self, request: "Request",
+                         block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        return self.request_finished_all_groups(request, (block_ids,))
+
+    def request_finished_all_groups(self, request: "Request", block_ids: tuple[list[int], ...]
+                                    ) -> tuple[bool, dict[str, Any] | None]:
+        self._hits.pop(request.request_id, None)
+        loaded = self._loaded.pop(request.request_id, 0)
+        if not self.enabled or not self.cfg.save:
+            return False, None
+        try:
+            items = self._save_plan(request, block_ids, loaded)
+        except Exception:  # noqa: BLE001 - never into the engine: nothing saved
+            log.exception("gcache connector: could not plan a save; nothing saved")
+            return False, None
+        if not items:
+            return False, None
+        self._saves[request.request_id] = items
+        self._saving.add(request.request_id)
+        return True, None
+
+    def _save_plan(self, request: "Request", block_ids: tuple[list[int], ...],
+                   loaded: int) -> list[Item]:
+        hashes = request.block_hashes
+        computed = request.num_computed_tokens  # the last sampled token has no KV yet
+        null = self._null_block_id()
+        items: list[Item] = []
+        for p in self.plans:
+            ids = block_ids[p.gid]
+            n = min(len(ids), computed // p.block_size, len(hashes) // p.ratio)
+            skip = loaded // p.block_size if p.kind is GroupKind.FULL else 0
+            for j in range(skip, n):
+                if ids[j] != null:
+                    items.append((p.gid, ids[j], bytes(hashes[(j + 1) * p.ratio - 1])))
+        return items
+
+    def _null_block_id(self) -> int:
+        mgr = self._kv_cache_manager
+        return mgr.block_pool.null_block.block_id if mgr is not None else 0
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        for req_id in connector_output.finished_sending or ():
+            self._saving.discard(req_id)
+
+    def has_pending_push_work(self) -> bool:
+        return bool(self._saving)  # keep stepping until held blocks are saved
+
+    # ------------------------------------------------------------------ worker side
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        num_blocks = self._kv_cache_config.num_blocks
+        for p in self.plans:
+            names = self._kv_cache_config.kv_cache_groups[p.gid].layer_names
+            tensors = [kv_caches[n] for n in names if n in kv_caches]
+            if tensors:
+                self._layouts[p.gid] = GroupLayout(tensors, num_blocks)
+        log.info("gcache connector: %d groups registered, in place: %s", len(self._layouts),
+                 {g: lay.direct for g, lay in self._layouts.items()})
+
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+        meta = self._connector_metadata
+        if not isinstance(meta, GCacheConnectorMetadata):
+            return
+        for req_id, items in meta.loads.items():
+            self._start_load(req_id, items)
+
+    def _start_load(self, req_id: str, items: list[Item]) -> None:
+        try:
+            keys, bufs, staged = [], [], []
+            for gid, bid, h in items:
+                lay = self._layouts[gid]
+                keys.append(self._key(gid, h, self._rank_for(self.plans[gid])))
+                if lay.direct:
+                    bufs.append(lay.view(bid))
+                else:
+                    buf = torch.empty(lay.block_bytes, dtype=torch.uint8)
+                    bufs.append(buf)
+                    staged.append((len(bufs) - 1, lay, bid))
+        except Exception:  # noqa: BLE001 - a load we cannot start: every block failed
+            log.exception("gcache connector: could not start a load; its blocks are errors")
+            self._finish_load(req_id, items, [Status.BAD_REQUEST] * len(items), [], [])
+            return
+
+        def done(statuses: list) -> None:
+            self._finish_load(req_id, items, statuses, staged, bufs)
+
+        self.client.get_batch_into_async(keys, bufs, timeout_ms=self.cfg.load_timeout_ms,
+                                         callback=done)
+
+    def _finish_load(self, req_id: str, items: list[Item], statuses: list,
+                     staged: list, bufs: list) -> None:
+        """On a dispatch thread (or the caller's, on a failed start)."""
+        ok = {i for i, st in enumerate(statuses) if st == Status.OK}
+        for i, lay, bid in staged:
+            if i in ok:
+                lay.scatter(bid, bufs[i])
+        failed = {items[i][1] for i in range(len(items)) if i not in ok}
+        with self._lock:
+            self._done_loads[req_id] = failed
+            self._stats._add("load_blocks", len(ok))
+            self._stats._add("load_failed_blocks", len(failed))
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads are whole-block and asynchronous, between steps
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
+                      attn_metadata: "AttentionMetadata", **kwargs: Any) -> None:
+        return  # saves are of finished requests' blocks, in wait_for_save
+
+    def wait_for_save(self) -> None:
+        meta = self._connector_metadata
+        if not isinstance(meta, GCacheConnectorMetadata):
+            return
+        for req_id, items in meta.saves.items():
+            self._start_save(req_id, items)
+
+    def _start_save(self, req_id: str, items: list[Item]) -> None:
+        try:
+            keys, bufs = [], []
+            for gid, bid, h in items:
+                p = self.plans[gid]
+                if p.replicated and self.rank != 0:
+                    continue  # MLA: rank 0 writes what every rank holds
+                lay = self._layouts[gid]
+                keys.append(self._key(gid, h, self._rank_for(p)))
+                if lay.direct:
+                    bufs.append(lay.view(bid))
+                else:
+                    buf = torch.empty(lay.block_bytes, dtype=torch.uint8)
+                    lay.gather(bid, buf)
+                    bufs.append(buf)
+        except Exception:  # noqa: BLE001 - a save we cannot start: nothing saved
+            log.exception("gcache connector: could not start a save; nothing saved")
+            keys = []
+        if not keys:
+            self._finish_save(req_id, [])
+            return
+        self.client.put_batch_from_async(keys, bufs, timeout_ms=self.cfg.save_timeout_ms,
+                                         if_absent=True,
+                                         callback=lambda sts: self._finish_save(req_id, sts))
+
+    def _finish_save(self, req_id: str, statuses: list) -> None:
+        with self._lock:
+            self._done_saves.add(req_id)
+            ok = sum(1 for st in statuses if st == Status.OK)
+            self._stats._add("save_blocks", ok)
+            self._stats._add("save_failed_blocks", len(statuses) - ok)
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        with self._lock:
+            loads, self._done_loads = self._done_loads, {}
+            saves, self._done_saves = self._done_saves, set()
+        out = KVConnectorTransferResults(finished_sending=saves,
+                                         finished_recving=set(loads))
+        for req_id, failed in loads.items():
+            if not failed:
+                continue
+            if self.multi_group:
+                out.failed_recving.add(req_id)  # block ids are per group: by request
+            else:
+                self._load_errors |= failed
+        return out
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        r = self.get_transfer_results(finished_req_ids)
+        return r.finished_sending or None, r.finished_recving or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        with self._lock:
+            if self._stats.is_empty():
+                return None
+            stats, self._stats = self._stats, GCacheConnectorStats()
+        return stats
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None
+                                 ) -> KVConnectorStats | None:
+        return GCacheConnectorStats(data=dict(data or {}))
+
+    def shutdown(self) -> None:
+        self.client.close()
