@@ -73,7 +73,8 @@ def hybrid_config(num_blocks: int, window: int = 2 * BLOCK) -> KVCacheConfig:
                                           KVCacheGroupSpec(["s0", "s1"], swa)])
 
 
-def vllm_config(model_dir: str, extra: dict, max_len: int = 40960) -> VllmConfig:
+def vllm_config(model_dir: str, extra: dict, max_len: int = 40960,
+                failure_policy: str = "recompute") -> VllmConfig:
     mc = ModelConfig(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True,
                      dtype="float16", max_model_len=max_len, seed=0)
     sc = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=max_len, max_model_len=max_len,
@@ -81,7 +82,8 @@ def vllm_config(model_dir: str, extra: dict, max_len: int = 40960) -> VllmConfig
     cc = CacheConfig(block_size=BLOCK, cache_dtype="auto", enable_prefix_caching=True)
     kt = KVTransferConfig(kv_connector="GCacheConnectorV1",
                           kv_connector_module_path="gcache.sdk.vllm", kv_role="kv_both",
-                          kv_connector_extra_config=extra)
+                          kv_connector_extra_config=extra,
+                          kv_load_failure_policy=failure_policy)
     return VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc,
                       kv_transfer_config=kt, device_config=DeviceConfig("cpu"))
 
@@ -128,6 +130,7 @@ class Engine:
                             for n in g.layer_names}
         self.tokens: dict[str, list[int]] = {}
         self.finished: list[str] = []
+        self.finish_reasons: dict[str, str] = {}
         self.load_failures = 0
 
     def close(self) -> None:
@@ -175,6 +178,7 @@ class Engine:
             for o in eco.outputs:
                 if o.finish_reason is not None:
                     self.finished.append(o.request_id)
+                    self.finish_reasons[o.request_id] = str(o.finish_reason)
         return dict(so.num_scheduled_tokens)
 
     def run(self, timeout_s: float = 30.0) -> None:

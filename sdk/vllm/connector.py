@@ -225,6 +225,14 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
         self._loads: dict[str, list[Item]] = {}
         self._saves: dict[str, list[Item]] = {}
         self._saving: set[str] = set()
+        self._loading: dict[str, set[int]] = {}  # req -> block ids of its load plan
+        self._tainted: set[str] = set()  # reqs whose load failed: never saved
+        if self._kv_transfer_config.kv_load_failure_policy != "recompute":
+            log.warning("gcache connector: kv_load_failure_policy=%r makes a block that "
+                        "fails to load (a server lost mid-load) fail its request; set "
+                        "\"kv_load_failure_policy\": \"recompute\" in --kv-transfer-config to "
+                        "recompute it instead",
+                        self._kv_transfer_config.kv_load_failure_policy)
         # worker side
         self._layouts: dict[int, GroupLayout] = {}
         self._done_loads: dict[str, set[int]] = {}  # req -> failed block ids
@@ -292,6 +300,7 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
                 if j < len(group) and not group[j].is_null:
                     items.append((p.gid, group[j].block_id, bytes(hashes[(j + 1) * p.ratio - 1])))
         self._loads[request.request_id] = items
+        self._loading[request.request_id] = {bid for _, bid, _ in items}
         self._loaded[request.request_id] = end
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
@@ -307,6 +316,12 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
                                     ) -> tuple[bool, dict[str, Any] | None]:
         self._hits.pop(request.request_id, None)
         loaded = self._loaded.pop(request.request_id, 0)
+        self._loading.pop(request.request_id, None)
+        tainted = request.request_id in self._tainted
+        self._tainted.discard(request.request_id)
+        if tainted or request.status.name == "FINISHED_ERROR":
+            # a failed load left blocks past the valid prefix unwritten: save nothing
+            return False, None
         if not self.enabled or not self.cfg.save:
             return False, None
         try:
@@ -342,6 +357,10 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
     def update_connector_output(self, connector_output: Any) -> None:
         for req_id in connector_output.finished_sending or ():
             self._saving.discard(req_id)
+        self._tainted |= set(connector_output.failed_recving or ())
+        invalid = connector_output.invalid_block_ids or set()
+        if invalid:
+            self._tainted |= {r for r, ids in self._loading.items() if ids & invalid}
 
     def has_pending_push_work(self) -> bool:
         return bool(self._saving)  # keep stepping until held blocks are saved
