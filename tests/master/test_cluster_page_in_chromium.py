@@ -197,14 +197,16 @@ def test_page_in_chromium_lists_members_and_numbers_move_under_load(cluster, tmp
                 return s if grown and all(len(v) > 2 for v in ops_seen.values()) else None
 
             last = wait_for(moved, 20, step=0.25)
+            if SCREENSHOT:  # a longer load for the picture in the docs
+                time.sleep(40)
             drained = names[-1]  # a state change shows at the next poll
             MasterClient(master, TOKEN, timeout_s=3.0).admin("drain", drained)
             st = wait_for(lambda: (s := state())["rows"] and "draining" in next(
                 r for r in s["rows"] if r["id"] == drained)["state"]["text"] and s, 10)
             assert "2 up, 1 draining" in st["summary"], st
-            if SCREENSHOT:  # a longer load for the picture in the docs
-                time.sleep(40)
-                driver.set_window_size(1200, 600)
+            if SCREENSHOT:
+                time.sleep(5)
+                driver.set_window_size(1200, 700)
             shot = SCREENSHOT or str(tmp_path / "cluster-page.png")
             assert driver.save_screenshot(shot)
             assert load.rounds > 0
