@@ -7,8 +7,9 @@
  *  - one table row per member: state (join ramp, heartbeat age), memory and disk used of
  *    capacity, objects, and what it served lately from its last heartbeat
  *    (server/recent.py): GET hit ratio, ops/s, bytes/s (GET + PUT) and frame p99;
- *  - per server, small SVG line charts of hit rate, bytes/s (GB/s at scale) and p99 over the polls of the
- *    last WINDOW_S seconds. The history lives here, in the tab: the API serves none.
+ *  - per server, small SVG line charts of hit rate, bytes/s (GB/s at scale) and p99
+ *    over the polls of the last WINDOW_S seconds (the x axis spans what was seen, at
+ *    least a minute). The history lives here, in the tab: the API serves none.
  *
  * The credential comes from the fragment (#token=..., then cleared from the address
  * bar; a fragment is never sent to a server) or from the form, stays in this tab's
@@ -44,7 +45,8 @@
   }
   const size = (n) => scaled(n, 1024, ["B", "KiB", "MiB", "GiB", "TiB"]);
   const bytesRate = (x) => scaled(x, 1000, ["B/s", "kB/s", "MB/s", "GB/s", "TB/s"]);
-  const count = (x) => (x >= 1e4 ? scaled(x, 1000, ["", "k", "M", "G"]).replace(" ", "") : x.toFixed(x < 10 ? 1 : 0));
+  const count = (x) => (x >= 1e4 ? scaled(x, 1000, ["", "k", "M", "G"]).replace(" ", "")
+                                 : x.toFixed(x > 0 && x < 10 ? 1 : 0));
   const pct = (x) => `${(100 * x).toFixed(1)}%`;
   const ms = (x) => (x < 1 ? `${(1000 * x).toFixed(0)} µs` : `${x.toPrecision(3)} ms`);
   const orDash = (fmt) => (x) => (x === null || x === undefined ? "-" : fmt(x));

@@ -106,7 +106,6 @@ def _browser():
                         "chromium-driver")
         pytest.skip("no chromium / chromedriver (apt-get install chromium chromium-driver; "
                     "GCACHE_REQUIRE_BROWSER=1 makes this a failure)")
-    os.environ.setdefault("SE_OFFLINE", "true")  # never let Selenium Manager download
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -116,7 +115,25 @@ def _browser():
                 "--window-size=1200,860", "--hide-scrollbars", "--no-first-run"):
         opts.add_argument(arg)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # the driver's path given: Selenium Manager (which would download one) is not run
     return webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER))
+
+
+def _quit(driver) -> None:
+    """Quit the browser, and check that chromedriver and every chromium process it
+    started are gone (killing any that are not, then failing)."""
+    import psutil
+
+    try:
+        procs = [psutil.Process(driver.service.process.pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.NoSuchProcess:
+        procs = []
+    driver.quit()
+    _, alive = psutil.wait_procs(procs, timeout=5)
+    for p in alive:
+        p.kill()
+    assert not alive, f"browser processes left after quit: {alive}"
 
 
 class _Load:
@@ -222,4 +239,4 @@ def test_page_in_chromium_lists_members_and_numbers_move_under_load(cluster, tmp
                     if e["level"] == "SEVERE" and "/status" not in e["message"]]
         assert not problems, problems  # no CSP violation, no script error
     finally:
-        driver.quit()
+        _quit(driver)
