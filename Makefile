@@ -25,7 +25,15 @@ $(STAMP): pyproject.toml constraints.txt setup.py native/gcache_native.c Makefil
 	$(PIP) --no-deps vllm
 	touch $(STAMP)
 
+## make venv: the venv, and Debian's chromium + chromium-driver for the cluster page's
+## browser test (tests/master/test_cluster_page_in_chromium.py). Idempotent: apt runs only
+## when one is missing, and only as root (CI); otherwise one line says what to install.
 venv: $(STAMP)
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  apt-get install -y -q chromium chromium-driver || \
+	  { apt-get update -q && apt-get install -y -q chromium chromium-driver; }; \
+	else echo "chromium or chromedriver missing: as root, apt-get install chromium chromium-driver (the browser test fails under make test without them)"; fi
 
 ## make run: start a local 3-server cluster and drive a multi-turn KV-page workload through it.
 run: $(STAMP)
@@ -46,8 +54,9 @@ NATIVE_OFF_TESTS = tests/core/test_native_loader.py tests/sdk/test_checksum_flip
 # tests (read oracles through joins, drains and kills) run after, alone: their promise is
 # "no miss", and a neighbour's CPU burst is not what they test. TEST_WORKERS=0: serial.
 TEST_WORKERS ?= 2
-test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m 'not serial' --durations=25
+# GCACHE_REQUIRE_BROWSER: the browser test fails, not skips, without chromium.
+test: venv
+	GCACHE_REQUIRE_BROWSER=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m 'not serial' --durations=25
 	$(BIN)/python -m pytest -q -m serial --durations=10
 	GCACHE_NATIVE=0 $(BIN)/python -m pytest -q $(NATIVE_OFF_TESTS)
 

@@ -38,7 +38,10 @@ full document (leader, epoch). Without a credential, ``/healthz`` (liveness:
 ``{"status": "ok"}``) and ``/readyz`` (200 once a Raft leader is known, else 503 and
 why) answer anyone, revealing no member, address or epoch: they are what Kubernetes
 probes. A follower forwards the caller's own Authorization header, so the leader decides
-with the same credential.
+with the same credential. ``GET /ui`` (and its ``/ui/app.js``, ``/ui/style.css``) is the
+live cluster page (``master/cluster_page.py``): static files from a fixed table, served
+to anyone because they hold no cluster data; the page itself polls ``/status`` with the
+credential its user gives it.
 
 Limits (everything before auth is bounded, in time and in count):
 
@@ -72,6 +75,7 @@ from gcache.clock import SYSTEM, Clock
 from gcache.credentials import Credential, CredentialStore
 from gcache.discovery import http_json
 from gcache.logs import RateLimitedLog
+from gcache.master.cluster_page import PAGE_HEADERS, ClusterPage
 from gcache.master.detector import FailureDetector
 from gcache.master.joiner import DEFAULT_JOIN_RAMP_S, DEFAULT_JOIN_TIMEOUT_S, JoinDriver
 from gcache.master.metrics import MasterMetrics
@@ -130,6 +134,7 @@ class MasterService:
             node, heartbeat_timeout_ms / 1000.0, clock,
             on_down=self.down_events.member_gone if self.down_events is not None else None)
         self.metrics = MasterMetrics(node)  # GET /metrics (master/metrics.py)
+        self.page = ClusterPage()  # GET /ui: the live cluster page (master/cluster_page.py)
         self.joiner = JoinDriver(node, self.detector, join_ramp_s, join_timeout_s, clock)
         self.request_deadline = request_deadline_ms / 1000.0
         self.raft_to_api = raft_to_api
@@ -193,6 +198,9 @@ class MasterService:
             if method == "GET" and probe == "/metrics":  # counts only: no credential
                 return self._send_raw(h, 200, self.metrics.render(),
                                       "text/plain; version=0.0.4; charset=utf-8")
+            page = self.page.get(probe) if method == "GET" else None
+            if page is not None:  # static files, no cluster data: no credential
+                return self._send_raw(h, 200, page.body, page.content_type, PAGE_HEADERS)
             if cred is None:
                 return self._send(h, 401, {"error": "wrong or missing credential: send "
                                                     "'Authorization: Bearer id:secret' (a "
@@ -256,10 +264,13 @@ class MasterService:
         cls._send_raw(h, code, json.dumps(doc).encode(), "application/json")
 
     @staticmethod
-    def _send_raw(h: Any, code: int, data: bytes, ctype: str) -> None:
+    def _send_raw(h: Any, code: int, data: bytes, ctype: str,
+                  headers: tuple[tuple[str, str], ...] = ()) -> None:
         h.reader.disarm()  # the send gets its own timeout, whatever was left of the deadline
         h.send_response(code)
         h.send_header("Content-Type", ctype)
+        for name, value in headers:
+            h.send_header(name, value)
         h.send_header("Content-Length", str(len(data)))
         if code >= 400:
             h.send_header("Connection", "close")  # send_header sets close_connection too

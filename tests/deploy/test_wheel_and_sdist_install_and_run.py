@@ -1,6 +1,6 @@
 """``python -m build`` makes a wheel and an sdist of this tree that each install into a
 fresh venv and run ``gcache up --workload sessions`` there: the package data (py.typed,
-the SGLang plugin), the C extension (built from the sdist by its own setup.py) and the
+the SGLang plugin, the master's cluster page), the C extension (built from the sdist by its own setup.py) and the
 console scripts all make it into an install, not only into the dev tree.
 
 The fresh venvs get the runtime dependencies from this venv's site-packages through a
@@ -58,13 +58,17 @@ def test_wheel_and_sdist_install_and_run_the_sessions_workload(tmp_path: Path) -
         probe = subprocess.run(
             [str(python), "-c", "import gcache, gcache.native as n, gcache.sdk.sglang, "
              "importlib.resources as r; print(gcache.__file__); print(n.ACTIVE); "
-             "print(r.files('gcache').joinpath('py.typed').is_file())"],
+             "print(r.files('gcache').joinpath('py.typed').is_file()); "
+             "from gcache.master.cluster_page import ClusterPage; "
+             "print(all(ClusterPage().get(p).body for p in ('/ui', '/ui/app.js', "
+             "'/ui/style.css')))"],
             capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
         assert probe.returncode == 0, probe.stderr
-        where, native, typed = probe.stdout.split()
+        where, native, typed, page = probe.stdout.split()
         assert str(ROOT) not in where and "site-packages" in where, where
         assert native == "native", f"{artifact.name}: the C extension is not in the install"
         assert typed == "True"
+        assert page == "True", f"{artifact.name}: the cluster page's files are not in it"
         up = subprocess.run(
             [str(python.parent / "gcache"), "up", "--servers", "1", "--masters", "0",
              "--memory", "64MiB", "--slab-bytes", "1MiB", "--workload", "sessions",
