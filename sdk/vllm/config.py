@@ -30,6 +30,8 @@ class ConnectorConfig:
     load_timeout_ms: int = 5000  # a request's load: past it, its blocks are load errors
     save_timeout_ms: int = 10000  # a finished request's save: past it, not saved
     save: bool = True  # False: read-only (another engine writes)
+    staging_keep_bytes: int = 1 << 30  # host staging kept for reuse (layouts not in place)
+    kv_layout: str | None = None  # ask vLLM for this KV layout, e.g. "BLHNC" (in place)
     tp_rank: int | None = None  # tests only: the TP rank when vLLM's is not set up
 
     @classmethod
@@ -63,7 +65,7 @@ def _value(key: str, v: Any, default: Any) -> Any:
         if str(v).lower() in ("true", "1", "yes", "false", "0", "no"):
             return str(v).lower() in ("true", "1", "yes")
         raise ConfigError(f"kv_connector_extra_config: save must be true or false, not {v!r}")
-    if key.endswith("_ms") or key == "tp_rank":
+    if key.endswith("_ms") or key.endswith("_bytes") or key == "tp_rank":
         try:
             return int(v)
         except (TypeError, ValueError):

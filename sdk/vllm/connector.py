@@ -190,6 +190,33 @@ def _tp_rank(cfg: ConnectorConfig) -> int:
         return 0
 
 
+class StagingPool:
+    """Host staging buffers, kept for reuse: a fresh buffer of a long prefix costs a page
+    fault per 4 KiB on first touch, more than the copy itself. Buffers are reused by
+    exact size (one size per group and transfer length: prompts of one model repeat
+    them), and at most ``keep_bytes`` stay allocated. Thread-safe."""
+
+    def __init__(self, keep_bytes: int) -> None:
+        self.keep_bytes = keep_bytes
+        self._free: dict[int, list[bytearray]] = {}
+        self._kept = 0
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> bytearray:
+        with self._lock:
+            free = self._free.get(nbytes)
+            if free:
+                self._kept -= nbytes
+                return free.pop()
+        return bytearray(nbytes)
+
+    def give(self, buf: bytearray) -> None:
+        with self._lock:
+            if self._kept + len(buf) <= self.keep_bytes:
+                self._free.setdefault(len(buf), []).append(buf)
+                self._kept += len(buf)
+
+
 class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
     """gcache behind vLLM: see the module docstring for the contract."""
 
@@ -235,6 +262,7 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
                         self._kv_transfer_config.kv_load_failure_policy)
         # worker side
         self._layouts: dict[int, GroupLayout] = {}
+        self._staging = StagingPool(self.cfg.staging_keep_bytes)
         self._done_loads: dict[str, set[int]] = {}  # req -> failed block ids
         self._done_saves: set[str] = set()
         self._load_errors: set[int] = set()
@@ -242,6 +270,14 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
     @property
     def requires_kv_delivery(self) -> bool:
         return False  # a cache: a dropped save is a later miss
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: "VllmConfig") -> str | None:
+        """``kv_layout`` from the extra config (e.g. ``BLHNC``: every layer's page of a
+        block in one run, which the connector reads and writes in place), else none."""
+        kt = vllm_config.kv_transfer_config
+        extra = (kt.kv_connector_extra_config or {}) if kt is not None else {}
+        return extra.get("kv_layout") or None
 
     # ------------------------------------------------------------------ keys
     def _key(self, gid: int, block_hash: bytes, rank: int) -> bytes:
@@ -385,38 +421,84 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
 
     def _start_load(self, req_id: str, items: list[Item]) -> None:
         try:
-            keys, bufs, staged = [], [], []
-            for gid, bid, h in items:
-                lay = self._layouts[gid]
-                keys.append(self._key(gid, h, self._rank_for(self.plans[gid])))
-                if lay.direct:
-                    bufs.append(lay.view(bid))
-                else:
-                    buf = torch.empty(lay.block_bytes, dtype=torch.uint8)
-                    bufs.append(buf)
-                    staged.append((len(bufs) - 1, lay, bid))
+            keys, bufs, staged = self._buffers(items, load=True)
         except Exception:  # noqa: BLE001 - a load we cannot start: every block failed
             log.exception("gcache connector: could not start a load; its blocks are errors")
-            self._finish_load(req_id, items, [Status.BAD_REQUEST] * len(items), [], [])
+            self._finish_load(req_id, items, [Status.BAD_REQUEST] * len(items), {})
             return
+        # a staged block is scattered into the KV tensors as soon as its key lands (on
+        # the dispatch thread that finished it), overlapping the copy with the transfer
+        where: dict[int, tuple[int, int, int]] = {}  # key index -> (gid, slice, block)
+        at: dict[int, int] = {}
+        for i, (gid, bid, _) in enumerate(items):
+            if gid in staged:
+                k = at.get(gid, 0)
+                at[gid] = k + 1
+                where[i] = (gid, k, bid)
+        placed: set[int] = set()
+
+        def landed(i: int, _key: bytes, st: Any) -> None:
+            w = where.get(i)
+            if w is None or st != Status.OK:
+                return
+            gid, k, bid = w
+            try:
+                self._layouts[gid].move([(k, bid)], staged[gid][0], to_kv=True)
+                placed.add(i)
+            except Exception:  # noqa: BLE001 - this block is a load error (below)
+                log.exception("gcache connector: could not place a loaded block")
 
         def done(statuses: list) -> None:
-            self._finish_load(req_id, items, statuses, staged, bufs)
+            statuses = [st if (i not in where or i in placed) else Status.BAD_REQUEST
+                        for i, st in enumerate(statuses)]
+            self._finish_load(req_id, items, statuses, staged)
 
         self.client.get_batch_into_async(keys, bufs, timeout_ms=self.cfg.load_timeout_ms,
-                                         callback=done)
+                                         callback=done, on_key=landed if where else None)
+
+    def _buffers(self, items: list[Item], load: bool) -> tuple[list, list, dict]:
+        """Keys and SDK buffers of a transfer: a block in place where its layout allows,
+        else a slice of its group's staging buffer (``staged``: gid -> (staging, [(slice
+        index, block id)])); a save gathers the staged blocks first."""
+        counts: dict[int, int] = {}
+        for gid, _, _ in items:
+            if not self._layouts[gid].direct:
+                counts[gid] = counts.get(gid, 0) + 1
+        staged: dict[int, tuple[memoryview, list[tuple[int, int]]]] = {
+            gid: (memoryview(self._staging.take(n * self._layouts[gid].block_bytes)), [])
+            for gid, n in counts.items()}
+        keys: list[bytes] = []
+        bufs: list = []
+        for gid, bid, h in items:
+            lay = self._layouts[gid]
+            keys.append(self._key(gid, h, self._rank_for(self.plans[gid])))
+            if lay.direct:
+                bufs.append(lay.view(bid))
+                continue
+            staging, pairs = staged[gid]
+            at = len(pairs) * lay.block_bytes
+            bufs.append(staging[at:at + lay.block_bytes])
+            pairs.append((len(pairs), bid))
+        if not load:
+            for gid, (staging, pairs) in staged.items():
+                self._layouts[gid].move(pairs, staging, to_kv=False)
+        return keys, bufs, staged
+
+    def _release(self, staged: dict[int, tuple[memoryview, list[tuple[int, int]]]]) -> None:
+        for staging, _ in staged.values():
+            buf = staging.obj
+            staging.release()
+            self._staging.give(buf)
 
     def _finish_load(self, req_id: str, items: list[Item], statuses: list,
-                     staged: list, bufs: list) -> None:
-        """On a dispatch thread (or the caller's, on a failed start)."""
-        ok = {i for i, st in enumerate(statuses) if st == Status.OK}
-        for i, lay, bid in staged:
-            if i in ok:
-                lay.scatter(bid, bufs[i])
-        failed = {items[i][1] for i in range(len(items)) if i not in ok}
+                     staged: dict[int, tuple[memoryview, list[tuple[int, int]]]]) -> None:
+        """On a dispatch thread (or the caller's, on a failed start): every block not OK
+        (or not placed) is a load error."""
+        failed = {items[i][1] for i, st in enumerate(statuses) if st != Status.OK}
+        self._release(staged)
         with self._lock:
             self._done_loads[req_id] = failed
-            self._stats._add("load_blocks", len(ok))
+            self._stats._add("load_blocks", len(items) - len(failed))
             self._stats._add("load_failed_blocks", len(failed))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -434,29 +516,25 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
             self._start_save(req_id, items)
 
     def _start_save(self, req_id: str, items: list[Item]) -> None:
+        mine = [it for it in items if not (self.plans[it[0]].replicated and self.rank != 0)]
+        keys: list = []  # MLA: rank 0 writes what every rank holds
+        staged: dict = {}
         try:
-            keys, bufs = [], []
-            for gid, bid, h in items:
-                p = self.plans[gid]
-                if p.replicated and self.rank != 0:
-                    continue  # MLA: rank 0 writes what every rank holds
-                lay = self._layouts[gid]
-                keys.append(self._key(gid, h, self._rank_for(p)))
-                if lay.direct:
-                    bufs.append(lay.view(bid))
-                else:
-                    buf = torch.empty(lay.block_bytes, dtype=torch.uint8)
-                    lay.gather(bid, buf)
-                    bufs.append(buf)
+            if mine:
+                keys, bufs, staged = self._buffers(mine, load=False)
         except Exception:  # noqa: BLE001 - a save we cannot start: nothing saved
             log.exception("gcache connector: could not start a save; nothing saved")
             keys = []
         if not keys:
             self._finish_save(req_id, [])
             return
+
+        def done(statuses: list) -> None:
+            self._release(staged)
+            self._finish_save(req_id, statuses)
+
         self.client.put_batch_from_async(keys, bufs, timeout_ms=self.cfg.save_timeout_ms,
-                                         if_absent=True,
-                                         callback=lambda sts: self._finish_save(req_id, sts))
+                                         if_absent=True, callback=done)
 
     def _finish_save(self, req_id: str, statuses: list) -> None:
         with self._lock:

@@ -11,13 +11,18 @@ layer of the group, in the group's layer order.
 ``num_blocks``), cuts one block of the layer into its contiguous byte runs, and merges
 runs that stay adjacent for every block (same storage, same block stride). When a block
 is one run (a block-outermost layout, or one layer per group with a block-major shape)
-the SDK reads and writes it in place (``direct``); otherwise each transfer gathers the
-runs into a host staging buffer, or scatters them from it (one extra copy).
+the SDK reads and writes it in place (``direct``); otherwise a transfer gathers the runs
+into one host staging buffer, or scatters them from it (one extra copy): on the CPU one
+``gcache.native.copy_spans`` call per storage moves every run of every block of the
+transfer with the GIL released; on a GPU, one torch copy per run.
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, NamedTuple, Sequence
+
+from gcache.native import copy_spans
 
 if TYPE_CHECKING:
     import torch
@@ -92,6 +97,37 @@ class GroupLayout:
             start = r.offset + block * r.stride
             self.storages[r.storage][start:start + r.length].copy_(src[pos:pos + r.length])
             pos += r.length
+
+
+    def move(self, pairs: Sequence[tuple[int, int]], staging: memoryview, to_kv: bool,
+             timeout_s: float = 60.0) -> None:
+        """Move whole blocks between the KV tensors and ``staging`` (flat bytes): for each
+        ``(i, block)``, staging bytes ``[i * block_bytes, (i + 1) * block_bytes)`` <->
+        the block's runs. ``to_kv``: staging -> KV (a load), else KV -> staging (a save)."""
+        if self.device.type != "cpu":
+            import torch
+
+            flat = torch.frombuffer(staging, dtype=torch.uint8)
+            for i, b in pairs:
+                part = flat[i * self.block_bytes:(i + 1) * self.block_bytes]
+                if to_kv:
+                    self.scatter(b, part.to(self.device))
+                else:
+                    out = torch.empty(self.block_bytes, dtype=torch.uint8, device=self.device)
+                    self.gather(b, out)
+                    part.copy_(out.cpu())
+            return
+        per: dict[int, list[tuple]] = {}
+        for i, b in pairs:
+            pos = i * self.block_bytes
+            for r in self.runs:
+                per.setdefault(r.storage, []).append(
+                    (staging[pos:pos + r.length], r.offset + b * r.stride, r.length, False))
+                pos += r.length
+        stop = time.monotonic() + timeout_s
+        for s, spans in per.items():
+            st = self.storages[s]
+            copy_spans(spans, st.data_ptr(), st.numel(), not to_kv, stop)
 
 
 def _block_dim(t: "torch.Tensor", num_blocks: int) -> int:

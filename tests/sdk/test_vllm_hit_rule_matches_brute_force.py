@@ -76,3 +76,9 @@ def test_config_names_unknown_keys_and_needs_an_address():
         ConnectorConfig.from_extra({"servers": "h:1", "load_timeout_ms": "soon"})
     c = ConnectorConfig.from_extra({"masters": ["a:1", "b:2"], "save": "false"})
     assert c.masters == "a:1,b:2" and c.save is False
+
+
+def test_config_takes_sizes_and_a_layout():
+    c = ConnectorConfig.from_extra({"servers": "h:1", "staging_keep_bytes": "1024",
+                                    "kv_layout": "BLHNC"})
+    assert c.staging_keep_bytes == 1024 and c.kv_layout == "BLHNC"
