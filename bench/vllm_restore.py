@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         vc = vllm_config(tiny_model_dir(tempfile.mkdtemp()),
                          {"servers": server.address, "transport": args.transport,
-                          "namespace": f"bench-{os.getpid()}", "load_timeout_ms": 60000,
+                          "namespace": f"bench{os.getpid()}", "load_timeout_ms": 60000,
                           "save_timeout_ms": 60000, "lookup_timeout_ms": 10000})
         spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=args.heads,
                                  head_size=args.head_size, dtype=torch.float16)
@@ -120,9 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             return took
 
         transfer({}, {"save": items}, "save")
-        client = Client([server.address], namespace=vc.kv_transfer_config
-                        .kv_connector_extra_config["namespace"], transport=args.transport,
-                        timeout_ms=60000)
+        client = Client([server.address], namespace=worker.client.namespace,
+                        transport=args.transport, timeout_ms=60000)
         bufs = ([lay.view(j + 1) for j in range(n_blocks)] if lay.direct else
                 [torch.empty(lay.block_bytes, dtype=torch.uint8) for _ in range(n_blocks)])
         restore, direct, lookup, exists = [], [], [], []

@@ -20,7 +20,7 @@ class ConnectorConfig:
 
     masters: str = ""  # gcache-master API addresses, "host:port,host:port"
     servers: str = ""  # or gcache-server addresses (no masters: a static ring)
-    namespace: str = ""  # '' = derived from the model and KV layout (see connector.py)
+    namespace: str = "vllm"  # prefix: the namespace is <namespace>/<model>-<fingerprint>
     credential: str | None = None  # "id:secret" (or env GCACHE_CREDENTIAL)
     token: str | None = None  # the legacy shared secret
     transport: str | None = None  # auto | tcp | shm | nixl (SDK default: auto)

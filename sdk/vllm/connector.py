@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -164,6 +165,14 @@ def fingerprint(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig",
     return ";".join(parts)
 
 
+def namespace_of(prefix: str, model: str, fp: str) -> str:
+    """``<prefix>/<model name>-<fingerprint digest>``: a credential granted ``<prefix>/*``
+    reaches every model's blocks; engines share blocks only when ``fp`` matches."""
+    name = os.path.basename(str(model).rstrip("/")) or "model"
+    name = "".join(c if c.isalnum() or c in "._-" else "-" for c in name)[:48]
+    return f"{prefix}/{name}-{hashlib.sha256(fp.encode()).hexdigest()[:16]}"
+
+
 def _none_hash_seed() -> str:
     try:
         from vllm.v1.core.kv_cache_utils import get_none_hash_seed
@@ -176,7 +185,6 @@ def _layout(cache_config: Any) -> str:
     try:
         return str(cache_config.get_resolved_kv_cache_layout())
     except Exception:  # noqa: BLE001 - not resolvable before the backend is chosen
-        import os
         return os.environ.get("VLLM_KV_CACHE_LAYOUT", "default")
 
 
@@ -237,7 +245,7 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
                          for g in kv_cache_config.kv_cache_groups])
         self.multi_group = len(self.plans) > 1
         fp = fingerprint(vllm_config, kv_cache_config, self.hash_block_size)
-        ns = self.cfg.namespace or "vllm-" + hashlib.sha256(fp.encode()).hexdigest()[:24]
+        ns = namespace_of(self.cfg.namespace or "vllm", vllm_config.model_config.model, fp)
         log.info("gcache connector (%s): namespace %s for %s", role.name, ns, fp)
         self.client = Client(self.cfg.servers or None, masters=self.cfg.masters or None,
                              namespace=ns, timeout_ms=self.cfg.timeout_ms,
