@@ -25,7 +25,8 @@ Scheduler side (vLLM's scheduler thread; may block only for the lookup's deadlin
     ``build_connector_meta``: hands the plans to the workers, once each.
 Worker side (vLLM's model-runner thread; never blocks on the store):
     ``register_kv_caches``: maps every group's blocks to byte runs of the KV tensors
-        (``layout.GroupLayout``); block-outermost layouts are read and written in place.
+        (``layout.GroupLayout``); block-outermost layouts are read and written in place;
+        with the nixl transport the tensors are registered for one-sided transfers.
     ``start_load_kv``: issues the loads (``get_batch_into_async``), completion on the
         SDK's dispatch threads. ``wait_for_save``: issues the saves
         (``put_batch_from_async(if_absent=True)``). ``wait_for_layer_load`` and
@@ -416,7 +417,16 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
             names = self._kv_cache_config.kv_cache_groups[p.gid].layer_names
             tensors = [kv_caches[n] for n in names if n in kv_caches]
             if tensors:
-                self._layouts[p.gid] = GroupLayout(tensors, num_blocks)
+                self._layouts[p.gid] = GroupLayout(tensors, num_blocks,
+                                                   device_buffers=self.cfg.transport == "nixl")
+        for lay in self._layouts.values():  # nixl: one-sided READ/WRITE into the KV memory
+            for storage in lay.storages:
+                try:
+                    self.client.register_buffer(storage)
+                except Exception:  # noqa: BLE001 - not registered: the bounce buffer path
+                    log.warning("gcache connector: could not register a KV tensor with "
+                                "nixl; transfers go through its bounce buffer",
+                                exc_info=True)
         log.info("gcache connector: %d groups registered, in place: %s", len(self._layouts),
                  {g: lay.direct for g, lay in self._layouts.items()})
 

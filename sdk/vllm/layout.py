@@ -50,7 +50,10 @@ def _runs_of(t: "torch.Tensor", storage: int, elsize: int) -> list[tuple[int, in
 class GroupLayout:
     """One group's block -> byte runs map, over the worker's registered tensors."""
 
-    def __init__(self, tensors: Sequence["torch.Tensor"], num_blocks: int) -> None:
+    def __init__(self, tensors: Sequence["torch.Tensor"], num_blocks: int,
+                 device_buffers: bool = False) -> None:
+        """``device_buffers``: the SDK's transport takes device (CUDA) memory (nixl), so
+        a one-run block on a GPU is read and written in place too."""
         if not tensors:
             raise ValueError("a KV-cache group with no layers")
         self.storages: list["torch.Tensor"] = []  # uint8 views of whole storages
@@ -74,7 +77,7 @@ class GroupLayout:
                     runs.append(Run(s, off, n, stride))
         self.runs = runs
         self.block_bytes = sum(r.length for r in runs)
-        self.direct = len(runs) == 1 and self.device.type == "cpu"
+        self.direct = len(runs) == 1 and (self.device.type == "cpu" or device_buffers)
 
     def view(self, block: int) -> "torch.Tensor":
         """The block's bytes in place (``direct`` layouts only)."""

@@ -97,3 +97,25 @@ def test_a_prefix_nobody_saved_is_a_miss_and_computed_locally(server, model_dir)
     e.run()
     assert e.finished == ["m1"] and e.load_failures == 0
     e.close()
+
+
+def test_tp_ranks_write_their_own_keys_and_mla_only_rank_0(server, model_dir):
+    """A TP rank's KV is its own (its heads): rank 1 writes rank-1 keys, which rank 0
+    never reads; MLA's KV is the same on every rank: rank 1 writes nothing."""
+    prompt = _prompt(7, 4 * B + 1)
+    for make, saved in ((H.full_config, 4), (H.mla_config, 0)):
+        extra = {"servers": server.address, "namespace": f"t-tp-{make.__name__}",
+                 "tp_rank": 1}
+        e = H.Engine(H.vllm_config(model_dir, extra), make(64))
+        e.add("r", prompt, max_tokens=2)
+        e.run()
+        stats = e.worker.get_kv_connector_stats()
+        assert (stats.data.get("save_blocks", 0) if stats else 0) == saved
+        e.close()
+        # the scheduler looks up rank 0's keys: rank 1's saves never make a hit
+        f = H.Engine(H.vllm_config(model_dir, {**extra, "tp_rank": 0}), make(64))
+        req = f.add("q", prompt + [5], max_tokens=1)
+        f.step()
+        assert req.status.name != "WAITING_FOR_REMOTE_KVS", make.__name__
+        f.run()
+        f.close()
