@@ -74,10 +74,13 @@ def hybrid_config(num_blocks: int, window: int = 2 * BLOCK) -> KVCacheConfig:
 
 
 def vllm_config(model_dir: str, extra: dict, max_len: int = 40960,
-                failure_policy: str = "recompute") -> VllmConfig:
+                failure_policy: str = "recompute", max_batched: int | None = None
+                ) -> VllmConfig:
+    """``max_batched``: tokens per step (chunked prefill), default ``max_len``."""
     mc = ModelConfig(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True,
                      dtype="float16", max_model_len=max_len, seed=0)
-    sc = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=max_len, max_model_len=max_len,
+    sc = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=max_batched or max_len,
+                         max_model_len=max_len,
                          enable_chunked_prefill=True, is_encoder_decoder=False)
     cc = CacheConfig(block_size=BLOCK, cache_dtype="auto", enable_prefix_caching=True)
     kt = KVTransferConfig(kv_connector="GCacheConnectorV1",
@@ -132,6 +135,7 @@ class Engine:
         self.finished: list[str] = []
         self.finish_reasons: dict[str, str] = {}
         self.load_failures = 0
+        self.saved_blocks = self.load_blocks = 0  # from the worker's stats (wait_saves)
 
     def close(self) -> None:
         for c in (self.worker, self.sched.connector):
@@ -190,6 +194,19 @@ class Engine:
                 raise TimeoutError("the engine did not finish its requests in time")
             if not self.step():
                 time.sleep(0.002)  # waiting for an async load or save
+
+    def wait_saves(self, blocks: int, timeout_s: float = 10.0) -> int:
+        """Blocks the worker saved, once ``blocks`` are (or the deadline passed): saves of
+        running requests complete on the SDK's threads after their step."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            stats = self.worker.get_kv_connector_stats()
+            if stats is not None:
+                self.saved_blocks += stats.data.get("save_blocks", 0)
+                self.load_blocks += stats.data.get("load_blocks", 0)
+            if self.saved_blocks >= blocks or time.monotonic() > deadline:
+                return self.saved_blocks
+            time.sleep(0.01)
 
     def _next_token(self, req: Request) -> int:
         return 3 + (sum(req.all_token_ids) * 31 + req.num_tokens) % 900

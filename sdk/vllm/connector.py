@@ -18,18 +18,19 @@ Scheduler side (vLLM's scheduler thread; may block only for the lookup's deadlin
         Loads are asynchronous (the request waits in WAITING_FOR_REMOTE_KVS).
     ``update_state_after_alloc``: the blocks vLLM allocated for the hit become a load
         plan (group, block id, block hash); window groups load only the window.
-    ``request_finished[_all_groups]``: a finished request's computed full blocks become
-        a save plan (full groups: every block not loaded from gcache; window groups:
-        the blocks still held, i.e. the window); the blocks stay held (returns True)
-        until the workers report the save done.
-    ``build_connector_meta``: hands the plans to the workers, once each.
+    ``build_connector_meta``: hands the plans to the workers, once each, with the blocks
+        this step fills (full groups: every new whole block; window groups: the blocks
+        the window sees at the step's end), which the workers copy out after the
+        forward, so a running request's prefix is shared before it finishes.
+    ``request_finished[_all_groups]``: a finished request's blocks not saved yet become
+        a save plan; they stay held (returns True) until the workers report it done.
 Worker side (vLLM's model-runner thread; never blocks on the store):
     ``register_kv_caches``: maps every group's blocks to byte runs of the KV tensors
         (``layout.GroupLayout``); block-outermost layouts are read and written in place;
         with the nixl transport the tensors are registered for one-sided transfers.
     ``start_load_kv``: issues the loads (``get_batch_into_async``), completion on the
-        SDK's dispatch threads. ``wait_for_save``: issues the saves
-        (``put_batch_from_async(if_absent=True)``). ``wait_for_layer_load`` and
+        SDK's dispatch threads. ``wait_for_save``: copies the step's filled blocks into
+        host staging and issues every save (``put_batch_from_async(if_absent=True)``). ``wait_for_layer_load`` and
         ``save_kv_layer`` do nothing: transfers are whole-block, between steps.
     ``get_transfer_results``: finished loads and saves; a load that failed for any
         block is reported finished *and* failed: single-group models by block id
@@ -56,7 +57,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
@@ -107,7 +108,8 @@ class GCacheConnectorMetadata(KVConnectorMetadata):
     """Scheduler -> workers, once per step: the loads and saves to start."""
 
     loads: dict[str, list[Item]] = field(default_factory=dict)
-    saves: dict[str, list[Item]] = field(default_factory=dict)
+    saves: dict[str, list[Item]] = field(default_factory=dict)  # finished: blocks held
+    saves_now: dict[str, list[Item]] = field(default_factory=dict)  # filled this step
 
 
 @dataclass
@@ -257,7 +259,8 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
         self._stats = GCacheConnectorStats()
         # scheduler side
         self._hits: dict[str, tuple[int, int]] = {}  # req -> (local tokens, hit end)
-        self._loaded: dict[str, int] = {}  # req -> tokens loaded from gcache
+        self._reqs: dict[str, "Request"] = {}  # requests being served
+        self._saved: dict[str, list[int]] = {}  # req -> per plan: blocks already in gcache
         self._loads: dict[str, list[Item]] = {}
         self._saves: dict[str, list[Item]] = {}
         self._saving: set[str] = set()
@@ -332,10 +335,14 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
                                  num_external_tokens: int) -> None:
         hit = self._hits.pop(request.request_id, None)
+        start = hit[0] if hit is not None else request.num_computed_tokens
+        end = start + max(0, num_external_tokens) if hit is not None else start
+        self._reqs[request.request_id] = request
+        # blocks before ``end`` are in gcache already (loaded, or computed and saved by
+        # the request that left them in vLLM's prefix cache): saves start after them
+        self._saved.setdefault(request.request_id, [end // p.block_size for p in self.plans])
         if num_external_tokens <= 0 or hit is None:
             return
-        start = hit[0]
-        end = start + num_external_tokens
         per_group = blocks.blocks
         hashes = request.block_hashes
         items: list[Item] = []
@@ -346,10 +353,27 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
                     items.append((p.gid, group[j].block_id, bytes(hashes[(j + 1) * p.ratio - 1])))
         self._loads[request.request_id] = items
         self._loading[request.request_id] = {bid for _, bid, _ in items}
-        self._loaded[request.request_id] = end
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
-        meta = GCacheConnectorMetadata(loads=self._loads, saves=self._saves)
+        """The step's loads, finished requests' saves, and the blocks this step fills: the
+        workers copy those out right after the forward (``wait_for_save``), so blocks a
+        concurrent request shares become visible while their request is still running."""
+        now: dict[str, list[Item]] = {}
+        if self.enabled and self.cfg.save and self._kv_cache_manager is not None:
+            for req_id, n in scheduler_output.num_scheduled_tokens.items():
+                req = self._reqs.get(req_id)
+                if req is None or req_id in self._tainted:
+                    continue
+                try:
+                    end = min(req.num_computed_tokens + n, req.num_tokens)
+                    ids = self._kv_cache_manager.get_block_ids(req_id)
+                    items = self._progress(req, end, ids)
+                except Exception:  # noqa: BLE001 - never into the engine: not saved now
+                    log.exception("gcache connector: could not plan a step's save")
+                    continue
+                if items:
+                    now[req_id] = items
+        meta = GCacheConnectorMetadata(loads=self._loads, saves=self._saves, saves_now=now)
         self._loads, self._saves = {}, {}
         return meta
 
@@ -360,7 +384,7 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
     def request_finished_all_groups(self, request: "Request", block_ids: tuple[list[int], ...]
                                     ) -> tuple[bool, dict[str, Any] | None]:
         self._hits.pop(request.request_id, None)
-        loaded = self._loaded.pop(request.request_id, 0)
+        self._reqs.pop(request.request_id, None)
         self._loading.pop(request.request_id, None)
         tainted = request.request_id in self._tainted
         self._tainted.discard(request.request_id)
@@ -370,29 +394,35 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
         if not self.enabled or not self.cfg.save:
             return False, None
         try:
-            items = self._save_plan(request, block_ids, loaded)
+            # the last sampled token has no KV yet: num_computed_tokens ends the blocks
+            items = self._progress(request, request.num_computed_tokens, block_ids)
         except Exception:  # noqa: BLE001 - never into the engine: nothing saved
             log.exception("gcache connector: could not plan a save; nothing saved")
             return False, None
+        finally:
+            self._saved.pop(request.request_id, None)
         if not items:
             return False, None
         self._saves[request.request_id] = items
         self._saving.add(request.request_id)
         return True, None
 
-    def _save_plan(self, request: "Request", block_ids: tuple[list[int], ...],
-                   loaded: int) -> list[Item]:
+    def _progress(self, request: "Request", end: int,
+                  block_ids: Sequence[Sequence[int]]) -> list[Item]:
+        """Blocks of ``request`` complete before token ``end`` and not yet in gcache: a
+        full group's every block, a window group's blocks its window sees at ``end``."""
+        saved = self._saved.setdefault(request.request_id, [0] * len(self.plans))
         hashes = request.block_hashes
-        computed = request.num_computed_tokens  # the last sampled token has no KV yet
         null = self._null_block_id()
         items: list[Item] = []
-        for p in self.plans:
+        for i, p in enumerate(self.plans):
             ids = block_ids[p.gid]
-            n = min(len(ids), computed // p.block_size, len(hashes) // p.ratio)
-            skip = loaded // p.block_size if p.kind is GroupKind.FULL else 0
-            for j in range(skip, n):
+            hi = min(len(ids), end // p.block_size, len(hashes) // p.ratio)
+            lo = saved[i] if p.kind is GroupKind.FULL else max(saved[i], hi - p.window_blocks)
+            for j in range(lo, hi):
                 if ids[j] != null:
                     items.append((p.gid, ids[j], bytes(hashes[(j + 1) * p.ratio - 1])))
+            saved[i] = max(saved[i], hi)
         return items
 
     def _null_block_id(self) -> int:
@@ -474,13 +504,14 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
         self.client.get_batch_into_async(keys, bufs, timeout_ms=self.cfg.load_timeout_ms,
                                          callback=done, on_key=landed if where else None)
 
-    def _buffers(self, items: list[Item], load: bool) -> tuple[list, list, dict]:
+    def _buffers(self, items: list[Item], load: bool,
+                 stage_all: bool = False) -> tuple[list, list, dict]:
         """Keys and SDK buffers of a transfer: a block in place where its layout allows,
         else a slice of its group's staging buffer (``staged``: gid -> (staging, [(slice
         index, block id)])); a save gathers the staged blocks first."""
         counts: dict[int, int] = {}
         for gid, _, _ in items:
-            if not self._layouts[gid].direct:
+            if stage_all or not self._layouts[gid].direct:
                 counts[gid] = counts.get(gid, 0) + 1
         staged: dict[int, tuple[memoryview, list[tuple[int, int]]]] = {
             gid: (memoryview(self._staging.take(n * self._layouts[gid].block_bytes)), [])
@@ -490,7 +521,7 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
         for gid, bid, h in items:
             lay = self._layouts[gid]
             keys.append(self._key(gid, h, self._rank_for(self.plans[gid])))
-            if lay.direct:
+            if gid not in staged:
                 bufs.append(lay.view(bid))
                 continue
             staging, pairs = staged[gid]
@@ -530,33 +561,39 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
         meta = self._connector_metadata
         if not isinstance(meta, GCacheConnectorMetadata):
             return
+        for req_id, items in meta.saves_now.items():
+            self._start_save(req_id, items, held=False)
         for req_id, items in meta.saves.items():
-            self._start_save(req_id, items)
+            self._start_save(req_id, items, held=True)
 
-    def _start_save(self, req_id: str, items: list[Item]) -> None:
+    def _start_save(self, req_id: str, items: list[Item], held: bool) -> None:
+        """``held``: a finished request's blocks, which vLLM keeps until the save is
+        reported (read in place where the layout allows); else blocks of a running
+        request, copied out now (vLLM may reuse them once this step returns)."""
         mine = [it for it in items if not (self.plans[it[0]].replicated and self.rank != 0)]
         keys: list = []  # MLA: rank 0 writes what every rank holds
         staged: dict = {}
         try:
             if mine:
-                keys, bufs, staged = self._buffers(mine, load=False)
+                keys, bufs, staged = self._buffers(mine, load=False, stage_all=not held)
         except Exception:  # noqa: BLE001 - a save we cannot start: nothing saved
             log.exception("gcache connector: could not start a save; nothing saved")
             keys = []
         if not keys:
-            self._finish_save(req_id, [])
+            self._finish_save(req_id, [], held)
             return
 
         def done(statuses: list) -> None:
             self._release(staged)
-            self._finish_save(req_id, statuses)
+            self._finish_save(req_id, statuses, held)
 
         self.client.put_batch_from_async(keys, bufs, timeout_ms=self.cfg.save_timeout_ms,
                                          if_absent=True, callback=done)
 
-    def _finish_save(self, req_id: str, statuses: list) -> None:
+    def _finish_save(self, req_id: str, statuses: list, held: bool) -> None:
         with self._lock:
-            self._done_saves.add(req_id)
+            if held:
+                self._done_saves.add(req_id)
             ok = sum(1 for st in statuses if st == Status.OK)
             self._stats._add("save_blocks", ok)
             self._stats._add("save_failed_blocks", len(statuses) - ok)

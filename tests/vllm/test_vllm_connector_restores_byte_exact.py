@@ -109,8 +109,9 @@ def test_tp_ranks_write_their_own_keys_and_mla_only_rank_0(server, model_dir):
         e = H.Engine(H.vllm_config(model_dir, extra), make(64))
         e.add("r", prompt, max_tokens=2)
         e.run()
-        stats = e.worker.get_kv_connector_stats()
-        assert (stats.data.get("save_blocks", 0) if stats else 0) == saved
+        # saves of running requests complete asynchronously: wait for them (or, where
+        # none may come, long enough that one would have)
+        assert e.wait_saves(max(saved, 1), timeout_s=10.0 if saved else 1.0) == saved
         e.close()
         # the scheduler looks up rank 0's keys: rank 1's saves never make a hit
         f = H.Engine(H.vllm_config(model_dir, {**extra, "tp_rank": 0}), make(64))
@@ -119,3 +120,41 @@ def test_tp_ranks_write_their_own_keys_and_mla_only_rank_0(server, model_dir):
         assert req.status.name != "WAITING_FOR_REMOTE_KVS", make.__name__
         f.run()
         f.close()
+
+
+@pytest.mark.parametrize("make", [H.full_config, H.hybrid_config], ids=["full", "hybrid-swa"])
+def test_a_running_prefill_shares_its_blocks_before_it_finishes(server, model_dir, make):
+    """Chunked prefill (4 blocks a step): the blocks each step fills are saved right
+    after it, so another engine restores the prefix while the first request is still
+    running, byte for byte; a window group saves the window at each step's end."""
+    case = make.__name__
+    vc = H.vllm_config(model_dir, {"servers": server.address, "namespace": f"t-run-{case}"},
+                       max_batched=4 * B)
+    a = H.Engine(vc, make(128))
+    prompt = _prompt(11 + len(case), 12 * B + 3)
+    r = a.add("a1", prompt, max_tokens=4)
+    a.step()
+    a.step()  # 8 blocks computed; the request is still prefilling
+    assert r.num_computed_tokens == 8 * B and not a.finished
+    windows = sum(1 for g in a.kcc.kv_cache_groups
+                  if type(g.kv_cache_spec).__name__ == "SlidingWindowSpec")
+    assert a.wait_saves(8 + windows * 4) == 8 + windows * 4  # 2 window blocks a step
+
+    b = H.Engine(vc, make(128))
+    req = b.add("b1", prompt[:8 * B + 1], max_tokens=1)
+    b.step()
+    assert req.status.name == "WAITING_FOR_REMOTE_KVS" and req.num_computed_tokens == 8 * B
+    table = b.sched.kv_cache_manager.get_block_ids("b1")
+    b.run()
+    assert b.load_failures == 0
+    for gid, g in enumerate(b.kcc.kv_cache_groups):
+        lo = 6 if type(g.kv_cache_spec).__name__ == "SlidingWindowSpec" else 0
+        for j in range(lo, 8):
+            for name in g.layer_names:
+                got = b.block_of(name, table[gid][j]).contiguous()
+                want = b.expected_block(name, prompt, j).contiguous()
+                assert got.view(H.torch.uint8).equal(want.view(H.torch.uint8)), (gid, j)
+    a.run()  # the first request finishes; nothing it saved is saved again
+    assert a.wait_saves(12 + windows * 6, timeout_s=3.0) == 12 + windows * 6
+    a.close()
+    b.close()

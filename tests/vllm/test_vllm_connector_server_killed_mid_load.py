@@ -49,7 +49,7 @@ def test_server_killed_mid_load_is_a_load_error_vllm_recomputes(tmp_path, model_
         table = b.sched.kv_cache_manager.get_block_ids("b1") if "b1" in b.sched.requests \
             else None
         assert table is None  # finished and freed; check through the prefix cache instead
-        c = b.add("b2", prompt + [11, 12], max_tokens=1)  # a local prefix hit in engine b
+        c = b.add("b2", prompt + [11, 12], max_tokens=4)  # a local prefix hit in engine b
         b.step()
         assert c.num_computed_tokens >= 8 * B
         ids = b.sched.kv_cache_manager.get_block_ids("b2")
