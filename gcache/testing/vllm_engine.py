@@ -186,7 +186,8 @@ class Engine:
         return dict(so.num_scheduled_tokens)
 
     def run(self, timeout_s: float = 30.0) -> None:
-        """Step until every request finished and every held block was saved."""
+        """Step until every request finished and every save (held blocks, and the blocks
+        steps filled) completed."""
         deadline = time.monotonic() + timeout_s
         conn = self.sched.connector
         while self.sched.has_unfinished_requests() or (conn and conn.has_pending_push_work()):
@@ -194,6 +195,8 @@ class Engine:
                 raise TimeoutError("the engine did not finish its requests in time")
             if not self.step():
                 time.sleep(0.002)  # waiting for an async load or save
+        if not self.worker.drain(timeout_s=max(0.0, deadline - time.monotonic())):
+            raise TimeoutError("the worker's saves did not finish in time")
 
     def wait_saves(self, blocks: int, timeout_s: float = 10.0) -> int:
         """Blocks the worker saved, once ``blocks`` are (or the deadline passed): saves of

@@ -56,6 +56,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -277,6 +278,8 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
         self._staging = StagingPool(self.cfg.staging_keep_bytes)
         self._done_loads: dict[str, set[int]] = {}  # req -> failed block ids
         self._done_saves: set[str] = set()
+        self._inflight = 0  # saves issued, not completed (drain waits for them)
+        self._idle = threading.Condition(self._lock)
         self._load_errors: set[int] = set()
 
     @property
@@ -586,7 +589,12 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
         def done(statuses: list) -> None:
             self._release(staged)
             self._finish_save(req_id, statuses, held)
+            with self._lock:
+                self._inflight -= 1
+                self._idle.notify_all()
 
+        with self._lock:
+            self._inflight += 1
         self.client.put_batch_from_async(keys, bufs, timeout_ms=self.cfg.save_timeout_ms,
                                          if_absent=True, callback=done)
 
@@ -633,5 +641,20 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
                                  ) -> KVConnectorStats | None:
         return GCacheConnectorStats(data=dict(data or {}))
 
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until every save issued so far completed (True), or ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self._inflight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
     def shutdown(self) -> None:
+        """Let in-flight saves finish (within ``save_timeout_ms``), then close."""
+        if not self.drain(self.cfg.save_timeout_ms / 1000.0):
+            log.warning("gcache connector: shutting down with saves still in flight; "
+                        "those blocks are not stored")
         self.client.close()

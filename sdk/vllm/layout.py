@@ -78,11 +78,18 @@ class GroupLayout:
         self.runs = runs
         self.block_bytes = sum(r.length for r in runs)
         self.direct = len(runs) == 1 and (self.device.type == "cpu" or device_buffers)
+        # host storages as flat memoryviews: a slice of one costs far less than a tensor
+        # slice, here and in the SDK's buffer checks (a 32k-token prefix has 2k blocks)
+        self._host = [memoryview(st.numpy()) if self.device.type == "cpu" else None
+                      for st in self.storages]
 
-    def view(self, block: int) -> "torch.Tensor":
+    def view(self, block: int) -> "torch.Tensor | memoryview":
         """The block's bytes in place (``direct`` layouts only)."""
         r = self.runs[0]
         start = r.offset + block * r.stride
+        host = self._host[r.storage]
+        if host is not None:
+            return host[start:start + r.length]
         return self.storages[r.storage][start:start + r.length]
 
     def gather(self, block: int, out: "torch.Tensor") -> None:
