@@ -323,8 +323,12 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
                          request.num_tokens)
         if lk is None:
             return 0
-        keys = [self._key(p.gid, hashes[(j + 1) * p.ratio - 1], 0)
-                for p, blocks in zip(self.plans, lk.blocks) for j in blocks]
+        keys: list[bytes] = []
+        for p, blocks in zip(self.plans, lk.blocks):
+            pre, r = b"%d/0/" % p.gid, p.ratio  # rank 0's keys stand for every rank's
+            if not blocks:
+                continue
+            keys += [pre + h for h in hashes[blocks[0] * r + r - 1:(blocks[-1] + 1) * r:r]]
         found = self.client.exists_batch(keys, timeout_ms=self.cfg.lookup_timeout_ms)
         present, at = [], 0
         for blocks in lk.blocks:
