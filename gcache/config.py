@@ -411,7 +411,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
 ]}
 _SECRETS = frozenset({"token", "credential"})
 PROMOTE_POLICIES = ("never", "first", "second-hit")
-EVICTION_POLICIES = ("lru", "reuse", "s3fifo")
+EVICTION_POLICIES = ("lru", "reuse", "s3fifo", "chains")
 NIXL_MODES = ("auto", "on", "off")
 
 
