@@ -497,10 +497,10 @@ def check_placement(meta: dict, n: int) -> list[int] | None:
 _INT = frozenset({int})
 
 
-def chain_parents(meta: dict, keys: Sequence[bytes], limits: Limits
+def chain_parents(meta: dict, items: Sequence[PutItem], limits: Limits
                   ) -> list[bytes] | None:
-    """Each item's chain parent from the frame's ``"ch"`` (None when absent: nothing is
-    known). ``"ch"`` is the key of the chain page before the frame's first item (``b""``:
+    """Each parsed item's chain parent from the frame's ``"ch"`` (None when absent:
+    nothing is known, and nothing is done per item). ``"ch"`` is the key of the chain page before the frame's first item (``b""``:
     the first item heads a chain) and says the items are consecutive pages of one chain,
     in order: the first key's parent is ``"ch"``, each later key's the key before it
     (the slices of one value share their key's). Anything but bytes of at most
@@ -518,7 +518,7 @@ def chain_parents(meta: dict, keys: Sequence[bytes], limits: Limits
                             f"{limits.max_key_bytes}", Status.TOO_LARGE)
     parent, out = bytes(ch), []
     prev = None
-    for k in keys:
+    for k, *_ in items:
         if prev is not None and k != prev:
             parent = prev
         out.append(parent)

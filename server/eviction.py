@@ -392,12 +392,17 @@ class S3FIFO(EvictionPolicy):
 
 class _Chain:
     """What the members of one chain share: its length (the deepest member ever
-    inserted + 1). Dies with its last resident member (only members refer to it)."""
+    inserted + 1). A piece that was put before the page it hangs from (frames of one
+    batch commit in parallel) is merged into that page's chain when it comes: ``into``
+    that chain, its members ``offset`` deeper (union-find; ``_resolve``). Dies with its
+    last resident member (only members, and pieces merged into it, refer to it)."""
 
-    __slots__ = ("length",)
+    __slots__ = ("length", "into", "offset")
 
     def __init__(self) -> None:
         self.length = 1
+        self.into: _Chain | None = None
+        self.offset = 0
 
 
 class _Node:
@@ -414,12 +419,28 @@ class _Node:
 _MAX_TAIL_STEPS = 1024  # a tail walk's bound (keys may form cycles: re-puts with parents)
 
 
+def _resolve(n: _Node) -> _Chain | None:
+    """``n``'s chain after merges (and ``n`` re-pointed at it, its depth made absolute)."""
+    c = n.chain
+    if c is None or c.into is None:
+        return c
+    d = 0
+    while c.into is not None:
+        d += c.offset
+        c = c.into
+    n.chain, n.depth = c, n.depth + d
+    return c
+
+
 class Chains(EvictionPolicy):
     """``reuse`` with chain structure: short new chains first, and tails before heads.
 
     The writer names each page's parent on put (``Resident.parent``: the wire's
     ``"ch"``, which the SGLang plugin sends). A page whose parent is resident joins the
     parent's chain one deeper; the chain's length is its deepest member's depth + 1.
+    One whose parent is not resident heads a new piece, which joins the parent's chain
+    if the parent comes later (the frames of one batch commit in parallel, so a
+    chain's later pages can arrive first).
 
     Classes, given up in this order, each least recently used first:
 
@@ -477,10 +498,13 @@ class Chains(EvictionPolicy):
                 kids[obj] = None
                 p = self._res.get(up)
                 pn = self._node.get(p) if p is not None else None
-                if pn is not None and pn.chain is not None:
+                if pn is not None and _resolve(pn) is not None:
                     chain, depth = pn.chain, pn.depth + 1
                     if chain.length <= depth:
                         chain.length = depth + 1
+            kids = self._kids.get((ns, obj.key))
+            if kids:  # pieces put before this page, their heads hanging from it: merge
+                self._adopt(kids, chain, depth)
         if self._ghost.recall(obj):
             cls = self._reused
         elif chain is None:
@@ -489,6 +513,17 @@ class Chains(EvictionPolicy):
             cls = bisect.bisect_right(self.bounds, chain.length)
         self._node[obj] = _Node(cls, chain, depth, up)
         self._classes[cls].add(obj)
+
+    def _adopt(self, kids: dict[Resident, None], chain: _Chain, depth: int) -> None:
+        node = self._node
+        for c in kids:
+            cn = node[c]
+            piece = _resolve(cn)
+            if piece is None or piece is chain or cn.depth:
+                continue
+            piece.into, piece.offset = chain, depth + 1
+            if chain.length < depth + 1 + piece.length:
+                chain.length = depth + 1 + piece.length
 
     def on_hit(self, obj: Resident) -> None:
         n = self._node[obj]
@@ -530,7 +565,7 @@ class Chains(EvictionPolicy):
             while orders.all:
                 o = next(iter(orders.all))
                 n = node[o]
-                nc = bisect.bisect_right(bounds, n.chain.length)  # type: ignore[union-attr]
+                nc = bisect.bisect_right(bounds, _resolve(n).length)  # type: ignore[union-attr]
                 if nc == c:
                     break
                 orders.discard(o)

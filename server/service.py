@@ -689,7 +689,7 @@ class _Connection:
         ph = check_placement(meta, len(parsed))
         wrong_owner = self.not_owned(meta, ph, len(parsed))
         ph = ph or [None] * len(parsed)
-        parents = chain_parents(meta, [p[0] for p in parsed], lim) or repeat(None)
+        parents = chain_parents(meta, parsed, lim) or repeat(None)
         guard = self.svc.tombstones.guard(ns) if if_absent and self.svc.tombstones else None
         statuses: list[Status] = []
         slots = []

@@ -587,7 +587,7 @@ def _alloc(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
     ph = check_placement(meta, len(parsed))  # kept with each object
     wrong_owner = conn.not_owned(meta, ph, len(parsed))
     ph = ph or [None] * len(parsed)
-    parents = chain_parents(meta, [p.key for p in parsed], lim) or itertools.repeat(None)
+    parents = chain_parents(meta, parsed, lim) or itertools.repeat(None)
     out = []
     now = time.monotonic()
     for (key, tl, off, ln, pid, csum), wrong, h, up in zip(parsed, wrong_owner, ph, parents):
@@ -678,7 +678,7 @@ def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dic
     # the checksum is required: it is what proves the bytes are the writer's value
     parsed = parse_put_items(check_items(meta, lim), lim, "PUT_STAGED",
                              require_checksum=True)
-    parents = chain_parents(meta, [p.key for p in parsed], lim) or itertools.repeat(None)
+    parents = chain_parents(meta, parsed, lim) or itertools.repeat(None)
     if_absent = check_flag(meta, "ia")
     total = sum(p.length for p in parsed)
     if total > lim.max_frame_bytes:

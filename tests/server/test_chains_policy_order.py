@@ -1,7 +1,7 @@
 """The ``chains`` eviction policy's order, on the policy alone and through a real
 in-process MemoryTier on a virtual clock: new short chains go before new long ones and
 everything new before anything reused; a chain is given up from its tail; a chain that
-grows moves its pages to its new class; without parent keys it is ``reuse``'s order; a
+grows (also by a piece put before the page it hangs from) moves its pages to its new class; without parent keys it is ``reuse``'s order; a
 walk over skipped (pinned) objects or a cycle of parents ends, offering each object
 once; and its per-object state goes with the objects."""
 
@@ -44,8 +44,8 @@ def _drain(p: Chains, ns: bytes | None = None) -> list[bytes]:
 def test_short_new_chains_go_before_long_ones_and_new_before_reused() -> None:
     p = Chains(bounds=(3, 6))
     long_ = _chain(p, "L", 6)  # class 2 (>= 6 pages)
-    short = _chain(p, "s", 2)  # class 0 (< 3)
-    mid = _chain(p, "m", 4)  # class 1
+    _chain(p, "s", 2)  # class 0 (< 3)
+    _chain(p, "m", 4)  # class 1
     p.on_hit(long_[0])  # read again: reused, after every new page
     order = _drain(p)
     assert order[:2] == [b"s1", b"s0"], order  # the short chain, tail first
@@ -73,6 +73,15 @@ def test_a_growing_chain_moves_its_older_pages_to_its_new_class() -> None:
     _chain(p, "s", 1)  # a one-page chain: class 0
     _chain(p, "x", 2, parent=first[-1].key)  # g grows to 4 pages: class 1
     assert _drain(p)[0] == b"s0"  # g's first pages no longer go first
+
+
+def test_a_piece_put_before_its_parent_joins_the_parents_chain() -> None:
+    p = Chains(bounds=(3,))
+    _chain(p, "c", 2, parent=b"b1")  # pages 2-3 of a chain, committed before pages 0-1
+    _chain(p, "s", 2)  # a 2-page chain
+    _chain(p, "b", 2)  # b0 <- b1 <- c0 <- c1: 4 pages, past the bound
+    assert _drain(p) == [b"s1", b"s0", b"c1", b"c0", b"b1", b"b0"]
+    assert p.state_entries() == 0
 
 
 def test_without_parent_keys_the_order_is_reuses() -> None:
@@ -105,7 +114,8 @@ def test_without_parent_keys_the_order_is_reuses() -> None:
 
 def test_a_walk_over_skipped_objects_or_a_cycle_ends_offering_each_once() -> None:
     p = Chains()
-    objs = _chain(p, "c", 20) + _chain(p, "d", 5, parent=b"c3")
+    _chain(p, "c", 20)
+    _chain(p, "d", 5, parent=b"c3")
     offered = list(p.candidates())  # the tier skips every one (all pinned)
     assert len(offered) == 25 and len(set(map(id, offered))) == 25
     q = Chains()  # x's parent is y and y's is x (re-puts can do that)
