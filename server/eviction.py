@@ -485,7 +485,8 @@ class Chains(EvictionPolicy):
 
     def on_insert(self, obj: Resident) -> None:
         ns, parent = obj.ns, obj.parent
-        self._res[(ns, obj.key)] = obj
+        k = (ns, obj.key)
+        self._res[k] = obj
         chain: _Chain | None = None
         depth, up = 0, None
         if parent is not None:
@@ -502,7 +503,7 @@ class Chains(EvictionPolicy):
                     chain, depth = pn.chain, pn.depth + 1
                     if chain.length <= depth:
                         chain.length = depth + 1
-            kids = self._kids.get((ns, obj.key))
+            kids = self._kids.get(k)
             if kids:  # pieces put before this page, their heads hanging from it: merge
                 self._adopt(kids, chain, depth)
         if self._ghost.recall(obj):

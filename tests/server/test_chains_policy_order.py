@@ -174,3 +174,13 @@ def test_memory_tier_gives_up_the_short_chain_first_tail_first(tmp_path) -> None
         assert all(m.exists(NS, k) for k in long_)
     finally:
         m.close()
+
+
+def test_saved_order_lists_each_object_once_and_changes_nothing() -> None:
+    p = Chains(bounds=(3,))
+    g = _chain(p, "g", 2)
+    _chain(p, "s", 1)
+    _chain(p, "x", 2, parent=g[-1].key)  # g's first pages are now in a stale class
+    saved = list(p.saved_order())
+    assert list(p.saved_order()) == saved and len(set(map(id, saved))) == 5
+    assert next(p.candidates()).key == b"s0"  # the walk still reclasses and goes tail first
