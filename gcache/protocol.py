@@ -518,11 +518,13 @@ def chain_parents(meta: dict, items: Sequence[PutItem], limits: Limits
                             f"{limits.max_key_bytes}", Status.TOO_LARGE)
     parent, out = bytes(ch), []
     prev = None
-    for k, *_ in items:
-        if prev is not None and k != prev:
-            parent = prev
+    for it in items:
+        k = it[0]
+        if k != prev:
+            if prev is not None:
+                parent = prev
+            prev = k
         out.append(parent)
-        prev = k
     return out
 
 
