@@ -2,8 +2,9 @@
 later key (or a later slice of a key) names the key before it (``frame_chain``), a
 transport's sub-frame is renamed too, and a real server with ``--eviction-policy
 chains`` then sees one 12-page chain (not pieces), put as one-slice frames over two
-connections (so out of order): after a short chain, it is given up tail first, and
-pages put with no chain_parent stay longest."""
+connections (so out of order) over TCP, or as shm staged puts (PUT_STAGED frames of
+several values): after a short chain, it is given up tail first, and pages put with no
+chain_parent stay longest."""
 
 from __future__ import annotations
 
@@ -56,6 +57,32 @@ def test_a_chain_put_in_many_frames_is_one_chain_at_the_server(make_cluster) -> 
         assert c.put_batch(short, [val] * 3, chain_parent="") == [Status.OK] * 3
         assert all(c.exists_batch(long_ + short + plain))
         for i in range(5):  # each evicts one: the short chain, then the long one's tail
+            assert c.put(b"X%02d" % i, val) == Status.OK
+        assert c.exists_batch(short) == [False] * 3
+        assert c.exists_batch(long_) == [True] * 10 + [False] * 2
+        assert all(c.exists_batch(plain))
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_shm_staged_puts_carry_the_chain_parent(make_cluster) -> None:
+    cl = make_cluster(1, "16MiB", extra=["--eviction-policy", "chains", "--high-watermark",
+                                         "1.0", "--low-watermark", "0.999"])
+    val = bytes(300 << 10)  # frames past one_sided_min_bytes: PUT_STAGED, not plain PUT
+    with Client(cl.addresses, namespace="c", transport="shm", conns_per_server=2) as c:
+        assert c.put("probe", val) == Status.OK
+        st = next(iter(c.stats().values()))
+        fits = st["capacity_bytes"] // st["used_bytes"]
+        assert c.delete("probe") == Status.OK
+        long_ = [b"L%02d" % i for i in range(12)]  # two 6-value frames, one per connection
+        short = [b"S%02d" % i for i in range(3)]
+        plain = [b"U%02d" % i for i in range(fits - 15)]
+        assert c.put_batch(long_, [val] * 12, chain_parent=b"") == [Status.OK] * 12
+        for k in plain:
+            assert c.put(k, val) == Status.OK
+        assert c.put_batch(short, [val] * 3, chain_parent=b"") == [Status.OK] * 3
+        assert all(c.exists_batch(long_ + short + plain))
+        for i in range(5):
             assert c.put(b"X%02d" % i, val) == Status.OK
         assert c.exists_batch(short) == [False] * 3
         assert c.exists_batch(long_) == [True] * 10 + [False] * 2
