@@ -490,7 +490,6 @@ class Chains(EvictionPolicy):
         chain: _Chain | None = None
         depth, up = 0, None
         if parent is not None:
-            chain = _Chain()
             if parent and parent != obj.key:
                 up = (ns, parent)
                 kids = self._kids.get(up)
@@ -501,8 +500,10 @@ class Chains(EvictionPolicy):
                 pn = self._node.get(p) if p is not None else None
                 if pn is not None and _resolve(pn) is not None:
                     chain, depth = pn.chain, pn.depth + 1
-                    if chain.length <= depth:
-                        chain.length = depth + 1
+                    if chain.length <= depth:  # type: ignore[union-attr]
+                        chain.length = depth + 1  # type: ignore[union-attr]
+            if chain is None:
+                chain = _Chain()
             kids = self._kids.get(k)
             if kids:  # pieces put before this page, their heads hanging from it: merge
                 self._adopt(kids, chain, depth)
