@@ -4,7 +4,8 @@ Each step does what an inference engine's L3 tier does for one request:
 ``exists_batch`` over the prompt's page chain gives the reusable prefix,
 ``get_batch_into`` reads that prefix into preallocated page buffers (checked
 against the value oracle, so a wrong byte is counted, never hidden), and
-``put_batch_from`` stores the pages that were missing. A prefix page that
+``put_batch_from`` stores the pages that were missing (naming the page before them,
+``chain_parent``, for the ``chains`` eviction policy). A prefix page that
 ``exists`` said was there but then failed to read truncates the hit (and is
 counted as ``lost_after_exists``).
 """
@@ -103,7 +104,10 @@ def replay(client: Client, steps: Iterator[Step], *, source: str, block_tokens: 
             todo = keys[hit:]
             for i, k in enumerate(todo):
                 fill_value(k, pool[i])
-            st = client.put_batch_from(todo, pool[:len(todo)]) if todo else []
+            # the trace knows the chain: name the page before the first one put
+            st = client.put_batch_from(todo, pool[:len(todo)],
+                                       chain_parent=keys[hit - 1] if hit else b"") \
+                if todo else []
             dt = (time.perf_counter() - t0) * 1e6
             with lock:
                 rep.steps += 1

@@ -172,13 +172,13 @@ class Engine:
         return sum(not check_value(spec.keys(k)[0].encode(), b[0]) for k, b in zip(keys, bufs))
 
     def _write(self, spec: PoolSpec, keys: list[str], groups: list[str] | None,
-               cache: dict) -> tuple[int, list[str]]:
+               cache: dict, before: str | None = None) -> tuple[int, list[str]]:
         if not keys:
             return 0, []
         bufs = self._bufs(spec, len(keys), cache)
         for k, b in zip(keys, bufs):
             fill_value(spec.keys(k)[0].encode(), b[0])
-        ok = self.store.put_pages(spec, keys, bufs, groups)
+        ok = self.store.put_pages(spec, keys, bufs, groups, before)
         return sum(ok) * spec.page_bytes, [k for k, o in zip(keys, ok) if o]
 
     def step(self, req: Request, cache: dict) -> None:
@@ -221,7 +221,8 @@ class Engine:
                 # SGLang drops an incomplete SWA window; a shorter KV prefix has no window
                 lost = hit
                 hit = good if self.swa is None else 0
-        written, kv_new = self._write(self.kv, chain[hit:], groups[hit:], cache)
+        written, kv_new = self._write(self.kv, chain[hit:], groups[hit:], cache,
+                                      chain[hit - 1] if hit else "")
         swa_new: list[str] = []
         if self.swa is not None:
             want: list[int] = []

@@ -15,7 +15,8 @@ policy built by ``server.eviction.make_policy`` and driven only through the
 
 * the hit prefix is read: ``on_hit`` per page, front to back (``pin_read``);
 * every page after it is put (``put_batch_from``), resident or not, in one PUT
-  frame: the server reserves a chunk for every item first (``begin_put``; older
+  frame naming the chain's page before it (``chain_parent``: each page's parent is the
+  key before it in the request, ``b""`` for the first): the server reserves a chunk for every item first (``begin_put``; older
   copies of those keys still count), evicting the policy's first candidate
   (``on_remove``) while the cache is full (it may be such an older copy; with only
   puts in flight left, the remaining items get NO_SPACE), then commits them in
@@ -47,10 +48,10 @@ NS = b"trace"
 class Page:
     """A resident page as a policy sees it (``eviction.Resident``)."""
 
-    __slots__ = ("ns", "key", "length", "chunk", "version")
+    __slots__ = ("ns", "key", "length", "chunk", "version", "parent")
 
-    def __init__(self, key: bytes, version: int) -> None:
-        self.ns, self.key, self.version = NS, key, version
+    def __init__(self, key: bytes, version: int, parent: bytes | None = None) -> None:
+        self.ns, self.key, self.version, self.parent = NS, key, version, parent
         self.length = self.chunk = 1
 
 
@@ -148,9 +149,11 @@ def simulate(reqs: Sequence[Request], capacity: int,
                 break
             used += 1
             room += 1
+        parent = keys[hit - 1] if hit else b""  # the frame's "ch": the page before it
         for k in todo[:room]:
             version += 1
-            o = Page(k, version)
+            o = Page(k, version, parent)
+            parent = k
             old = index.get(k)
             if old is not None:
                 on_remove(old)

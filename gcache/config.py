@@ -237,7 +237,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "namespace quota, that namespace's own least recently used); reuse (objects "
            "never read or put again since they came go first, then the others, each least "
            "recently used first); s3fifo (S3-FIFO: small and main FIFO queues and a ghost "
-           "of keys).", "server"),
+           "of keys); chains (reuse's order, with new objects split by the length of their "
+           "prefix chain, from the parent key writers send on put (chain_parent, the SGLang "
+           "plugin does): chains under 10, 10-29, 30-59, then 60+ pages and objects with "
+           "no parent, and each chain given up from its tail).", "server"),
     Option("recency_snapshot_ms", "duration_ms", 10000, "How often the memory tier saves "
            "its eviction order in the arena (0: only at a clean stop), so a restart after "
            "a crash (kill -9) evicts in the order of at most this long before it. Costs "
@@ -411,7 +414,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
 ]}
 _SECRETS = frozenset({"token", "credential"})
 PROMOTE_POLICIES = ("never", "first", "second-hit")
-EVICTION_POLICIES = ("lru", "reuse", "s3fifo")
+EVICTION_POLICIES = ("lru", "reuse", "s3fifo", "chains")
 NIXL_MODES = ("auto", "on", "off")
 
 

@@ -497,6 +497,37 @@ def check_placement(meta: dict, n: int) -> list[int] | None:
 _INT = frozenset({int})
 
 
+def chain_parents(meta: dict, items: Sequence[PutItem], limits: Limits
+                  ) -> list[bytes] | None:
+    """Each parsed item's chain parent from the frame's ``"ch"`` (None when absent:
+    nothing is known, and nothing is done per item). ``"ch"`` is the key of the chain page before the frame's first item (``b""``:
+    the first item heads a chain) and says the items are consecutive pages of one chain,
+    in order: the first key's parent is ``"ch"``, each later key's the key before it
+    (the slices of one value share their key's). Anything but bytes of at most
+    ``max_key_bytes`` is BAD_REQUEST / TOO_LARGE, before any payload byte is read."""
+    ch = meta.get("ch")
+    if ch is None:
+        return None
+    if not isinstance(ch, (bytes, bytearray)):
+        raise ProtocolError("'ch' must be the key (bytes) of the chain page before the "
+                            "frame's first item, or empty bytes when it heads a chain; "
+                            "leave it out when the items are not one chain",
+                            Status.BAD_REQUEST)
+    if len(ch) > limits.max_key_bytes:
+        raise ProtocolError(f"'ch' of {len(ch)} bytes exceeds max_key_bytes "
+                            f"{limits.max_key_bytes}", Status.TOO_LARGE)
+    parent, out = bytes(ch), []
+    prev = None
+    for it in items:
+        k = it[0]
+        if k != prev:
+            if prev is not None:
+                parent = prev
+            prev = k
+        out.append(parent)
+    return out
+
+
 class PutItem(NamedTuple):
     """One validated PUT / ALLOC item. ``checksum``: the writer's xxh3_64 of the whole
     value (every slice of a sliced value carries the same one), or None if not sent."""

@@ -100,7 +100,7 @@ class Batch:
 
     __slots__ = ("op", "keys", "deadline", "sender", "results", "left", "parts", "versions",
                  "totals", "sums", "hashes", "remaining", "lock", "_future", "done",
-                 "callback", "on_key", "flags", "handoff")
+                 "callback", "on_key", "flags", "handoff", "chain")
 
     def __init__(self, op: int, keys: list[bytes], deadline: float, sender: Sender,
                  callback: BatchCallback | None, on_key: KeyCallback | None) -> None:
@@ -121,6 +121,7 @@ class Batch:
         self.done = n == 0  # every key folded and the batch callback run
         self.callback, self.on_key = callback, on_key
         self.flags: dict | None = None  # header flags of every frame (``"ia"``, ``"ho"``)
+        self.chain: bytes | None = None  # a put of one chain: its first key's parent
         # Router.handoff while a membership change is recent (see the module docstring)
         self.handoff: Callable | None = None
 
@@ -238,17 +239,22 @@ class Batch:
 class PutBatch(Batch):
     """``put_batch_from``: one Status per key; values larger than ``max_value_bytes``
     are TOO_LARGE without being sent. ``if_absent``: every frame carries ``"ia": 1``
-    (each key is published only if the server holds none)."""
+    (each key is published only if the server holds none). ``chain_parent``: the keys
+    are consecutive pages of one chain and this is the key before the first (``b""``:
+    a head); the sender gives each frame of consecutive keys its ``"ch"``
+    (``transports.base.frame_chain``)."""
 
     __slots__ = ("views", "max_value_bytes")
 
     def __init__(self, keys: list[bytes], views: list, limits: Limits, deadline: float,
                  sender: Sender, callback: BatchCallback | None,
-                 on_key: KeyCallback | None, if_absent: bool = False) -> None:
+                 on_key: KeyCallback | None, if_absent: bool = False,
+                 chain_parent: bytes | None = None) -> None:
         super().__init__(Op.PUT, keys, deadline, sender, callback, on_key)
         self.views, self.max_value_bytes = views, limits.max_value_bytes
         if if_absent:
             self.flags = {"ia": 1}
+        self.chain = chain_parent
 
     def route(self, owners: list[str], slice_bytes: int) -> Routed:
         routed: Routed = {}

@@ -293,7 +293,8 @@ class Client:
                              callback: BatchCallback | None = None,
                              on_key: KeyCallback | None = None, stream: Any = None,
                              if_absent: bool = False,
-                             placement: Sequence[int] | None = None) -> Future[list[Status]]:
+                             placement: Sequence[int] | None = None,
+                             chain_parent: Key | None = None) -> Future[list[Status]]:
         """Store ``buffers[i]`` under ``keys[i]``, reading the buffers in place.
 
         The buffers must stay unchanged until the future completes.
@@ -319,6 +320,13 @@ class Client:
                 goes to that hash's owner and carries it (``ph``), so the owner keeps it
                 and later readers of its group find it there. Not with ``group`` or
                 ``stream``.
+            chain_parent: the keys are consecutive pages of one prefix chain, in order,
+                and this is the key of the page before the first (``""``/``b""``: the
+                first key heads a chain). Each PUT frame of consecutive keys carries the
+                key before its first (``"ch"``; a chain split over servers by ``group``
+                links only within each server). A server whose ``eviction_policy`` is
+                ``chains`` gives short new chains up first and chains tail first. None
+                (default): nothing is said; every policy but ``chains`` ignores it.
 
         Returns:
             A Future of ``list[Status]``, one per key: OK, or a miss.
@@ -329,13 +337,14 @@ class Client:
         """
         return self._put_from(keys, buffers, group=group, timeout_ms=timeout_ms,
                               callback=callback, on_key=on_key, stream=stream,
-                              if_absent=if_absent, placement=placement)
+                              if_absent=if_absent, placement=placement,
+                              chain_parent=chain_parent)
 
     def _put_from(self, keys: Sequence[Key], buffers: Sequence[Any], *, group: Any = None,
                   timeout_ms: int | None = None, callback: BatchCallback | None = None,
                   on_key: KeyCallback | None = None, stream: Any = None,
                   if_absent: bool = False, placement: Sequence[int] | None = None,
-                  here: bool = False) -> Future | Batch:
+                  chain_parent: Key | None = None, here: bool = False) -> Future | Batch:
         """``put_batch_from_async``; ``here``: a synchronous call (see ``_start``: then
         the batch, for ``_wait``)."""
         if len(keys) != len(buffers):
@@ -344,21 +353,24 @@ class Client:
             if stream is not None:
                 raise ValueError("placement= does not go with stream=")
             placement = _placement(placement, len(keys), group)
+        chain = None if chain_parent is None else self._key(chain_parent) if chain_parent \
+            else b""
         if stream is not None:
             return self._put_after_stream(keys, buffers, stream, group, timeout_ms, callback,
-                                          on_key, if_absent)
+                                          on_key, if_absent, chain)
         device = self._settings.device_buffers
         ks = self._keys(keys)
         views = as_views(buffers, writable=False, device=device)
         return self._start(PutBatch(ks, views, self.limits, self._deadline(timeout_ms),
-                                    self._router, callback, on_key, if_absent), group,
+                                    self._router, callback, on_key, if_absent, chain), group,
                            placement, here)
 
     def put_batch_from(self, keys: Sequence[Key], buffers: Sequence[Any], *,
                        group: Any = None, timeout_ms: int | None = None,
                        callback: BatchCallback | None = None, on_key: KeyCallback | None = None,
                        stream: Any = None, if_absent: bool = False,
-                       placement: Sequence[int] | None = None) -> list[Status]:
+                       placement: Sequence[int] | None = None,
+                       chain_parent: Key | None = None) -> list[Status]:
         """Synchronous ``put_batch_from_async`` (same Args and Failure).
 
         Returns:
@@ -366,14 +378,16 @@ class Client:
         """
         fut = self._put_from(keys, buffers, group=group, timeout_ms=timeout_ms,
                              callback=callback, on_key=on_key, stream=stream,
-                             if_absent=if_absent, placement=placement, here=True)
+                             if_absent=if_absent, placement=placement,
+                             chain_parent=chain_parent, here=True)
         return self._wait(fut, len(keys), Status.TIMEOUT)
 
     def put_batch(self, keys: Sequence[Key], values: Sequence[bytes], *, group: Any = None,
                   timeout_ms: int | None = None, callback: BatchCallback | None = None,
                   on_key: KeyCallback | None = None, stream: Any = None,
                   if_absent: bool = False,
-                  placement: Sequence[int] | None = None) -> list[Status]:
+                  placement: Sequence[int] | None = None,
+                  chain_parent: Key | None = None) -> list[Status]:
         """Store byte values: ``put_batch_from`` (same Args and Failure).
 
         Returns:
@@ -381,28 +395,33 @@ class Client:
         """
         return self.put_batch_from(keys, values, group=group, timeout_ms=timeout_ms,
                                    callback=callback, on_key=on_key, stream=stream,
-                                   if_absent=if_absent, placement=placement)
+                                   if_absent=if_absent, placement=placement,
+                                   chain_parent=chain_parent)
 
     def put_batch_async(self, keys: Sequence[Key], values: Sequence[bytes], *,
                         group: Any = None, timeout_ms: int | None = None,
                         callback: BatchCallback | None = None,
                         on_key: KeyCallback | None = None, stream: Any = None,
                         if_absent: bool = False,
-                        placement: Sequence[int] | None = None) -> Future[list[Status]]:
+                        placement: Sequence[int] | None = None,
+                        chain_parent: Key | None = None) -> Future[list[Status]]:
         """``put_batch_from_async`` for byte values (same Args, Returns and Failure)."""
         return self.put_batch_from_async(keys, values, group=group, timeout_ms=timeout_ms,
                                          callback=callback, on_key=on_key, stream=stream,
-                                         if_absent=if_absent, placement=placement)
+                                         if_absent=if_absent, placement=placement,
+                                         chain_parent=chain_parent)
 
     def put(self, key: Key, value: Any, *, group: Any = None, timeout_ms: int | None = None,
             callback: BatchCallback | None = None, on_key: KeyCallback | None = None,
             stream: Any = None, if_absent: bool = False,
-            placement: Sequence[int] | None = None) -> Status:
+            placement: Sequence[int] | None = None,
+            chain_parent: Key | None = None) -> Status:
         """Store one value (bytes or any buffer).
 
         Args:
             key, value: one key and its value; the keywords as ``put_batch_from_async``
-                (``placement``: a list of the one key's hash).
+                (``placement``: a list of the one key's hash; ``chain_parent``: the key
+                of the page before this one in its chain).
 
         Returns:
             Its Status.
@@ -412,18 +431,21 @@ class Client:
         """
         return self.put_batch_from([key], [value], group=group, timeout_ms=timeout_ms,
                                    callback=callback, on_key=on_key, stream=stream,
-                                   if_absent=if_absent, placement=placement)[0]
+                                   if_absent=if_absent, placement=placement,
+                                   chain_parent=chain_parent)[0]
 
     def put_async(self, key: Key, value: Any, *, group: Any = None,
                   timeout_ms: int | None = None, callback: BatchCallback | None = None,
                   on_key: KeyCallback | None = None, stream: Any = None,
                   if_absent: bool = False,
-                  placement: Sequence[int] | None = None) -> Future[Status]:
+                  placement: Sequence[int] | None = None,
+                  chain_parent: Key | None = None) -> Future[Status]:
         """``put`` as a Future of its Status (same Args and Failure)."""
         return _first(self.put_batch_from_async([key], [value], group=group,
                                                 timeout_ms=timeout_ms, callback=callback,
                                                 on_key=on_key, stream=stream,
-                                                if_absent=if_absent, placement=placement))
+                                                if_absent=if_absent, placement=placement,
+                                                chain_parent=chain_parent))
 
     # ------------------------------------------------------------------ gets
     def get_batch_into_async(self, keys: Sequence[Key], buffers: Sequence[Any], *,
@@ -770,7 +792,8 @@ class Client:
 
     def _put_after_stream(self, keys: Sequence[Key], buffers: Sequence[Any], stream: Any,
                           group: Any, timeout_ms: int | None, callback: BatchCallback | None,
-                          on_key: KeyCallback | None, if_absent: bool) -> Future:
+                          on_key: KeyCallback | None, if_absent: bool,
+                          chain: bytes | None) -> Future:
         device = self._settings.device_buffers
         for b in buffers:  # argument errors raise now, not in the watcher thread
             as_view(b, writable=False, device=device)
@@ -778,7 +801,7 @@ class Client:
         def start(left_ms: int) -> Future:
             return self.put_batch_from_async(keys, buffers, group=group, timeout_ms=left_ms,
                                              callback=callback, on_key=on_key,
-                                             if_absent=if_absent)
+                                             if_absent=if_absent, chain_parent=chain)
 
         def missed() -> list:
             res = [Status.TIMEOUT] * len(keys)

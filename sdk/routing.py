@@ -67,7 +67,7 @@ from gcache.ring import Ring
 from gcache.status import Status
 from gcache.view import View, view_from_wire
 from gcache.sdk.dispatcher import Dispatcher
-from gcache.sdk.transports.base import Framing, ItemResult, Work
+from gcache.sdk.transports.base import Framing, ItemResult, Work, frame_chain
 
 if TYPE_CHECKING:
     from gcache.sdk.batch import Batch, Routed
@@ -267,6 +267,14 @@ class Router:
         flags = {**batch.flags, **flags} if flags and batch.flags else flags or batch.flags
         done = on_done or batch.frame_done
         here = here and len(routed) == 1
+        # a put of one chain's pages, first time: each frame of consecutive keys names the
+        # key before its first (another server's page when the chain spans groups)
+        chain = batch.chain if not retried else None
+        if chain is not None:
+            keys = batch.keys
+
+            def before(i: int) -> bytes:
+                return keys[i - 1] if i else chain
         for addr, items in routed.items():
             if not addr:  # empty view: no server to ask
                 batch.fail(items, Status.UNAVAILABLE)
@@ -277,6 +285,10 @@ class Router:
                 len(items) == 1 or sum(framing.item_bytes(op, items)) <= self._one_hop_max)
             for frame in frames:
                 extra = flags
+                if chain is not None:
+                    ch = frame_chain(frame, before)
+                    if ch is not None:
+                        extra = {**(extra or {}), "ch": ch}
                 if self._master is not None:
                     hashes = batch.hashes
                     extra = {"ep": self.view.epoch, "ph": [hashes[it.index] for it in frame],

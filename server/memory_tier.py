@@ -144,6 +144,7 @@ class _Obj:
     holder: Holder | None = None  # charged with this uncommitted chunk
     quarantined: bool = False  # an expired slot's chunk: freed when its holder closes
     ph: int | None = None  # placement hash its writer routed it by (None: not sent)
+    parent: bytes | None = None  # its chain parent's key, if its writer said (not persisted)
 
 
 class _WaitForRoom(Exception):
@@ -748,14 +749,16 @@ class MemoryTier(Tier):
     # ------------------------------------------------------------------ writes
     def begin_put(self, ns: bytes, key: bytes, total_len: int, offset: int, length: int,
                   put_id: int, evict: bool = True, *, csum: int | None = None,
-                  holder: Holder | None = None, ph: int | None = None) -> PutSlot:
+                  holder: Holder | None = None, ph: int | None = None,
+                  parent: bytes | None = None) -> PutSlot:
         """``evict=False``: answer NO_SPACE instead of evicting synchronously (the tiered
         store then waits for demotion and retries). ``csum``: the writer's checksum of the
         whole value; every slice of a sliced put must carry the same one (BAD_REQUEST).
         ``holder``: the connection answering for a reservation that may outlive this
         request (BUSY past its bounds, CLOSED once it closed). ``ph``: the placement hash
         the writer routed the key by, kept with the object (the slice that creates a
-        sliced put's chunk sets it)."""
+        sliced put's chunk sets it); ``parent``: the key of the page before it in its
+        chain (``eviction.Resident.parent``), likewise, in memory only."""
         need = header_len(len(ns), len(key), ph is not None) + total_len
         if size_class(need) > self.arena.slab_bytes:
             return PutSlot(Status.TOO_LARGE)
@@ -765,13 +768,14 @@ class MemoryTier(Tier):
         while True:
             try:
                 return self._do_begin_put(ns, key, total_len, offset, length, put_id, evict,
-                                          csum, holder, need, sliced, ph)
+                                          csum, holder, need, sliced, ph, parent)
             except _WaitForRoom:
                 time.sleep(0.005)  # lock released: reservations in flight may commit
 
     def _do_begin_put(self, ns: bytes, key: bytes, total_len: int, offset: int, length: int,
                       put_id: int, evict: bool, csum: int | None, holder: Holder | None,
-                      need: int, sliced: bool, ph: int | None) -> PutSlot:
+                      need: int, sliced: bool, ph: int | None,
+                      parent: bytes | None) -> PutSlot:
         with self._lock:
             if holder is not None and holder.closed:
                 return PutSlot(Status.CLOSED)
@@ -801,7 +805,8 @@ class MemoryTier(Tier):
                 self._next_version += 1
                 data_off = self.arena.write_header(off, ns, key, version, total_len,
                                                    time.time_ns(), ph)
-                o = _Obj(ns, key, off, size_class(need), data_off, total_len, version, ph=ph)
+                o = _Obj(ns, key, off, size_class(need), data_off, total_len, version, ph=ph,
+                         parent=parent)
                 self.do_charge_ns(ns, o.chunk)
                 self.uncommitted_bytes += o.chunk
                 if holder is not None:

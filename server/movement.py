@@ -208,7 +208,8 @@ class MemorySide(Protocol):
 
     def begin_put(self, ns: bytes, key: bytes, total_len: int, offset: int, length: int,
                   put_id: int, evict: bool = True, *, csum: int | None = None,
-                  holder: Any = None, ph: int | None = None) -> PutSlot:
+                  holder: Any = None, ph: int | None = None,
+                  parent: bytes | None = None) -> PutSlot:
         """``evict=False``: NO_SPACE instead of evicting (``extra["quota"]``: the
         namespace's quota is what is full), so the mover can demote first."""
 

@@ -48,6 +48,7 @@ import socket
 import ssl
 import threading
 import time
+from itertools import repeat
 from typing import Any, Callable, NamedTuple
 
 from gcache import tls as tlslib
@@ -58,7 +59,8 @@ from gcache.network import check_bind, linger
 from gcache.sched import background_thread
 from gcache.protocol import (FLAG_RESPONSE, PREAUTH_MAX_HEADER_BYTES,
                              FrameHeader, Limits, Op, check_flag, check_items, check_key,
-                             check_namespace, check_placement, discard_views, encode_frame, parse_put_items,
+                             chain_parents, check_namespace, check_placement, discard_views,
+                             encode_frame, parse_put_items,
                              decode_meta, self_contained, sendmsg_all)
 from gcache.frame_reader import FrameReader
 from gcache.status import Status
@@ -687,13 +689,15 @@ class _Connection:
         ph = check_placement(meta, len(parsed))
         wrong_owner = self.not_owned(meta, ph, len(parsed))
         ph = ph or [None] * len(parsed)
+        parents = chain_parents(meta, parsed, lim) or repeat(None)
         guard = self.svc.tombstones.guard(ns) if if_absent and self.svc.tombstones else None
         statuses: list[Status] = []
         slots = []
         views: list[memoryview] = []
         try:
             whole = self_contained(parsed)
-            for (key, tl, off, ln, pid, csum), wrong, h in zip(parsed, wrong_owner, ph):
+            for (key, tl, off, ln, pid, csum), wrong, h, up in zip(parsed, wrong_owner, ph,
+                                                                   parents):
                 if not allowed or wrong or (guard is not None and guard.skip(key)):
                     # a tombstoned if-absent item is skipped: OK, as any if-absent skip
                     statuses.append(Status.AUTH if not allowed else Status.NOT_OWNER
@@ -706,7 +710,7 @@ class _Connection:
                 # reservation past this request
                 holder = None if (key, pid) in whole else self.svc.shm.holder(self)
                 slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum, holder=holder,
-                                       ph=h)
+                                       ph=h, parent=up)
                         if tl <= lim.max_value_bytes else None)
                 if slot is None or slot.status != Status.OK:
                     statuses.append(Status.TOO_LARGE if slot is None else slot.status)

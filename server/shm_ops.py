@@ -100,7 +100,8 @@ from gcache import staging
 from gcache.credentials import Right
 from gcache.errors import ProtocolError
 from gcache.network import boot_id
-from gcache.protocol import (Op, check_flag, check_items, check_key, check_namespace,
+from gcache.protocol import (Op, chain_parents, check_flag, check_items, check_key,
+                             check_namespace,
                              check_placement, pack_lease_rows, parse_put_items,
                              self_contained)
 from gcache.status import Status
@@ -586,9 +587,10 @@ def _alloc(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
     ph = check_placement(meta, len(parsed))  # kept with each object
     wrong_owner = conn.not_owned(meta, ph, len(parsed))
     ph = ph or [None] * len(parsed)
+    parents = chain_parents(meta, parsed, lim) or itertools.repeat(None)
     out = []
     now = time.monotonic()
-    for (key, tl, off, ln, pid, csum), wrong, h in zip(parsed, wrong_owner, ph):
+    for (key, tl, off, ln, pid, csum), wrong, h, up in zip(parsed, wrong_owner, ph, parents):
         if wrong:
             out.append([int(Status.NOT_OWNER), 0, 0])
             continue
@@ -600,7 +602,8 @@ def _alloc(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
         if full:
             out.append([int(Status.BUSY), 0, 0])
             continue
-        slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum, holder=st.holder, ph=h)
+        slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum, holder=st.holder, ph=h,
+                               parent=up)
                 if tl <= lim.max_value_bytes else None)
         if slot is None or slot.status != Status.OK:
             out.append([int(Status.TOO_LARGE if slot is None else slot.status), 0, 0])
@@ -675,6 +678,7 @@ def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dic
     # the checksum is required: it is what proves the bytes are the writer's value
     parsed = parse_put_items(check_items(meta, lim), lim, "PUT_STAGED",
                              require_checksum=True)
+    parents = chain_parents(meta, parsed, lim) or itertools.repeat(None)
     if_absent = check_flag(meta, "ia")
     total = sum(p.length for p in parsed)
     if total > lim.max_frame_bytes:
@@ -706,7 +710,8 @@ def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dic
     nbytes = 0
     try:
         whole = self_contained(parsed)
-        for (key, tl, off, ln, pid, csum), wrong, h in zip(parsed, wrong_owner, ph):
+        for (key, tl, off, ln, pid, csum), wrong, h, up in zip(parsed, wrong_owner, ph,
+                                                               parents):
             at, pos = pos, pos + ln
             if wrong or (guard is not None and guard.skip(key)):
                 statuses.append(Status.NOT_OWNER if wrong else Status.OK)  # skipped: OK
@@ -714,7 +719,8 @@ def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dic
             # a put whose slices all travel in this frame completes within it: only one
             # that waits for slices of other frames is a reservation that outlives it
             holder = None if (key, pid) in whole else st.holder
-            slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum, holder=holder, ph=h)
+            slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum, holder=holder, ph=h,
+                                   parent=up)
                     if tl <= lim.max_value_bytes else None)
             if slot is None or slot.status != Status.OK:
                 statuses.append(Status.TOO_LARGE if slot is None else slot.status)

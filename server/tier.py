@@ -45,6 +45,10 @@ for bookkeeping only; data is copied *outside* the lock, protected by pins:
   promotion; ``held()`` yields it (``HeldObject.ph``; None when the writer sent none:
   the object is placed by ``placement_hash(ns, key)``), so the handoff moves each
   object to the owner its readers ask.
+* Chain parents. ``begin_put(..., parent=)``: the key of the page before this one in
+  its chain (from the frame's ``"ch"``, ``protocol.chain_parents``), kept with the memory
+  object for its eviction policy (``eviction.Resident.parent``); never persisted, not
+  carried to disk or by promotion or the handoff (None there: unknown).
 
 The seams behind it: ``eviction.py`` (which objects memory gives up first),
 ``movement.py`` (what the tiered store's mover may call on memory and on disk,
@@ -130,7 +134,7 @@ class Tier(abc.ABC):
     @abc.abstractmethod
     def begin_put(self, ns: bytes, key: bytes, total_len: int, offset: int, length: int,
                   put_id: int, *, csum: int | None = None, holder: Any = None,
-                  ph: int | None = None) -> PutSlot: ...
+                  ph: int | None = None, parent: bytes | None = None) -> PutSlot: ...
 
     @abc.abstractmethod
     def finish_put(self, slot: PutSlot, *, if_absent: bool = False) -> Status:

@@ -262,13 +262,13 @@ class TieredStore(Tier):
     # ------------------------------------------------------------------ writes
     def begin_put(self, ns: bytes, key: bytes, total_len: int, offset: int, length: int,
                   put_id: int, *, csum: int | None = None, holder: Any = None,
-                  ph: int | None = None) -> PutSlot:
+                  ph: int | None = None, parent: bytes | None = None) -> PutSlot:
         """Memory full: wait up to ``room_wait_s`` for the mover to demote, and only then
         let memory evict to nothing (a bounded backpressure, never a hang). ``ph``: kept
-        with the object (``Tier``), in memory and on disk."""
+        with the object (``Tier``), in memory and on disk; ``parent``: in memory only."""
         mem = self.memory
         slot = mem.begin_put(ns, key, total_len, offset, length, put_id, evict=False,
-                             csum=csum, holder=holder, ph=ph)
+                             csum=csum, holder=holder, ph=ph, parent=parent)
         if slot.status != Status.NO_SPACE:
             return slot
         need = mem.object_bytes(ns, key, total_len)
@@ -281,17 +281,18 @@ class TieredStore(Tier):
                     with self._room:
                         self._room.wait(min(max(0.0, end - time.monotonic()), 0.05))
                     slot = mem.begin_put(ns, key, total_len, offset, length, put_id,
-                                         evict=False, csum=csum, holder=holder, ph=ph)
+                                         evict=False, csum=csum, holder=holder, ph=ph,
+                                         parent=parent)
                     if slot.status != Status.NO_SPACE:
                         return slot
                     if not slot.extra.get("quota"):
                         break  # within quota now, but the arena is full: wait below
                 else:
                     return mem.begin_put(ns, key, total_len, offset, length, put_id,
-                                         csum=csum, holder=holder, ph=ph)
+                                         csum=csum, holder=holder, ph=ph, parent=parent)
             else:
                 return mem.begin_put(ns, key, total_len, offset, length, put_id,
-                                     csum=csum, holder=holder, ph=ph)
+                                     csum=csum, holder=holder, ph=ph, parent=parent)
         # waiting only helps if the mover can free something: not with the disk degraded,
         # not when memory is all puts in flight, not right after a wait ran out
         if (not self.disk.degraded and now >= self._no_wait_until
@@ -300,12 +301,13 @@ class TieredStore(Tier):
             while time.monotonic() < end and not self.disk.degraded:
                 self._wait_for_room(need, end)
                 slot = mem.begin_put(ns, key, total_len, offset, length, put_id,
-                                     evict=False, csum=csum, holder=holder, ph=ph)
+                                     evict=False, csum=csum, holder=holder, ph=ph,
+                                     parent=parent)
                 if slot.status != Status.NO_SPACE:
                     return slot
             self._no_wait_until = time.monotonic() + 1.0  # behind: evict for a while
         return mem.begin_put(ns, key, total_len, offset, length, put_id, csum=csum,
-                             holder=holder, ph=ph)
+                             holder=holder, ph=ph, parent=parent)
 
     def _wait_for_room(self, need: int, end: float) -> None:
         with self._room:

@@ -244,8 +244,9 @@ class GCacheStorage(HiCacheStorage):
             self.core.note_write_context(prefix)
         groups = self.core.groups(prefix, keys)
         bufs = binding.page_views(host_indices, n)
-        if write:
-            return self.core.put_pages(binding.spec, keys, bufs, groups)
+        if write:  # the page before the first written: the last prefix key ("" if none)
+            before = None if prefix is None else prefix[-1] if prefix else ""
+            return self.core.put_pages(binding.spec, keys, bufs, groups, before)
         ok = self.core.get_pages(binding.spec, keys, bufs, groups)
         binding.finish_read(host_indices, bufs, ok)
         return ok

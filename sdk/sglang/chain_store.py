@@ -96,6 +96,17 @@ def chain_groups(prefix_keys: Sequence[str] | None, keys: Sequence[str],
     return out
 
 
+def chain_parent(spec: PoolSpec, keys: Sequence[str], todo: Sequence[int],
+                 before: str | None) -> str | None:
+    """The object before page ``keys[todo[0]]`` in its chain (its last component;
+    ``""``: the chain's head), when the pages ``todo`` are a consecutive run and the
+    page before ``keys[0]`` is known (``before``); else None (nothing is said)."""
+    if before is None or not todo or todo[-1] - todo[0] != len(todo) - 1:
+        return None
+    page = keys[todo[0] - 1] if todo[0] else before
+    return spec.keys(page)[-1] if page else ""
+
+
 def leading(flags: Sequence[bool]) -> int:
     """Length of the leading run of True."""
     for i, f in enumerate(flags):
@@ -374,8 +385,14 @@ class ChainStore:
         return ok
 
     def put_pages(self, spec: PoolSpec, keys: Sequence[str], bufs: Sequence[Sequence[Any]],
-                  groups: Sequence[str] | None) -> list[bool]:
-        """Store page i's components from ``bufs[i]``; pages already stored are skipped."""
+                  groups: Sequence[str] | None, before: str | None = None) -> list[bool]:
+        """Store page i's components from ``bufs[i]``; pages already stored are skipped.
+
+        ``before``: the page hash before ``keys[0]`` in its prefix chain (``""``: the keys
+        start the chain; None: unknown). When the pages written are a consecutive run,
+        the put names the object before them as its ``chain_parent`` (a page's
+        components are consecutive objects of the chain), for the servers' ``chains``
+        eviction policy."""
         n = len(keys)
         if not n:
             return []
@@ -393,7 +410,8 @@ class ChainStore:
                                    None if groups is None else [groups[i] for i in todo])
             flat = [b for i in todo for b in bufs[i]]
             t0 = time.perf_counter()
-            st = self.client.put_batch_from(objs, flat, group=g)
+            st = self.client.put_batch_from(objs, flat, group=g,
+                                            chain_parent=chain_parent(spec, keys, todo, before))
             dt = time.perf_counter() - t0
             res = self._fold(spec, st, len(todo))
             for i, r in zip(todo, res):

@@ -59,7 +59,7 @@ from __future__ import annotations
 import abc
 import itertools
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 from gcache.config import TransportKind
 from gcache.errors import AuthError, TransportTimeout  # noqa: F401  (part of the contract)
@@ -88,6 +88,20 @@ class PutItem(NamedTuple):
     # staging copy hashes the value in the same pass as it copies it)
     checksum: int | None
     index: int = 0  # the key's position in the caller's batch (not sent)
+
+
+def frame_chain(part: Sequence[PutItem], before: Callable[[int], bytes | None]
+                ) -> bytes | None:
+    """The ``"ch"`` of a put frame holding ``part`` (slices of consecutive keys of one
+    chain, by ``index``): ``before(i)``, the key of the page before key ``i``, for its
+    first key. None when ``part``'s keys are not consecutive or ``before`` does not know
+    (then no ``"ch"`` is sent)."""
+    prev = part[0].index
+    for it in part:
+        if it.index - prev not in (0, 1):
+            return None
+        prev = it.index
+    return before(part[0].index)
 
 
 class GetItem(NamedTuple):

@@ -49,7 +49,7 @@ from gcache.protocol import (LEASE_ROW, Op, encode_frame, read_frame, sendmsg_al
 from gcache.status import Status, status_of
 from gcache.config import TransportKind
 from gcache.sdk.transports.base import (AuthError, ItemResult, TransportTimeout, Work,
-                                        next_request_id)
+                                        frame_chain, next_request_id)
 from gcache.sdk.transports.tcp import TcpTransport, put_fields
 
 if TYPE_CHECKING:
@@ -443,10 +443,19 @@ class OneSidedTransport(TcpTransport):
 
     @staticmethod
     def subset(work: Work, idx: list[int]) -> Work:
-        """The items ``idx`` of ``work`` as a frame of their own (placement hashes too)."""
+        """The items ``idx`` of ``work`` as a frame of their own (placement hashes and
+        chain parent too)."""
         extra = dict(work.extra or {})
         if "ph" in extra and isinstance(extra["ph"], list) \
                 and len(extra["ph"]) == len(work.items):
             extra["ph"] = [extra["ph"][i] for i in idx]
-        return Work(work.op, work.ns, [work.items[i] for i in idx], work.deadline, None,
-                    extra or None)
+        items = [work.items[i] for i in idx]
+        if extra.get("ch") is not None:
+            known = {it.index + 1: it.key for it in work.items}  # the key before each
+            known[work.items[0].index] = extra["ch"]
+            ch = frame_chain(items, known.get)
+            if ch is None:
+                del extra["ch"]
+            else:
+                extra["ch"] = ch
+        return Work(work.op, work.ns, items, work.deadline, None, extra or None)

@@ -101,6 +101,7 @@ class _DiskObj:
     identity."""
 
     __slots__ = ("ns", "key", "e")
+    parent = None  # chain parents are not kept on disk: unknown
 
     def __init__(self, ns: bytes, key: bytes, e: Entry) -> None:
         self.ns, self.key, self.e = ns, key, e

@@ -13,6 +13,7 @@ class Obj:
     length: int = 100
     chunk: int = 4096
     version: int = 1
+    parent: bytes | None = None
 
 
 def keys_of(it) -> list[bytes]:  # noqa: ANN001 - any iterable of objects

@@ -123,7 +123,7 @@ SIZE = 200_000
 NS = b"ns"
 
 
-@pytest.mark.parametrize("name", ["lru", "reuse", "s3fifo"])
+@pytest.mark.parametrize("name", ["lru", "reuse", "s3fifo", "chains"])
 def test_memory_tier_evicts_the_unread_before_the_read(tmp_path, name: str) -> None:
     clock = VirtualClock()
     arena = Arena(str(tmp_path / "a.arena"), 8 * MIB, MIB, prefault=False)

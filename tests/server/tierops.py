@@ -12,10 +12,11 @@ from gcache.status import Status
 from gcache.testing.oracle import value_for
 
 
-def put_value(tier: Tier, ns: bytes, key: bytes, n: int, ph: int | None = None) -> int:
-    """Put ``value_for(key, n)`` in one slot (``ph``: its placement hash); returns the
-    version it committed under."""
-    slot = tier.begin_put(ns, key, n, 0, n, 0, ph=ph)
+def put_value(tier: Tier, ns: bytes, key: bytes, n: int, ph: int | None = None,
+              parent: bytes | None = None) -> int:
+    """Put ``value_for(key, n)`` in one slot (``ph``: its placement hash; ``parent``: its
+    chain parent's key); returns the version it committed under."""
+    slot = tier.begin_put(ns, key, n, 0, n, 0, ph=ph, parent=parent)
     assert slot.status == Status.OK, slot.status
     slot.view[:] = value_for(key, n)
     version = slot.token.obj.version

@@ -75,3 +75,16 @@ def test_config_parsing():
         PluginConfig.from_extra({"servers": ["a:1"], "group_pages": 0})
     with pytest.raises(ConfigError, match="skip_existing"):
         PluginConfig.from_extra({"servers": ["a:1"], "skip_existing": "yes"})
+
+
+@pytest.mark.timeout(30)
+def test_put_pages_names_the_object_before_a_consecutive_run_of_pages():
+    from gcache.sdk.sglang.chain_store import PoolSpec, chain_parent
+
+    spec = PoolSpec("kv", "t", "r", (10, 20))  # two components: the last one ends a page
+    keys = ["h1", "h2", "h3"]
+    assert chain_parent(spec, keys, [0, 1, 2], "") == ""  # the keys start the chain
+    assert chain_parent(spec, keys, [0, 1, 2], "h0") == "kv/t/h0/r/1"  # the last prefix key
+    assert chain_parent(spec, keys, [1, 2], "h0") == "kv/t/h1/r/1"  # h1 was stored already
+    assert chain_parent(spec, keys, [0, 2], "h0") is None  # not consecutive: nothing said
+    assert chain_parent(spec, keys, [0, 1], None) is None  # no prefix keys: unknown
