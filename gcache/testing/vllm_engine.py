@@ -136,6 +136,7 @@ class Engine:
         self.finish_reasons: dict[str, str] = {}
         self.load_failures = 0
         self.saved_blocks = self.load_blocks = 0  # from the worker's stats (wait_saves)
+        self.last_meta = None  # the connector metadata of the last step
 
     def close(self) -> None:
         for c in (self.worker, self.sched.connector):
@@ -154,6 +155,7 @@ class Engine:
         """One engine step; ``after_schedule`` runs between the scheduler's lookup and
         the worker's load (a fault test kills a server there)."""
         so = self.sched.schedule()
+        self.last_meta = so.kv_connector_metadata
         if after_schedule is not None:
             after_schedule()
         w = self.worker

@@ -111,6 +111,9 @@ class GCacheConnectorMetadata(KVConnectorMetadata):
     loads: dict[str, list[Item]] = field(default_factory=dict)
     saves: dict[str, list[Item]] = field(default_factory=dict)  # finished: blocks held
     saves_now: dict[str, list[Item]] = field(default_factory=dict)  # filled this step
+    # req -> gid -> block hash of the block before the first saved one (b"": the head):
+    # each group's saves are consecutive blocks of one chain (``chain_parent`` on put)
+    parents: dict[str, dict[int, bytes]] = field(default_factory=dict)
 
 
 @dataclass
@@ -264,6 +267,7 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
         self._saved: dict[str, list[int]] = {}  # req -> per plan: blocks already in gcache
         self._loads: dict[str, list[Item]] = {}
         self._saves: dict[str, list[Item]] = {}
+        self._parents: dict[str, dict[int, bytes]] = {}
         self._saving: set[str] = set()
         self._loading: dict[str, set[int]] = {}  # req -> block ids of its load plan
         self._tainted: set[str] = set()  # reqs whose load failed: never saved
@@ -374,14 +378,15 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
                 try:
                     end = min(req.num_computed_tokens + n, req.num_tokens)
                     ids = self._kv_cache_manager.get_block_ids(req_id)
-                    items = self._progress(req, end, ids)
+                    items = self._progress(req, end, ids, self._parents)
                 except Exception:  # noqa: BLE001 - never into the engine: not saved now
                     log.exception("gcache connector: could not plan a step's save")
                     continue
                 if items:
                     now[req_id] = items
-        meta = GCacheConnectorMetadata(loads=self._loads, saves=self._saves, saves_now=now)
-        self._loads, self._saves = {}, {}
+        meta = GCacheConnectorMetadata(loads=self._loads, saves=self._saves, saves_now=now,
+                                       parents=self._parents)
+        self._loads, self._saves, self._parents = {}, {}, {}
         return meta
 
     def request_finished(self, request: "Request",
@@ -402,7 +407,8 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
             return False, None
         try:
             # the last sampled token has no KV yet: num_computed_tokens ends the blocks
-            items = self._progress(request, request.num_computed_tokens, block_ids)
+            items = self._progress(request, request.num_computed_tokens, block_ids,
+                                   self._parents)
         except Exception:  # noqa: BLE001 - never into the engine: nothing saved
             log.exception("gcache connector: could not plan a save; nothing saved")
             return False, None
@@ -414,10 +420,11 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
         self._saving.add(request.request_id)
         return True, None
 
-    def _progress(self, request: "Request", end: int,
-                  block_ids: Sequence[Sequence[int]]) -> list[Item]:
+    def _progress(self, request: "Request", end: int, block_ids: Sequence[Sequence[int]],
+                  parents: dict[str, dict[int, bytes]]) -> list[Item]:
         """Blocks of ``request`` complete before token ``end`` and not yet in gcache: a
-        full group's every block, a window group's blocks its window sees at ``end``."""
+        full group's every block, a window group's blocks its window sees at ``end``;
+        ``parents[req][gid]`` gets the hash of the block before each group's first."""
         saved = self._saved.setdefault(request.request_id, [0] * len(self.plans))
         hashes = request.block_hashes
         null = self._null_block_id()
@@ -429,6 +436,9 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
             for j in range(lo, hi):
                 if ids[j] != null:
                     items.append((p.gid, ids[j], bytes(hashes[(j + 1) * p.ratio - 1])))
+            if lo < hi:
+                parents.setdefault(request.request_id, {})[p.gid] = \
+                    bytes(hashes[lo * p.ratio - 1]) if lo else b""
             saved[i] = max(saved[i], hi)
         return items
 
@@ -569,38 +579,53 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
         if not isinstance(meta, GCacheConnectorMetadata):
             return
         for req_id, items in meta.saves_now.items():
-            self._start_save(req_id, items, held=False)
+            self._start_save(req_id, items, False, meta.parents.get(req_id, {}))
         for req_id, items in meta.saves.items():
-            self._start_save(req_id, items, held=True)
+            self._start_save(req_id, items, True, meta.parents.get(req_id, {}))
 
-    def _start_save(self, req_id: str, items: list[Item], held: bool) -> None:
+    def _start_save(self, req_id: str, items: list[Item], held: bool,
+                    parents: dict[int, bytes]) -> None:
         """``held``: a finished request's blocks, which vLLM keeps until the save is
         reported (read in place where the layout allows); else blocks of a running
-        request, copied out now (vLLM may reuse them once this step returns)."""
-        mine = [it for it in items if not (self.plans[it[0]].replicated and self.rank != 0)]
-        keys: list = []  # MLA: rank 0 writes what every rank holds
-        staged: dict = {}
-        try:
-            if mine:
-                keys, bufs, staged = self._buffers(mine, load=False, stage_all=not held)
-        except Exception:  # noqa: BLE001 - a save we cannot start: nothing saved
-            log.exception("gcache connector: could not start a save; nothing saved")
-            keys = []
-        if not keys:
+        request, copied out now (vLLM may reuse them once this step returns). One put per
+        group: its blocks are consecutive pages of one chain (``chain_parent``)."""
+        groups: dict[int, list[Item]] = {}
+        for it in items:  # MLA: rank 0 writes what every rank holds
+            if not (self.plans[it[0]].replicated and self.rank != 0):
+                groups.setdefault(it[0], []).append(it)
+        if not groups:
             self._finish_save(req_id, [], held)
             return
+        left = [len(groups)]
+        results: list = []
 
-        def done(statuses: list) -> None:
+        def part(statuses: list, staged: dict) -> None:
             self._release(staged)
-            self._finish_save(req_id, statuses, held)
+            with self._lock:
+                results.extend(statuses)
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                self._finish_save(req_id, results, held)
             with self._lock:
                 self._inflight -= 1
                 self._idle.notify_all()
 
-        with self._lock:
-            self._inflight += 1
-        self.client.put_batch_from_async(keys, bufs, timeout_ms=self.cfg.save_timeout_ms,
-                                         if_absent=True, callback=done)
+        for gid, its in groups.items():
+            with self._lock:
+                self._inflight += 1
+            try:
+                keys, bufs, staged = self._buffers(its, load=False, stage_all=not held)
+            except Exception:  # noqa: BLE001 - a save we cannot start: not saved
+                log.exception("gcache connector: could not start a save; not saved")
+                part([Status.BAD_REQUEST] * len(its), {})
+                continue
+            parent = parents.get(gid)
+            chain = None if parent is None else \
+                self._key(gid, parent, self._rank_for(self.plans[gid])) if parent else b""
+            self.client.put_batch_from_async(
+                keys, bufs, timeout_ms=self.cfg.save_timeout_ms, if_absent=True,
+                chain_parent=chain, callback=lambda sts, st=staged: part(sts, st))
 
     def _finish_save(self, req_id: str, statuses: list, held: bool) -> None:
         with self._lock:

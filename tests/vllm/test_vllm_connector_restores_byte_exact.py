@@ -134,7 +134,15 @@ def test_a_running_prefill_shares_its_blocks_before_it_finishes(server, model_di
     prompt = _prompt(11 + len(case), 12 * B + 3)
     r = a.add("a1", prompt, max_tokens=4)
     a.step()
+    window_gids = [gid for gid, g in enumerate(a.kcc.kv_cache_groups)
+                   if type(g.kv_cache_spec).__name__ == "SlidingWindowSpec"]
+    # each group's saves are one chain piece: its parent is the block before the first
+    # (b"": the chain's head), for the chains eviction policy
+    assert a.last_meta.parents["a1"][0] == b""
     a.step()  # 8 blocks computed; the request is still prefilling
+    assert a.last_meta.parents["a1"][0] == bytes(r.block_hashes[3])
+    for gid in window_gids:  # the window at the step's end: blocks 6 and 7
+        assert a.last_meta.parents["a1"][gid] == bytes(r.block_hashes[5])
     assert r.num_computed_tokens == 8 * B and not a.finished
     windows = sum(1 for g in a.kcc.kv_cache_groups
                   if type(g.kv_cache_spec).__name__ == "SlidingWindowSpec")
