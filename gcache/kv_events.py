@@ -66,8 +66,9 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     data_parallel_rank: int | None = None
 
 
-def stored_event(key: bytes, medium: Medium) -> BlockStored:
-    return BlockStored([key], None, [], 0, None, medium.value, None)
+def stored_event(key: bytes, medium: Medium, parent: bytes | None = None) -> BlockStored:
+    """One key's BlockStored; ``parent``: the key before it in its chain, if known."""
+    return BlockStored([key], parent, [], 0, None, medium.value, None)
 
 
 _ENCODE = msgspec.msgpack.Encoder().encode

@@ -50,7 +50,7 @@ import msgspec
 import zmq
 
 from gcache.kv_events import (ALL_NAMESPACES, AllBlocksCleared, BlockRemoved, KVEventBatch,
-                              stored_raw)
+                              stored_event, stored_raw)
 from gcache.kv_events import topic as topic_of
 from gcache.server.kv_events import EventQueue, Resident
 
@@ -185,12 +185,13 @@ class KvEventPublisher:
             medium = q.medium
             while got := q.drain(SLICE_EVENTS):
                 by_topic: dict[bytes, list] = {}
-                for is_store, ns, key in got:
+                for is_store, ns, key, parent in got:
                     evs = by_topic.get(ns)
                     if evs is None:
                         evs = by_topic[ns] = []
-                    if is_store:
-                        evs.append(stored_raw(key, medium))
+                    if is_store:  # a chain head (b"") has no parent
+                        evs.append(stored_event(key, medium, parent) if parent
+                                   else stored_raw(key, medium))
                     elif evs and type(evs[-1]) is BlockRemoved:
                         evs[-1].block_hashes.append(key)
                     else:

@@ -2,11 +2,13 @@
 publisher (``kv_event_publisher``). The wire records and topics are the core's
 (``gcache.kv_events``); the design: ``docs/kv-events.md``.
 
-* ``EventQueue``: one per tier. The tier calls ``stored(ns, key)`` when an object
+* ``EventQueue``: one per tier. The tier calls ``stored(ns, key, parent)`` when an object
   becomes current in its index (a put, a replace, a promotion into memory, a demotion
   onto disk, a compaction carry) and ``removed(ns, key)`` when it leaves it (eviction,
   demotion out of memory, delete, a newer version elsewhere, a corrupt drop, a disk
-  record compacted away or killed by a quota). Threads: the tier's own, with **the
+  record compacted away or killed by a quota); ``parent`` is the key of the page before
+  it in its chain when its writer named one (``chain_parent``), for the event's
+  ``parent_block_hash``. Threads: the tier's own, with **the
   tier's lock held** (connection threads, the evictor, the mover), which serialises the
   calls of one queue. They never block and make no syscall: a ``deque`` append, or,
   past ``max_events``, a counted drop (``dropped``) that the publisher turns into a
@@ -47,23 +49,23 @@ class EventQueue:
         if max_events < 1:
             raise ConfigError(f"kv_events_queue_events {max_events} must be at least 1")
         self.medium = medium
-        self._q: deque[tuple[bool, bytes, bytes]] = deque()
+        self._q: deque[tuple[bool, bytes, bytes, bytes | None]] = deque()
         self._cap = max_events
         self.dropped = 0
 
-    def stored(self, ns: bytes, key: bytes) -> None:
+    def stored(self, ns: bytes, key: bytes, parent: bytes | None = None) -> None:
         if len(self._q) < self._cap:
-            self._q.append((True, ns, key))
+            self._q.append((True, ns, key, parent))
         else:
             self.dropped += 1
 
     def removed(self, ns: bytes, key: bytes) -> None:
         if len(self._q) < self._cap:
-            self._q.append((False, ns, key))
+            self._q.append((False, ns, key, None))
         else:
             self.dropped += 1
 
-    def drain(self, limit: int) -> list[tuple[bool, bytes, bytes]]:
+    def drain(self, limit: int) -> list[tuple[bool, bytes, bytes, bytes | None]]:
         """Up to ``limit`` events, oldest first (the publisher thread only)."""
         out = []
         q = self._q

@@ -531,7 +531,7 @@ class MemoryTier(Tier):
             self.policy.on_remove(old)
         self.policy.on_insert(o)
         if self._events is not None:
-            self._events.stored(o.ns, o.key)
+            self._events.stored(o.ns, o.key, o.parent)
         return old
 
     def do_unindex(self, o: _Obj) -> None:

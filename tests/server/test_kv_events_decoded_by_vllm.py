@@ -173,6 +173,21 @@ def test_put_and_delete_give_block_stored_and_removed_with_memory_medium(vkv, ti
         assert not sub.gaps
 
 
+def test_a_put_naming_its_chain_parent_gives_parent_block_hash(vkv, tiered):
+    """A batch put with ``chain_parent`` (the vLLM connector and SGLang plugin send one):
+    each BlockStored names the key before it, the chain's head none; a router can walk
+    the chain as it does vLLM's own events."""
+    with _session(vkv, tiered, "ns-chain") as (_srv, _topic, sub, c):
+        keys = [f"chain-{i}".encode() for i in range(4)]
+        assert c.put_batch(keys, [b"y" * 500] * 4, chain_parent=b"") == [Status.OK] * 4
+        more = [b"chain-4", b"chain-5"]
+        assert c.put_batch(more, [b"z" * 500] * 2, chain_parent=keys[-1]) == [Status.OK] * 2
+        parents = {e.block_hashes[0]: e.parent_block_hash for _t, _s, b in sub.recv()
+                   for e in b.events if isinstance(e, vkv.BlockStored)}
+        want = [None] + keys[:-1] + [keys[-1], more[0]]
+        assert [parents.get(k, "missing") for k in keys + more] == want
+
+
 def test_demotion_gives_removed_from_memory_and_stored_on_storage(vkv, tiered):
     with _session(vkv, tiered, "ns-d", 10_000) as (_srv, _topic, sub, c):
         keys = [f"d-{i}".encode() for i in range(40)]  # 40 x 512 KiB > 16 MiB memory
