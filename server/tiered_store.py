@@ -90,7 +90,7 @@ class _Frame:
     caller waits on ``progress`` for the next item in order."""
 
     __slots__ = ("ns", "items", "out", "todo", "claim", "left", "progress", "done", "failed",
-                 "finished", "aborted")
+                 "finished", "aborted", "want")
 
     def __init__(self, ns: bytes, items: list, out: list[Pinned], todo: list[int]) -> None:
         self.ns, self.items, self.out, self.todo = ns, items, out, todo
@@ -104,6 +104,7 @@ class _Frame:
             if p.status != Status.MISS:
                 self.finished[i] = 1
         self.aborted = False  # the caller gave up (its send failed): claim, skip the read
+        self.want = -1  # the item a streaming caller waits for (set under ``progress``)
 
 
 class TieredStore(Tier):
@@ -228,6 +229,7 @@ class TieredStore(Tier):
                 sent = end
             elif not self._read_one(frame):  # nothing left to claim: wait for item `sent`
                 with frame.progress:
+                    frame.want = sent
                     while not finished[sent]:
                         frame.progress.wait()
 
@@ -251,7 +253,8 @@ class TieredStore(Tier):
             frame.left -= 1
             if frame.left == 0:
                 frame.done.set()
-            frame.progress.notify()
+            if i == frame.want:  # the only item a streaming caller waits for
+                frame.progress.notify()
         return True
 
     def _io_loop(self) -> None:

@@ -53,6 +53,7 @@ def put_fields(items: list[PutItem], sums: list[int | None] | None = None) -> li
 class TcpTransport(Transport):
     kind: TransportKind | None = TransportKind.TCP
     background = False  # AUTH asks the server to serve this connection at background priority
+    stream_gets = False  # GETs ask for a streamed reply ("sr": 1, docs/protocol.md)
 
     def __init__(self, address: str, token: str | ClientCredential, limits: Limits,
                  connect_timeout: float, tls: ssl.SSLContext | None = None) -> None:
@@ -163,11 +164,12 @@ class TcpTransport(Transport):
             sendmsg_all(sock, [encode_frame(op, rid, meta, plen),
                                *(it.src for it in work.items)], deadline)
         elif op == Op.GET:
-            # "sr": the server may stream the reply (a frame per verified prefix of items),
-            # so a disk-served frame's first items travel while its later ones are read
             meta = {"ns": work.ns, "items": [[it.key, it.offset, it.max_len, it.version]
-                                             for it in work.items], "sr": 1,
-                    **(work.extra or {})}
+                                             for it in work.items], **(work.extra or {})}
+            if self.stream_gets:
+                # the server may stream the reply (a frame per verified prefix of items),
+                # so a disk-served frame's first items travel while its later ones are read
+                meta["sr"] = 1
             sendmsg_all(sock, [encode_frame(op, rid, meta)], deadline)
         else:
             sendmsg_all(sock, [encode_frame(op, rid, {"ns": work.ns,

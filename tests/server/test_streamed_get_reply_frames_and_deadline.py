@@ -2,8 +2,9 @@
 ``FLAG_MORE`` on all but the last, each standing alone (its rows and payload), together
 the whole reply in item order; the memory-resident first items arrive while a slow disk
 read (``disk_read_slow`` failpoint) is still running; a plain GET on the same connection
-is one frame after it. An SDK get whose deadline passes mid-stream is a miss, its
-connection is dropped, and the next get is served whole and right."""
+is one frame after it. An SDK get (``Client(stream_gets=True)``) whose deadline passes
+mid-stream is a miss, its connection is dropped, and the next get is served whole and
+right."""
 
 from __future__ import annotations
 
@@ -96,7 +97,7 @@ def test_deadline_mid_stream_is_a_miss_and_the_next_get_is_whole(make_cluster, t
     cl, keys = _server(make_cluster, tmp_path, "disk_read_slow=1x")
     frame = keys[-2:] + keys[:10]
     with Client(cl.addresses, timeout_ms=int(SLOW_READ_S * 1000 * 0.4),
-                transport="tcp", conns_per_server=1) as c:
+                transport="tcp", conns_per_server=1, stream_gets=True) as c:
         bufs = [bytearray(SIZE) for _ in frame]
         t0 = time.monotonic()
         st = c.get_batch_into(frame, bufs)
