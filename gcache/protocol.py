@@ -15,7 +15,8 @@ payloads are received straight into their destination (``recv_into`` an arena
 slot or a user buffer) — the payload is never staged in a temporary buffer.
 
 Responses reuse the request's opcode with ``FLAG_RESPONSE`` set and the same
-request id. A frame-level failure (bad magic, oversize, auth) is a response
+request id (a streamed GET reply is several such frames, ``FLAG_MORE`` on all but
+the last). A frame-level failure (bad magic, oversize, auth) is a response
 with a non-zero ``status`` and ``{"error": text}``; the sender then closes the
 connection, so a malformed stream can never desynchronise.
 
@@ -46,6 +47,9 @@ PREFIX_SIZE = PREFIX.size  # 36
 _CRC_SPAN = PREFIX_SIZE - 4
 
 FLAG_RESPONSE = 0x0001
+#: a streamed GET reply (request flag ``"sr": 1``): more reply frames of this request
+#: follow, each covering the next items in order; the last one has it clear
+FLAG_MORE = 0x0002
 
 
 class Op:

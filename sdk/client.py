@@ -118,6 +118,10 @@ class Client:
             dispatch-thread wake-ups (default 128 KiB; 0 = never). Larger or multi-server calls, calls finding every
             one-hop connection busy, and every ``*_async`` call go through the dispatch
             threads. Same deadlines, statuses and exactly-once callbacks either way.
+        stream_gets: ask servers for streamed GET replies (``"sr": 1``,
+            docs/protocol.md): a frame's verified first items are sent while its later
+            disk reads run. Same results, deadlines and statuses. Default off (measured
+            at 64 KiB: more CPU per item, no throughput gained; see bench/RESULTS.md).
         metrics: ``True`` to count this client's calls in prometheus_client's default
             registry (which the application's own exporter serves), or a
             ``CollectorRegistry`` to count them there: ``gcache_client_items_total{op,
@@ -145,6 +149,7 @@ class Client:
                  handoff_read_window_ms: int | None = None,
                  background: bool | None = None,
                  one_hop_max_bytes: int | None = None,
+                 stream_gets: bool | None = None,
                  metrics: bool | CollectorRegistry | None = None) -> None:
         if isinstance(servers, str):
             servers = servers.split(",")
@@ -162,7 +167,7 @@ class Client:
             "tls_ca_file": tls_ca_file, "tls_cert_file": tls_cert_file,
             "tls_key_file": tls_key_file, "handoff_read_window_ms": handoff_read_window_ms,
             "background": background,
-            "one_hop_max_bytes": one_hop_max_bytes})
+            "one_hop_max_bytes": one_hop_max_bytes, "stream_gets": stream_gets})
         cfg = self.config = s.config
         self.namespace, self.limits, self.transport = s.namespace, s.limits, s.transport
         self.timeout = s.timeout_s
@@ -180,7 +185,7 @@ class Client:
             lambda address: make_transport(
                 s.transport, address, s.token, s.limits, s.connect_timeout_s,
                 int(cfg.nixl_bounce_bytes), int(cfg.one_sided_min_bytes), s.tls,
-                background=bool(cfg.background)),
+                background=bool(cfg.background), stream_gets=bool(cfg.stream_gets)),
             self._dial, conns=self.conns, queue_depth=cfg.queue_depth,
             probe_interval=cfg.probe_interval_ms / 1000.0,
             connect_timeout=s.connect_timeout_s,

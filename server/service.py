@@ -57,7 +57,7 @@ from gcache.errors import ProtocolError
 from gcache.logs import RateLimitedLog
 from gcache.network import check_bind, linger
 from gcache.sched import background_thread
-from gcache.protocol import (FLAG_RESPONSE, PREAUTH_MAX_HEADER_BYTES,
+from gcache.protocol import (FLAG_MORE, FLAG_RESPONSE, PREAUTH_MAX_HEADER_BYTES,
                              FrameHeader, Limits, Op, check_flag, check_items, check_key,
                              chain_parents, check_namespace, check_placement, discard_views,
                              encode_frame, parse_put_items,
@@ -65,7 +65,7 @@ from gcache.protocol import (FLAG_RESPONSE, PREAUTH_MAX_HEADER_BYTES,
 from gcache.frame_reader import FrameReader
 from gcache.status import Status
 from gcache.server.metrics import ServerMetrics
-from gcache.server.tier import Tier
+from gcache.server.tier import Pinned, Tier
 from gcache.server import shm_ops
 
 log = logging.getLogger("gcache.server")
@@ -418,6 +418,68 @@ def _shutdown(sock: socket.socket) -> None:
         pass
 
 
+class _GetReply:
+    """One GET's reply, built in item order from its pins (``served``: the items not
+    refused) and its refusals: one frame, or with ``"sr": 1`` one frame per verified
+    prefix (``send_ready``, ``FLAG_MORE``) and a last one (``send_rest``). A frame's
+    item rows and its payload views cover the same items, so every frame stands alone;
+    the views are cut to what is left of ``max_frame_bytes`` over the whole reply."""
+
+    __slots__ = ("conn", "rid", "refused", "budget", "hits", "rows", "payload", "pos",
+                 "npins")
+
+    def __init__(self, conn: _Connection, rid: int, refused: list[Status | None] | None,
+                 budget: int) -> None:
+        self.conn, self.rid, self.refused, self.budget = conn, rid, refused, budget
+        self.hits = 0
+        self.rows: list[list[int]] = []
+        self.payload: list[memoryview] = []
+        self.pos = 0  # next request item (refusals included)
+        self.npins = 0  # pins already folded into rows
+
+    def _fold(self, pins: list[Pinned], end: int) -> None:
+        """Rows (and views) for the request items up to pin ``end``, and the refusals
+        after it when it is the last pin."""
+        rows, payload, refused = self.rows, self.payload, self.refused
+        budget = self.budget
+        for p in pins[self.npins:end]:
+            if refused is not None:
+                while refused[self.pos] is not None:
+                    rows.append([int(refused[self.pos]), 0, 0, 0, 0])
+                    self.pos += 1
+                self.pos += 1
+            v = p.view
+            if v is None:
+                rows.append([int(p.status), p.total_len, p.version, 0, p.checksum])
+                continue
+            if len(v) > budget:
+                v = p.view = v[:budget]
+            budget -= len(v)
+            payload.append(v)
+            rows.append([_OK, p.total_len, p.version, len(v), p.checksum])
+        self.budget, self.npins = budget, end
+        if refused is not None and end == len(pins):
+            rows.extend([int(no), 0, 0, 0, 0] for no in refused[self.pos:] if no is not None)
+            self.pos = len(refused)
+
+    def _send(self, more: bool) -> None:
+        self.hits += len(self.payload)
+        self.conn.reply(Op.GET, self.rid, {"items": self.rows}, self.payload, more=more)
+        self.rows, self.payload = [], []
+
+    def send_ready(self, end: int, pins: list[Pinned]) -> None:
+        """``pin_read_stream``'s ``ready``: send the items up to pin ``end`` unless that is
+        every pin (``send_rest`` sends the last frame)."""
+        if end < len(pins):
+            self._fold(pins, end)
+            self._send(more=True)
+
+    def send_rest(self, pins: list[Pinned]) -> None:
+        """The reply's only (or last) frame: whatever was not sent yet."""
+        self._fold(pins, len(pins))
+        self._send(more=False)
+
+
 class _Connection:
     def __init__(self, svc: Service, sock: socket.socket, peer: Any, ip: str,
                  deadline: float) -> None:
@@ -433,12 +495,15 @@ class _Connection:
         self.shm_state: shm_ops.ShmState | None = None  # made by svc.shm on first use
 
     def reply(self, opcode: int, rid: int, meta: Any, payload: list | None = None,
-              status: int = 0) -> None:
+              status: int = 0, more: bool = False) -> None:
         """Send one reply within the send deadline (``send_timeout_ms``; before AUTH, the
         handshake deadline if that comes first): past it the watchdog shuts the socket
-        down, and this raises OSError."""
+        down, and this raises OSError. ``more``: a streamed GET reply's frame that is not
+        its last (``FLAG_MORE``)."""
         plen = sum(len(p) for p in payload) if payload else 0
-        frame = encode_frame(opcode, rid, meta, plen, flags=FLAG_RESPONSE, status=status)
+        frame = encode_frame(opcode, rid, meta, plen,
+                             flags=FLAG_RESPONSE | FLAG_MORE if more else FLAG_RESPONSE,
+                             status=status)
         outer, outer_phase = self.deadline, self.phase
         self.deadline = min(outer, time.monotonic() + self.svc.send_s)
         self.phase = "send"
@@ -747,44 +812,32 @@ class _Connection:
                        {"items": [[int(Status.AUTH), 0, 0, 0, 0]] * len(items)})
             return
         refused = self.read_refusals(ns, meta, len(items))
-        out_meta, payload, budget = [], [], lim.max_frame_bytes
-        # pin every owned item at once (one tier lock hold; a disk tier reads them in
-        # parallel), then cut the views to the frame budget in item order
+        stream = check_flag(meta, "sr")
         if refused.count(None) != len(refused):  # some item refused (C-level count)
-            pins = tier.pin_read_many(ns, [it for it, no in zip(items, refused) if no is None])
+            served = [it for it, no in zip(items, refused) if no is None]
         else:
-            pins, refused = tier.pin_read_many(ns, items), None
+            served, refused = items, None
+        out = _GetReply(self, rid, refused, lim.max_frame_bytes)
+        # pin every owned item at once (one tier lock hold; a disk tier reads them in
+        # parallel), then cut the views to the frame budget in item order; a streamed
+        # reply sends each verified prefix of items as soon as it is pinned
+        if stream:
+            pins = tier.pin_read_stream(ns, served, out.send_ready)
+        else:
+            pins = tier.pin_read_many(ns, served)
         try:
-            it = iter(pins)
-            for no in refused or pins:
-                if refused is not None:
-                    if no is not None:
-                        out_meta.append([int(no), 0, 0, 0, 0])
-                        continue
-                    p = next(it)
-                else:
-                    p = no
-                v = p.view
-                if v is None:
-                    out_meta.append([int(p.status), p.total_len, p.version, 0, p.checksum])
-                    continue
-                if len(v) > budget:
-                    v = p.view = v[:budget]
-                budget -= len(v)
-                payload.append(v)
-                out_meta.append([_OK, p.total_len, p.version, len(v), p.checksum])
-            self.reply(Op.GET, rid, {"items": out_meta}, payload)
+            out.send_rest(pins)
         finally:
             tier.unpin_many(pins)
         m = self.svc.metrics
-        nbytes = lim.max_frame_bytes - budget
+        nbytes = lim.max_frame_bytes - out.budget
         m.add(m.bytes, "out")(nbytes)
-        hits = len(payload)
+        hits, misses = out.hits, len(items) - out.hits
         m.add(m.items, "get", "OK")(hits)
-        if len(out_meta) - hits:
-            m.add(m.items, "get", "MISS")(len(out_meta) - hits)
-        m.namespace_reads(ns, hits, len(out_meta) - hits, nbytes)
-        m.handoff_reads(meta, hits, len(out_meta) - hits)
+        if misses:
+            m.add(m.items, "get", "MISS")(misses)
+        m.namespace_reads(ns, hits, misses, nbytes)
+        m.handoff_reads(meta, hits, misses)
 
     def keyed(self, op: int, rid: int, meta: Any) -> None:
         lim = self.limits

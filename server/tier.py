@@ -14,7 +14,9 @@ for bookkeeping only; data is copied *outside* the lock, protected by pins:
   ``pin_read_many`` pins a whole GET frame's items; a tier may run their disk
   reads in parallel, and takes its lock once per frame, not once per item (the
   default just loops over ``pin_read``); ``unpin_many`` releases a frame's leases
-  the same way.
+  the same way. ``pin_read_stream`` is the same with the pins handed out in order as
+  soon as a prefix of them is pinned (``ready(end, pins)`` on the calling thread), so a
+  streamed GET reply (``"sr": 1``) sends the first items while later ones are read.
 * ``begin_put`` reserves space (evicting if needed) and returns a ``PutSlot``
   whose ``view`` the caller fills (``recv_into``); ``finish_put`` checksums and
   commits, ``abort_put`` releases. ``csum`` is the writer's checksum of the whole
@@ -122,6 +124,23 @@ class Tier(abc.ABC):
                       ) -> list[Pinned]:
         """``pin_read`` of each ``(key, offset, max_len, expect_version)``, in order."""
         return [self.pin_read(ns, k, off, mx, ev) for k, off, mx, ev in items]
+
+    def pin_read_stream(self, ns: bytes, items: list[tuple[bytes, int, int, int]],
+                        ready: Callable[[int, list[Pinned]], None]) -> list[Pinned]:
+        """``pin_read_many`` that hands its pins out in item order as soon as they are
+        pinned: ``ready(end, pins)`` runs on the calling thread each time ``pins[:end]``
+        grew (``end`` rises strictly, the last call has ``end == len(items)``; no call for
+        no items). It may block (it sends). Returns every pin, for ``unpin_many``. If
+        ``ready`` raises, every pin is released before the exception propagates.
+        The default pins all items first (one ``ready`` call)."""
+        pins = self.pin_read_many(ns, items)
+        if pins:
+            try:
+                ready(len(pins), pins)
+            except BaseException:
+                self.unpin_many(pins)
+                raise
+        return pins
 
     @abc.abstractmethod
     def unpin(self, pinned: Pinned) -> None: ...

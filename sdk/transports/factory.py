@@ -23,7 +23,8 @@ from gcache.sdk.transports.tcp import TcpTransport
 def make_transport(mode: str, address: str, token: str | ClientCredential, limits: Limits,
                    connect_timeout: float, nixl_bounce_bytes: int = 8 << 20,
                    one_sided_min_bytes: int = 256 << 10,
-                   tls: ssl.SSLContext | None = None, background: bool = False) -> Transport:
+                   tls: ssl.SSLContext | None = None, background: bool = False,
+                   stream_gets: bool = False) -> Transport:
     """The transport for one dispatch thread.
 
     ``tcp`` -> TcpTransport; ``shm`` -> ShmTransport; ``nixl`` -> NixlTransport;
@@ -33,11 +34,14 @@ def make_transport(mode: str, address: str, token: str | ClientCredential, limit
     unchanged (its control RPCs ride the TLS socket, its bytes stay on this host).
     ``background``: the transport asks the server to serve its connection at background
     CPU priority (``gcache.sched``); the dispatch thread that owns it lowers itself
-    (``Lane``), never a caller's thread that borrows one (the one-hop path)."""
+    (``Lane``), never a caller's thread that borrows one (the one-hop path).
+    ``stream_gets``: its GETs ask for streamed replies (``"sr": 1``)."""
     t = _transport(mode, address, token, limits, connect_timeout, nixl_bounce_bytes,
                    one_sided_min_bytes, tls)
     if background:
         t.background = True
+    if stream_gets:
+        t.stream_gets = True
     return t
 
 

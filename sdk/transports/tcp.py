@@ -24,8 +24,8 @@ from typing import Any
 from gcache import tls as tlslib
 from gcache.credentials import ClientCredential, auth_fields
 from gcache.errors import AuthError, ProtocolError, TransportTimeout
-from gcache.protocol import (PREFIX_SIZE, Limits, Op, encode_frame, read_frame,
-                             recv_into_many, sendmsg_all)
+from gcache.protocol import (FLAG_MORE, PREFIX_SIZE, FrameHeader, Limits, Op, encode_frame,
+                             read_frame, recv_into_many, sendmsg_all)
 from gcache.config import TransportKind
 from gcache.status import Status, status_of
 from gcache.sdk.buffers import digest
@@ -53,6 +53,7 @@ def put_fields(items: list[PutItem], sums: list[int | None] | None = None) -> li
 class TcpTransport(Transport):
     kind: TransportKind | None = TransportKind.TCP
     background = False  # AUTH asks the server to serve this connection at background priority
+    stream_gets = False  # GETs ask for a streamed reply ("sr": 1, docs/protocol.md)
 
     def __init__(self, address: str, token: str | ClientCredential, limits: Limits,
                  connect_timeout: float, tls: ssl.SSLContext | None = None) -> None:
@@ -165,41 +166,79 @@ class TcpTransport(Transport):
         elif op == Op.GET:
             meta = {"ns": work.ns, "items": [[it.key, it.offset, it.max_len, it.version]
                                              for it in work.items], **(work.extra or {})}
+            if self.stream_gets:
+                # the server may stream the reply (a frame per verified prefix of items),
+                # so a disk-served frame's first items travel while its later ones are read
+                meta["sr"] = 1
             sendmsg_all(sock, [encode_frame(op, rid, meta)], deadline)
         else:
             sendmsg_all(sock, [encode_frame(op, rid, {"ns": work.ns,
                                                       "items": [it.key for it in work.items],
                                                       **(work.extra or {})})], deadline)
-        fh, rmeta = read_frame(sock, self.limits, self.prefix, deadline=deadline)
-        if fh.request_id != rid or fh.opcode != op:
-            raise ProtocolError(f"reply for request {fh.request_id}/op {fh.opcode}, "
-                                f"expected {rid}/op {op}")
+        fh, rmeta = self._reply(rid, op, deadline)
         if fh.status:
-            err = rmeta.get("error", "") if isinstance(rmeta, dict) else ""
-            st = status_of(fh.status)
-            if st == Status.AUTH:
-                raise AuthError(err)
-            self.close()  # the server closes after a frame-level error
-            return [ItemResult(st) for _ in work.items]
+            return self._frame_failed(work, fh.status, rmeta)
         if op == Op.GET:
-            return self._read_get(work, rmeta, fh.payload_len)
+            return self._read_get(work, fh, rmeta, rid)
         st = rmeta.get("st") if isinstance(rmeta, dict) else None
         if not isinstance(st, list) or len(st) != len(work.items):
             raise ProtocolError("reply status list does not match the request")
         return [ItemResult(status_of(s)) for s in st]
 
-    def _read_get(self, work: Work, rmeta: Any, plen: int) -> list[ItemResult]:
-        items = rmeta.get("items") if isinstance(rmeta, dict) else None
-        if not isinstance(items, list) or len(items) != len(work.items):
+    def _reply(self, rid: int, op: int, deadline: float) -> tuple[FrameHeader, Any]:
+        """The next reply frame, which must answer request ``rid`` of ``op``."""
+        fh, rmeta = read_frame(self.sock, self.limits, self.prefix, deadline=deadline)
+        if fh.request_id != rid or fh.opcode != op:
+            raise ProtocolError(f"reply for request {fh.request_id}/op {fh.opcode}, "
+                                f"expected {rid}/op {op}")
+        return fh, rmeta
+
+    def _frame_failed(self, work: Work, status: int, rmeta: Any) -> list[ItemResult]:
+        """A frame-level error reply: every item gets its status (AUTH raises)."""
+        err = rmeta.get("error", "") if isinstance(rmeta, dict) else ""
+        st = status_of(status)
+        if st == Status.AUTH:
+            raise AuthError(err)
+        self.close()  # the server closes after a frame-level error
+        return [ItemResult(st) for _ in work.items]
+
+    def _read_get(self, work: Work, fh: FrameHeader, rmeta: Any, rid: int
+                  ) -> list[ItemResult]:
+        """A GET reply: one frame, or a streamed one (``FLAG_MORE`` on every frame but the
+        last, each covering at least one of the next items, in order), all by the work's
+        deadline. A frame-level error after some frames closes the connection: every
+        item is then that status (nothing was reported yet)."""
+        out: list[ItemResult] = []
+        n = len(work.items)
+        while True:
+            part = self._read_get_frame(work.items[len(out):], rmeta, fh.payload_len,
+                                        work.deadline, more=bool(fh.flags & FLAG_MORE))
+            out += part
+            if not fh.flags & FLAG_MORE:
+                break
+            fh, rmeta = self._reply(rid, Op.GET, work.deadline)
+            if fh.status:
+                return self._frame_failed(work, fh.status, rmeta)
+        if len(out) != n:
+            raise ProtocolError("GET reply items do not match the request")
+        return out
+
+    def _read_get_frame(self, items: list, rmeta: Any, plen: int, deadline: float,
+                        more: bool) -> list[ItemResult]:
+        """One GET reply frame's rows and payload, for the first of ``items`` (all of
+        them unless ``more``: a streamed reply's frame that is not the last)."""
+        rows = rmeta.get("items") if isinstance(rmeta, dict) else None
+        if not isinstance(rows, list) or (
+                not 0 < len(rows) < len(items) if more else len(rows) != len(items)):
             raise ProtocolError("GET reply items do not match the request")
         if not all(type(x) is list and len(x) == 5 and tuple(map(type, x)) == _INT5
-                   for x in items):
+                   for x in rows):
             raise ProtocolError("malformed GET reply item")
-        if sum(x[3] for x in items) != plen:
+        if sum(x[3] for x in rows) != plen:
             raise ProtocolError("GET reply lengths do not add up to its payload")
         out = []
         views = []
-        for it, (st, total, ver, n, csum) in zip(work.items, items):
+        for it, (st, total, ver, n, csum) in zip(items, rows):
             if n < 0:
                 raise ProtocolError("GET reply item has a negative length")
             res = ItemResult(status_of(st), total, ver, n, None, csum)
@@ -214,5 +253,5 @@ class TcpTransport(Transport):
                     views.append(it.dest[:n])
             out.append(res)
         # one scatter read fills many destinations, all by the deadline
-        recv_into_many(self.sock, views, work.deadline)
+        recv_into_many(self.sock, views, deadline)
         return out

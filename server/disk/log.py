@@ -181,6 +181,15 @@ class BufferPool:
 
 
 
+SLOW_READ_S = 0.5  # what the ``disk_read_slow`` failpoint adds to a record read
+
+
+def _maybe_slow() -> None:
+    """The ``disk_read_slow`` failpoint: a device that takes ``SLOW_READ_S`` longer."""
+    if failpoint("disk_read_slow"):
+        time.sleep(SLOW_READ_S)
+
+
 class SegmentLog:
     """The disk tier's records, index and segments. See the module docstring."""
 
@@ -695,6 +704,7 @@ class SegmentLog:
         mv = memoryview(mm)
         try:
             os_error("disk_read", "eio", "reading a record")
+            _maybe_slow()
             pread_into(seg.fd, mv[:e.rec_len], e.off)
             self._maybe_corrupt(mv, e.hdr_len, e.length)
             why = check_fields(mv, e, ns, key)
@@ -723,6 +733,7 @@ class SegmentLog:
         mv = memoryview(mm)
         try:
             os_error("disk_read", "eio", "reading a record")
+            _maybe_slow()
             if sep:
                 pread_into(seg.fd, mv[:hdr_pages], e.off)
                 pread_into(seg.fd, mv[hdr_pages:hdr_pages + ahi - alo], e.off + alo)

@@ -14,7 +14,7 @@ from gcache.server.memory_tier import MemoryTier
 from gcache.status import Status
 from gcache.testing.oracle import value_for
 
-from tierops import put_value, small_tiered_store
+from tierops import fill_past_memory, put_value, small_tiered_store
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -75,12 +75,7 @@ def test_failing_disk_read_mid_frame_is_that_items_error_only(tmp_path, no_failp
                                                                fault):
     st = small_tiered_store(tmp_path)
     try:
-        keys = [f"k{i}".encode() for i in range(40)]
-        for k in keys:
-            put_value(st, NS, k, SIZE)
-            st.step()  # demote past the watermark as we go
-        on_disk = [k for k in keys if not st.memory.exists(NS, k) and st.disk.exists(NS, k)]
-        in_mem = [k for k in keys if st.memory.exists(NS, k)]
+        in_mem, on_disk = fill_past_memory(st, NS, 40, SIZE)
         assert len(on_disk) >= 3 and in_mem
         frame = [in_mem[0], on_disk[0], b"absent", on_disk[1], in_mem[-1], on_disk[2]]
         failpoints.configure(fault)

@@ -42,3 +42,15 @@ def small_tiered_store(tmp_path, promote: str = "never") -> TieredStore:
                       max_value_bytes=1 << 20)
     return TieredStore(mem, disk, make_promote_policy(promote, 1000, lambda: 0.0),
                        room_wait_s=0.0)
+
+
+def fill_past_memory(st: TieredStore, ns: bytes, n: int, size: int
+                     ) -> tuple[list[bytes], list[bytes]]:
+    """Put ``n`` oracle values ``k0``.. of ``size`` bytes, stepping the mover after each so
+    the oldest are demoted; returns (keys in memory, keys on disk only)."""
+    keys = [f"k{i}".encode() for i in range(n)]
+    for k in keys:
+        put_value(st, ns, k, size)
+        st.step()  # demote past the watermark as we go
+    on_disk = [k for k in keys if not st.memory.exists(ns, k) and st.disk.exists(ns, k)]
+    return [k for k in keys if st.memory.exists(ns, k)], on_disk
