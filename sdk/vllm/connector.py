@@ -145,7 +145,9 @@ def group_plans(kv_cache_config: "KVCacheConfig", hash_block_size: int) -> list[
         spec = g.kv_cache_spec
         bs = spec.block_size
         ratio = max(1, bs // hash_block_size)
-        if isinstance(spec, SlidingWindowSpec):
+        if not getattr(g, "enable_kv_transfer", True):  # vLLM rebuilds it after a load
+            plans.append(GroupPlan(gid, GroupKind.SKIP, bs, 0, ratio, False))
+        elif isinstance(spec, SlidingWindowSpec):
             plans.append(GroupPlan(gid, GroupKind.WINDOW, bs,
                                    window_blocks(spec.sliding_window, bs), ratio, False))
         elif isinstance(spec, FullAttentionSpec) and bs % hash_block_size == 0:
@@ -430,6 +432,8 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
         null = self._null_block_id()
         items: list[Item] = []
         for i, p in enumerate(self.plans):
+            if p.kind is GroupKind.SKIP:
+                continue
             ids = block_ids[p.gid]
             hi = min(len(ids), end // p.block_size, len(hashes) // p.ratio)
             lo = saved[i] if p.kind is GroupKind.FULL else max(saved[i], hi - p.window_blocks)

@@ -9,7 +9,9 @@ KV-cache group can restore from gcache:
   the locally computed part (which is already on the GPU). Blocks before that are never
   loaded: vLLM keeps them as null blocks;
 * an **other** group (Mamba state, chunked-local attention, ...) is not stored by the
-  connector: a request on a model with one never gets an external hit.
+  connector: a request on a model with one never gets an external hit;
+* a **skip** group is one vLLM marks as not transferable (an accelerator-side replica
+  it rebuilds from its source group after a load): neither stored nor needed.
 
 The window rule is the one vLLM's own ``SlidingWindowManager`` applies to its prefix
 cache (``cdiv(sliding_window - 1, block_size)`` contiguous blocks end a hit), and the one
@@ -29,6 +31,7 @@ class GroupKind(str, enum.Enum):
     FULL = "full"
     WINDOW = "window"
     OTHER = "other"
+    SKIP = "skip"
 
 
 class GroupPlan(NamedTuple):
@@ -59,9 +62,11 @@ def plan_lookup(plans: Sequence[GroupPlan], num_hashes: int, hash_block_size: in
                 num_computed_tokens: int, num_tokens: int) -> Lookup | None:
     """The blocks to ask about, or None when no hit is possible (unaligned start, an
     unsupported group, or nothing past the local prefix)."""
-    if any(p.kind is GroupKind.OTHER for p in plans) or not plans:
+    if any(p.kind is GroupKind.OTHER for p in plans):
         return None
-    unit = math.lcm(*(p.block_size for p in plans))
+    unit = _unit(plans)
+    if not unit:
+        return None
     if num_computed_tokens % unit:
         return None
     # vLLM recomputes at least the last token; only whole hashed blocks are stored.
@@ -69,7 +74,8 @@ def plan_lookup(plans: Sequence[GroupPlan], num_hashes: int, hash_block_size: in
     end -= end % unit
     if end <= num_computed_tokens:
         return None
-    blocks = tuple(tuple(range(num_computed_tokens // p.block_size, end // p.block_size))
+    blocks = tuple(() if p.kind is GroupKind.SKIP else
+                   tuple(range(num_computed_tokens // p.block_size, end // p.block_size))
                    for p in plans)
     return Lookup(num_computed_tokens, end, blocks)
 
@@ -80,7 +86,7 @@ def longest_hit(plans: Sequence[GroupPlan], lookup: Lookup,
 
     ``present[i][k]``: whether block ``lookup.blocks[i][k]`` of ``plans[i]`` is stored.
     """
-    unit = math.lcm(*(p.block_size for p in plans))
+    unit = _unit(plans)
     start, end = lookup.start_tokens, lookup.end_tokens
     # full groups: the first missing block caps the hit
     for p, have in zip(plans, present):
@@ -97,6 +103,12 @@ def longest_hit(plans: Sequence[GroupPlan], lookup: Lookup,
     return 0
 
 
+def _unit(plans: Sequence[GroupPlan]) -> int:
+    """Tokens a hit is a multiple of: every stored group's blocks are whole (0: none)."""
+    sizes = [p.block_size for p in plans if p.kind is not GroupKind.SKIP]
+    return math.lcm(*sizes) if sizes else 0
+
+
 def _window_ok(p: GroupPlan, have: Sequence[bool], start: int, end: int) -> bool:
     first = start // p.block_size  # index of have[0]
     hi = end // p.block_size
@@ -107,6 +119,8 @@ def _window_ok(p: GroupPlan, have: Sequence[bool], start: int, end: int) -> bool
 def blocks_to_load(p: GroupPlan, start: int, hit_end: int) -> range:
     """Block indices of group ``p`` a hit [start, hit_end) restores."""
     lo, hi = start // p.block_size, hit_end // p.block_size
+    if p.kind is GroupKind.SKIP:
+        return range(0)
     if p.kind is GroupKind.WINDOW:
         lo = max(lo, hi - p.window_blocks)
     return range(lo, hi)

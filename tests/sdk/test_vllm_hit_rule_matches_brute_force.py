@@ -61,6 +61,11 @@ def test_window_loads_only_the_window_and_other_groups_never_hit():
     assert window_blocks(4096, 16) == 256 and window_blocks(32, 16) == 2
     assert list(blocks_to_load(swa, 0, 16 * 1000)) == list(range(744, 1000))
     assert len(blocks_to_load(full, 0, 16 * 1000)) == 1000
+    replica = GroupPlan(3, GroupKind.SKIP, 16, 0, 1, False)  # not transferable: ignored
+    lk = plan_lookup([full, replica], 100, 16, 0, 1601)
+    assert lk.blocks[1] == () and len(lk.blocks[0]) == 100
+    assert longest_hit([full, replica], lk, [[True] * 100, []]) == 1600
+    assert len(blocks_to_load(replica, 0, 1600)) == 0
     mamba = GroupPlan(2, GroupKind.OTHER, 16, 0, 1, False)
     assert plan_lookup([full, mamba], 100, 16, 0, 1601) is None
     assert plan_lookup([full], 100, 16, 8, 1601) is None  # unaligned local prefix
