@@ -31,7 +31,10 @@ class ConnectorConfig:
     save_timeout_ms: int = 10000  # a finished request's save: past it, not saved
     save: bool = True  # False: read-only (another engine writes)
     staging_keep_bytes: int = 1 << 30  # host staging kept for reuse (layouts not in place)
-    kv_layout: str | None = None  # ask vLLM for this KV layout, e.g. "BLHNC" (in place)
+    # the KV-cache layout asked of vLLM: BLHNC (block outermost) makes each block one run
+    # the SDK moves in place; "none" asks nothing (vLLM warns and picks another when a
+    # backend cannot take it: the connector then stages through host buffers)
+    kv_layout: str = "BLHNC"
     tp_rank: int | None = None  # tests only: the TP rank when vLLM's is not set up
 
     @classmethod

@@ -294,11 +294,13 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: "VllmConfig") -> str | None:
-        """``kv_layout`` from the extra config (e.g. ``BLHNC``: every layer's page of a
-        block in one run, which the connector reads and writes in place), else none."""
+        """``kv_layout`` (default ``BLHNC``: every layer's page of a block in one run,
+        which the SDK reads and writes in place); None for ``"none"``. A layout some
+        backend cannot take is not fatal: vLLM warns and picks one it can."""
         kt = vllm_config.kv_transfer_config
         extra = (kt.kv_connector_extra_config or {}) if kt is not None else {}
-        return extra.get("kv_layout") or None
+        layout = str(extra.get("kv_layout", ConnectorConfig.kv_layout) or "none")
+        return None if layout.lower() == "none" else layout
 
     # ------------------------------------------------------------------ keys
     def _key(self, gid: int, block_hash: bytes, rank: int) -> bytes:

@@ -85,5 +85,6 @@ def test_config_names_unknown_keys_and_needs_an_address():
 
 def test_config_takes_sizes_and_a_layout():
     c = ConnectorConfig.from_extra({"servers": "h:1", "staging_keep_bytes": "1024",
-                                    "kv_layout": "BLHNC"})
-    assert c.staging_keep_bytes == 1024 and c.kv_layout == "BLHNC"
+                                    "kv_layout": "LBHNC"})
+    assert c.staging_keep_bytes == 1024 and c.kv_layout == "LBHNC"
+    assert ConnectorConfig.from_extra({"servers": "h:1"}).kv_layout == "BLHNC"

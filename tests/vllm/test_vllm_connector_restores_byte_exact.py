@@ -166,3 +166,14 @@ def test_a_running_prefill_shares_its_blocks_before_it_finishes(server, model_di
     assert a.wait_saves(12 + windows * 6, timeout_s=3.0) == 12 + windows * 6
     a.close()
     b.close()
+
+
+def test_the_connector_asks_vllm_for_a_block_outermost_layout(model_dir):
+    """vLLM's own resolver (``get_kv_connector_cache_layout``, which the attention
+    backends consult) sees BLHNC by default, and nothing with ``kv_layout: none``."""
+    from vllm.distributed.kv_transfer.kv_connector.utils import get_kv_connector_cache_layout
+
+    vc = H.vllm_config(model_dir, {"servers": "127.0.0.1:1"})
+    assert get_kv_connector_cache_layout(vc) == "BLHNC"
+    vc = H.vllm_config(model_dir, {"servers": "127.0.0.1:1", "kv_layout": "none"})
+    assert get_kv_connector_cache_layout(vc) is None
