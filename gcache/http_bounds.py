@@ -37,6 +37,24 @@ LISTEN_BACKLOG = 1024
 SEND_TIMEOUT_S = 10.0  # answers are small: one send fills no socket buffer
 
 
+def busy_answers(name: str, max_connections: int, max_per_ip: int,
+                 flags: tuple[str, str] | None) -> tuple[bytes, bytes]:
+    """The whole 503 answers past the connection cap and past the per-address cap:
+    ``name`` is who answers, ``flags`` the options that raise the caps (None: fixed)."""
+    raise_all, raise_ip = ((f"; retry, or raise {flags[0]}", f"; retry, or raise {flags[1]}")
+                           if flags else ("; retry", "; retry"))
+    return (_503(f"{name} is serving its maximum of {max_connections} connections"
+                 f"{raise_all}"),
+            _503(f"{name} is serving its maximum of {max_per_ip} connections from your "
+                 f"address{raise_ip}"))
+
+
+def _503(error: str) -> bytes:
+    body = json.dumps({"error": error}).encode()
+    return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
 class DeadlineReader(io.RawIOBase):
     """A socket's reads under one deadline: the time left is recomputed before every
     ``recv``, so a peer trickling a byte at a time is cut off when the deadline passes."""
@@ -91,19 +109,8 @@ class BoundedHTTPServer(HTTPServer):
         self._per_ip_lock = threading.Lock()
         self.name = name
         self._log = RateLimitedLog(log or logging.getLogger("gcache.http"), 10.0)
-        raise_all, raise_ip = ((f"; retry, or raise {flags[0]}", f"; retry, or raise {flags[1]}")
-                               if flags else ("; retry", "; retry"))
-        self._busy = self._503(f"{name} is serving its maximum of {max_connections} "
-                               f"connections{raise_all}")
-        self._busy_ip = self._503(f"{name} is serving its maximum of {max_per_ip} "
-                                  f"connections from your address{raise_ip}")
+        self._busy, self._busy_ip = busy_answers(name, max_connections, max_per_ip, flags)
         super().__init__(address, handler, tls=tls)
-
-    @staticmethod
-    def _503(error: str) -> bytes:
-        body = json.dumps({"error": error}).encode()
-        return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
 
     def _refuse(self, request: Any, answer: bytes) -> None:
         if self.tls is None:
