@@ -1,0 +1,309 @@
+"""HTTP serving on aiohttp with the bounds of ``gcache.http_bounds``: one event-loop
+thread serves every connection (a long-poll is a parked coroutine, not a thread), and
+what a slow, silent or hostile peer can hold is still bounded in count and in time.
+
+* ``BoundedAioServer``: an aiohttp low-level server (``aiohttp.web.Server``; https when
+  given ``tls``) on a socket bound at construction (``OSError`` when the port is
+  taken), served by one daemon thread that runs its event loop (``start``/``stop``).
+  At most ``max_connections`` connections, at most ``max_per_ip`` (0: no cap) from one
+  peer address: past a cap a connection gets a 503 that names the flag to raise, and is
+  closed. (With TLS the 503 goes out after the handshake, which asyncio bounds by
+  ``request_deadline_s``; a handshake in flight holds no slot.)
+* One deadline per request, not per ``recv``: the request line, headers and body must
+  all arrive within ``request_deadline_s`` of the first wait (connection open, or the
+  previous answer). Until the handler runs, a timer closes the connection when the
+  deadline passes (no answer: nothing was asked); the handler reads a body with
+  ``read_body``, under what is left of the same deadline (``BodyTimeout``: answer 408).
+  The answer is not under it, so a long-poll keeps its connection.
+* aiohttp's parser refuses a malformed request, such as a bad ``Content-Length``
+  (400, closed), and caps the request line and header sizes (8190 bytes each).
+
+Threads. Everything above runs on the loop thread. A handler that must block (a Raft
+write, a forward to the leader) hands the call to ``run_blocking``: a bounded pool of
+``blocking_workers`` threads, so a thousand waiting requests hold coroutines and at most
+that many threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import asyncio.sslproto
+import concurrent.futures
+import json
+import logging
+import socket
+import ssl
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from gcache.http_bounds import LISTEN_BACKLOG, busy_answers
+from gcache.logs import RateLimitedLog
+
+T = TypeVar("T")
+REFUSAL_LINGER_S = 1.0
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+class BodyTimeout(Exception):
+    """The request body did not arrive within the request deadline: answer 408."""
+
+
+class _Caps:
+    """Connection counts, total and per peer address (the loop thread only)."""
+
+    def __init__(self, max_connections: int, max_per_ip: int, name: str,
+                 flags: tuple[str, str] | None, log: logging.Logger) -> None:
+        self.max_connections, self.max_per_ip = max_connections, max_per_ip
+        self.total = 0
+        self.lingering = 0  # refused connections waiting for their peer to hang up
+        self.per_ip: dict[str, int] = {}
+        self.name = name
+        self.log = RateLimitedLog(log, 10.0)
+        self.busy, self.busy_ip = busy_answers(name, max_connections, max_per_ip, flags)
+
+    def take(self, ip: str) -> bytes:
+        """Admit a connection from ``ip`` (b'') or the 503 that refuses it."""
+        if self.total >= self.max_connections:
+            self.log.warning("conn_cap", "%s at its connection cap (%d): refused %s",
+                             self.name, self.max_connections, ip)
+            return self.busy
+        n = self.per_ip.get(ip, 0)
+        if self.max_per_ip and n >= self.max_per_ip:
+            self.log.warning("ip_cap", "%s at its per-address connection cap (%d): refused %s",
+                             self.name, self.max_per_ip, ip)
+            return self.busy_ip
+        self.total += 1
+        self.per_ip[ip] = n + 1
+        return b""
+
+    def refuse(self, transport: asyncio.Transport, answer: bytes) -> asyncio.TimerHandle | None:
+        """Send ``answer`` and close. The close waits (at most ``REFUSAL_LINGER_S``, for
+        at most ``max_connections`` refusals at once) for the peer to finish sending its
+        request and hang up: closing with its bytes unread would reset the connection,
+        and the reset can destroy the 503 before the peer reads it. Returns the timer
+        of a lingering refusal (``lingered`` counts it down)."""
+        transport.write(answer)
+        if self.lingering >= self.max_connections or not transport.can_write_eof():
+            transport.close()
+            return None
+        transport.write_eof()
+        self.lingering += 1
+        return asyncio.get_running_loop().call_later(REFUSAL_LINGER_S, transport.abort)
+
+    def lingered(self, timer: asyncio.TimerHandle) -> None:
+        timer.cancel()
+        self.lingering -= 1
+
+    def drop(self, ip: str) -> None:
+        self.total -= 1
+        n = self.per_ip.pop(ip) - 1
+        if n:
+            self.per_ip[ip] = n
+
+
+class _TLSProtocol(asyncio.sslproto.SSLProtocol):
+    """asyncio's TLS layer, which drops the alert of a failed handshake (it aborts the
+    connection first); this one sends it, so a client refused for its certificate
+    (mTLS) reads why (CERTIFICATE_REQUIRED, UNKNOWN_CA) instead of a bare close."""
+
+    def _on_handshake_complete(self, handshake_exc: BaseException | None) -> None:
+        if handshake_exc is not None:
+            try:
+                self._process_outgoing()  # the alert, still in the TLS object's buffer
+            except Exception:  # noqa: BLE001 - the abort below is the answer anyway
+                pass
+        super()._on_handshake_complete(handshake_exc)
+
+
+class _BoundedProtocol(RequestHandler):
+    """aiohttp's connection protocol, plus the caps and the request deadline."""
+
+    def __init__(self, manager: web.Server, caps: _Caps, deadline_s: float,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(manager, loop=loop, keepalive_timeout=deadline_s)
+        self.caps, self.deadline_s, self.ev_loop = caps, deadline_s, loop
+        self.ip = ""
+        self.admitted = False
+        self.refused: asyncio.TimerHandle | None = None
+        self.in_request = False
+        self.received = 0
+        self.deadline = 0.0  # loop time by which the current request must be in
+        self.timer: asyncio.TimerHandle | None = None
+        self.conn: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        self.ip = str(peer[0]) if peer else ""
+        refusal = self.caps.take(self.ip)
+        if refusal:
+            self.refused = self.caps.refuse(transport, refusal)  # type: ignore[arg-type]
+            return
+        self.admitted = True
+        self.conn = transport  # type: ignore[assignment]
+        super().connection_made(transport)
+        self.arm()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self.admitted:
+            if self.refused is not None:
+                self.caps.lingered(self.refused)
+                self.refused = None
+            return
+        self.admitted = False
+        self.caps.drop(self.ip)
+        self.disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.admitted:
+            if not self.in_request:
+                self.received += len(data)
+            super().data_received(data)
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500,
+                     exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        """aiohttp's answer to a request it could not parse (or a handler that raised):
+        a JSON error, logged rate limited (a peer triggers it at will), and closed."""
+        if request.writer.output_size > 0:  # an answer is half sent: nothing to add
+            raise ConnectionError("answer already started; cannot send an error answer")
+        why = (message or str(exc) or "").strip().splitlines()[0] if status < 500 else \
+            "internal error"
+        self.caps.log.warning("bad_request", "%s: %s: %d %s", self.caps.name, self.ip,
+                              status, why)
+        body = json.dumps({"error": f"bad request: {why}: send one well-formed HTTP/1.1 "
+                                    "request"} if status < 500 else {"error": why}).encode()
+        resp = web.Response(status=status, body=body,
+                            headers={"Content-Type": "application/json"})
+        resp.force_close()
+        return resp
+
+    def arm(self) -> None:
+        """The next request must be in within the deadline from now."""
+        self.disarm()
+        self.in_request = False
+        self.received = 0  # bytes of the next request: 0 is an idle keep-alive
+        self.deadline = self.ev_loop.time() + self.deadline_s
+        self.timer = self.ev_loop.call_at(self.deadline, self._expired)
+
+    def disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def begin(self) -> None:
+        """The request line and headers are in: the handler runs (it bounds the body)."""
+        self.disarm()
+        self.in_request = True
+
+    def _expired(self) -> None:
+        self.timer = None
+        if self.in_request or self.conn is None:
+            return
+        if self.received:  # not just an idle keep-alive connection closing
+            self.caps.log.warning("request", "%s: %s: request not received within %.1fs",
+                                  self.caps.name, self.ip, self.deadline_s)
+        if self.conn.get_write_buffer_size():
+            self.conn.abort()  # a peer that does not read its answers holds nothing
+        else:
+            self.conn.close()  # headers never finished: nothing to answer
+
+
+async def read_body(request: web.BaseRequest) -> bytes:
+    """``request``'s body, under what is left of its deadline (``BodyTimeout``)."""
+    proto = request.protocol
+    assert isinstance(proto, _BoundedProtocol)
+    left = proto.deadline - asyncio.get_running_loop().time()
+    try:
+        return await asyncio.wait_for(request.read(), max(left, 0.0))
+    except asyncio.TimeoutError:
+        raise BodyTimeout from None
+
+
+class BoundedAioServer:
+    """See the module docstring. ``handler`` runs on the loop thread for every request."""
+
+    def __init__(self, address: tuple[str, int], handler: Handler, *, max_connections: int,
+                 max_per_ip: int = 0, tls: ssl.SSLContext | None = None,
+                 request_deadline_s: float = 5.0,
+                 blocking_workers: int = 16, name: str = "gcache-master",
+                 flags: tuple[str, str] | None = ("--max-connections",
+                                                  "--max-connections-per-ip"),
+                 log: logging.Logger | None = None) -> None:
+        """``name``: who answers (the 503s and logs say it); ``flags``: the options that
+        raise the two caps, named in the 503s (None: fixed caps); ``log``: where refusals
+        are logged (rate limited: one line per kind per 10 s). ``OSError`` when
+        ``address`` cannot be bound."""
+        self.tls = tls
+        self.request_deadline_s = request_deadline_s
+        self.sock = socket.create_server(address, backlog=LISTEN_BACKLOG,
+                                         family=socket.AF_INET6 if ":" in address[0]
+                                         else socket.AF_INET)
+        self.server_address = self.sock.getsockname()[:2]
+        self.loop = asyncio.new_event_loop()
+        self.pool = concurrent.futures.ThreadPoolExecutor(
+            blocking_workers, thread_name_prefix=f"{name}-blocking")
+        caps = _Caps(max_connections, max_per_ip, name, flags,
+                     log or logging.getLogger("gcache.http"))
+        self._handler = handler
+        # handler_cancellation: a watcher that hangs up stops costing its coroutine at once
+        self.web = web.Server(self._serve, handler_cancellation=True, loop=self.loop)
+
+        def protocol() -> asyncio.Protocol:
+            http = _BoundedProtocol(self.web, caps, request_deadline_s, self.loop)
+            if tls is None:
+                return http
+            return _TLSProtocol(self.loop, http, tls, None, server_side=True,
+                                ssl_handshake_timeout=request_deadline_s,
+                                ssl_shutdown_timeout=request_deadline_s)
+
+        self._protocol = protocol
+        self._server: asyncio.base_events.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    async def _serve(self, request: web.BaseRequest) -> web.StreamResponse:
+        proto = request.protocol
+        assert isinstance(proto, _BoundedProtocol)
+        proto.begin()
+        try:
+            return await self._handler(request)
+        finally:
+            proto.arm()  # the next request on this connection: a new deadline
+
+    async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the bounded pool (for calls that block: Raft, forwards)."""
+        return await self.loop.run_in_executor(self.pool, fn, *args)
+
+    def start(self, thread_name: str = "gcache-master-http") -> None:
+        self._server = self.loop.run_until_complete(self.loop.create_server(
+            self._protocol, sock=self.sock, backlog=LISTEN_BACKLOG))
+        self._thread = threading.Thread(target=self.loop.run_forever, name=thread_name,
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving and close every connection (any thread but the loop's)."""
+        if self._thread is None:
+            self.sock.close()
+            self.loop.close()
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            return
+
+        async def shutdown() -> None:
+            assert self._server is not None
+            self._server.close()
+            self.web.pre_shutdown()
+            await self.web.shutdown(1.0)
+
+        try:
+            asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(5.0)
+        except (concurrent.futures.TimeoutError, RuntimeError):
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5.0)
+        self._thread = None
+        self.pool.shutdown(wait=False, cancel_futures=True)
