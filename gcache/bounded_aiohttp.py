@@ -1,6 +1,7 @@
-"""HTTP serving on aiohttp with the bounds of ``gcache.http_bounds``: one event-loop
-thread serves every connection (a long-poll is a parked coroutine, not a thread), and
-what a slow, silent or hostile peer can hold is still bounded in count and in time.
+"""HTTP serving on aiohttp, for the masters' API and the servers' metrics endpoint: one
+event-loop thread serves every connection (a long-poll is a parked coroutine, not a
+thread), and what a slow, silent or hostile peer can hold is bounded in count and in
+time.
 
 * ``BoundedAioServer``: an aiohttp low-level server (``aiohttp.web.Server``; https when
   given ``tls``) on a socket bound at construction (``OSError`` when the port is
@@ -40,12 +41,30 @@ from typing import Any, TypeVar
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from gcache.http_bounds import LISTEN_BACKLOG, busy_answers
 from gcache.logs import RateLimitedLog
 
 T = TypeVar("T")
+LISTEN_BACKLOG = 1024
 REFUSAL_LINGER_S = 1.0
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+def busy_answers(name: str, max_connections: int, max_per_ip: int,
+                 flags: tuple[str, str] | None) -> tuple[bytes, bytes]:
+    """The whole 503 answers past the connection cap and past the per-address cap:
+    ``name`` is who answers, ``flags`` the options that raise the caps (None: fixed)."""
+    raise_all, raise_ip = ((f"; retry, or raise {flags[0]}", f"; retry, or raise {flags[1]}")
+                           if flags else ("; retry", "; retry"))
+    return (_503(f"{name} is serving its maximum of {max_connections} connections"
+                 f"{raise_all}"),
+            _503(f"{name} is serving its maximum of {max_per_ip} connections from your "
+                 f"address{raise_ip}"))
+
+
+def _503(error: str) -> bytes:
+    body = json.dumps({"error": error}).encode()
+    return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
 
 
 class BodyTimeout(Exception):

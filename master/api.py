@@ -60,7 +60,7 @@ Limits (everything before auth is bounded, in time and in count):
   ``max_connections_per_ip`` from one peer address (so one host cannot take
   every slot; generous, since the SDK clients and server of a host share its
   address); beyond either a connection gets a 503 and is closed. The listen
-  backlog is ``gcache.http_bounds.LISTEN_BACKLOG``;
+  backlog is ``gcache.bounded_aiohttp.LISTEN_BACKLOG``;
 * ``Content-Length`` must be a plain decimal at most ``_MAX_BODY`` (aiohttp's
   parser answers a malformed one 400 itself); chunked bodies are refused; any
   error answer closes the connection (an unread body must not be parsed as the
