@@ -67,6 +67,10 @@ def _503(error: str) -> bytes:
             b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
 
 
+class PoolBusy(Exception):
+    """``run_blocking`` refused a call: the pool has its maximum in flight (answer 503)."""
+
+
 class BodyTimeout(Exception):
     """The request body did not arrive within the request deadline: answer 408."""
 
@@ -252,12 +256,14 @@ class BoundedAioServer:
                  blocking_workers: int = 16, name: str = "gcache-master",
                  flags: tuple[str, str] | None = ("--max-connections",
                                                   "--max-connections-per-ip"),
-                 log: logging.Logger | None = None) -> None:
+                 log: logging.Logger | None = None,
+                 on_stop: Callable[[], Awaitable[None]] | None = None) -> None:
         """``name``: who answers (the 503s and logs say it); ``flags``: the options that
         raise the two caps, named in the 503s (None: fixed caps); ``log``: where refusals
-        are logged (rate limited: one line per kind per 10 s). ``OSError`` when
-        ``address`` cannot be bound."""
-        self.tls = tls
+        are logged (rate limited: one line per kind per 10 s); ``on_stop``: awaited on the
+        loop when it stops (close clients made on it). ``OSError`` when ``address``
+        cannot be bound."""
+        self.tls, self.name = tls, name
         self.request_deadline_s = request_deadline_s
         self.sock = socket.create_server(address, backlog=LISTEN_BACKLOG,
                                          family=socket.AF_INET6 if ":" in address[0]
@@ -269,6 +275,9 @@ class BoundedAioServer:
         caps = _Caps(max_connections, max_per_ip, name, flags,
                      log or logging.getLogger("gcache.http"))
         self._handler = handler
+        self._on_stop = on_stop
+        self.workers = blocking_workers
+        self.in_flight = 0  # run_blocking jobs running or queued (the loop thread only)
         # handler_cancellation: a watcher that hangs up stops costing its coroutine at once
         self.web = web.Server(self._serve, handler_cancellation=True, loop=self.loop)
 
@@ -294,8 +303,28 @@ class BoundedAioServer:
             proto.arm()  # the next request on this connection: a new deadline
 
     async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the bounded pool (for calls that block: Raft, forwards)."""
-        return await self.loop.run_in_executor(self.pool, fn, *args)
+        """``fn(*args)`` on the pool (for calls that block, such as Raft writes). At most
+        ``2 * blocking_workers`` calls run or wait at once: past that ``PoolBusy``, so a
+        stalled dependency answers 503 at once instead of queueing without a bound."""
+        if self.in_flight >= 2 * self.workers:
+            raise PoolBusy(f"{self.name} has {self.in_flight} blocking requests in flight "
+                           "(its maximum)")
+        self.in_flight += 1
+        job = self.pool.submit(fn, *args)
+        # counted until the job ends, not until its request does: a peer that hangs up
+        # cancels a queued job, while a running one still holds its thread
+        job.add_done_callback(self._job_ended)
+        return await asyncio.wrap_future(job, loop=self.loop)
+
+    def _job_ended(self, job: concurrent.futures.Future) -> None:
+        """(the job's thread) Count it down on the loop."""
+        try:
+            self.loop.call_soon_threadsafe(self._count_down)
+        except RuntimeError:  # the loop is closed: stopped
+            pass
+
+    def _count_down(self) -> None:
+        self.in_flight -= 1
 
     def start(self, thread_name: str = "gcache-master-http") -> None:
         self._server = self.loop.run_until_complete(self.loop.create_server(
@@ -317,6 +346,8 @@ class BoundedAioServer:
             self._server.close()
             self.web.pre_shutdown()
             await self.web.shutdown(1.0)
+            if self._on_stop is not None:
+                await self._on_stop()
 
         try:
             asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(5.0)

@@ -46,8 +46,10 @@ credential its user gives it.
 Serving. aiohttp on one event-loop thread (``gcache.bounded_aiohttp``): a ``/view``
 long-poll is a coroutine parked on the epoch (``_watch_epoch``, one thread, turns the Raft
 node's epoch changes into a wake-up of every parked poll), so a thousand watchers cost
-coroutines, not threads. Routes that block (Raft writes, forwards to the leader, the
-status document) run on a pool of ``_BLOCKING_WORKERS`` threads.
+coroutines, not threads. A follower forwards to the leader from the loop too (an aiohttp
+client). Routes that block (Raft writes, ``/status``, ``/metrics``) run on a pool of
+``_BLOCKING_WORKERS`` threads with at most twice that many jobs running or queued: past
+that a 503 (``gcache.bounded_aiohttp.PoolBusy``), never an unbounded queue.
 
 Limits (everything before auth is bounded, in time and in count):
 
@@ -75,15 +77,13 @@ import logging
 import re
 import ssl
 import threading
-import urllib.error
-from typing import Any
 
+import aiohttp
 from aiohttp import web
 
-from gcache.bounded_aiohttp import BodyTimeout, BoundedAioServer, read_body
+from gcache.bounded_aiohttp import BodyTimeout, BoundedAioServer, PoolBusy, read_body
 from gcache.clock import SYSTEM, Clock
 from gcache.credentials import Credential, CredentialStore
-from gcache.discovery import http_json
 from gcache.logs import RateLimitedLog
 from gcache.master.cluster_page import PAGE_HEADERS, ClusterPage
 from gcache.master.detector import FailureDetector
@@ -105,7 +105,12 @@ _CONTENT_LENGTH = re.compile(r"[0-9]{1,10}")
 DEFAULT_REQUEST_DEADLINE_MS = 5000
 DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_MAX_CONNECTIONS_PER_IP = 256  # 0: no per-address cap
-_BLOCKING_WORKERS = 16  # pool threads for Raft writes and forwards to the leader
+_BLOCKING_WORKERS = 16  # pool threads for Raft writes, /status and /metrics
+_LEADER_ONLY = ("/register", "/heartbeat", "/admin", "/self", "/status")
+# a leader-only route that finds this master no longer leads (it lost an election
+# between the check in dispatch and the route): the client retries, maybe elsewhere
+_NOT_LEADER = (503, {"error": "this master stopped being the Raft leader during the "
+                              "request; retry shortly"})
 
 
 def _denied(cred: Credential, path: str) -> str:
@@ -149,14 +154,15 @@ class MasterService:
         self.request_deadline = request_deadline_ms / 1000.0
         self.raft_to_api = raft_to_api
         self._stop = threading.Event()
-        self._local = threading.local()  # the pool thread's request: auth, forwarded
+        self._client: aiohttp.ClientSession | None = None  # forwards to the leader
         self._epoch_event = asyncio.Event()  # set (and replaced) when the epoch moves
         host, port = listen.rsplit(":", 1)
         self.http = BoundedAioServer((host.strip("[]"), int(port)), self.dispatch,
                                      max_connections=max_connections,
                                      max_per_ip=max_connections_per_ip, tls=tls,
                                      request_deadline_s=self.request_deadline,
-                                     blocking_workers=_BLOCKING_WORKERS, log=log)
+                                     blocking_workers=_BLOCKING_WORKERS, log=log,
+                                     on_stop=self._close_client)
         self.address = f"{host}:{self.http.server_address[1]}"
 
     def start(self) -> None:
@@ -270,21 +276,19 @@ class MasterService:
             fn = route.get((method, path))
             if fn is None:
                 return self._send(404, {"error": f"no route {method} {path}"})
-            forwarded = request.headers.get(_FORWARDED) is not None
-            code, out = await self.http.run_blocking(self._call, fn, query, body, method,
-                                                     request.raw_path, auth, forwarded)
-            return self._send(code, out)
+            if path in _LEADER_ONLY and not self.node.is_leader:
+                forwarded = request.headers.get(_FORWARDED) is not None
+                return self._send(*await self._forward(method, request.raw_path, body, auth,
+                                                       forwarded))
+            return self._send(*await self.http.run_blocking(fn, query, body, method,
+                                                            request.raw_path))
+        except PoolBusy as exc:
+            return self._send(503, {"error": f"{exc}; retry shortly"})
         except (ValueError, KeyError, TypeError) as exc:
             return self._send(400, {"error": f"bad request: {exc}"})
         except Exception as exc:  # the API must never take the master down
             log.exception("master API error")
             return self._send(500, {"error": str(exc)})
-
-    def _call(self, fn: Any, query: dict, body: dict, method: str, path: str, auth: str,
-              forwarded: bool) -> tuple[int, dict]:
-        """A route on a pool thread, with the caller's credential for ``_forward``."""
-        self._local.auth, self._local.forwarded = auth, forwarded
-        return fn(query, body, method, path)
 
     @classmethod
     def _send(cls, code: int, doc: dict) -> web.Response:
@@ -304,29 +308,42 @@ class MasterService:
         lead = self.node.leader
         return self.raft_to_api.get(lead) if lead else None
 
-    def _forward(self, method: str, path: str, body: dict) -> tuple[int, dict]:
-        """Relay a leader-only request to the leader; 503 when there is none.
+    async def _forward(self, method: str, path: str, body: dict, auth: str,
+                       forwarded: bool) -> tuple[int, dict]:
+        """Relay a leader-only request to the leader (on the event loop: a paused leader
+        holds a coroutine for ``_FORWARD_TIMEOUT_S``, no thread); 503 when there is none.
 
         One hop only: during an election two nodes may each name the other as leader,
         so a request that was already forwarded is refused instead of bounced back.
         """
         api = self.leader_api()
-        if api is None or self.node.is_leader or getattr(self._local, "forwarded", False):
+        if api is None or forwarded:
             return 503, {"error": "no Raft leader right now (election in progress or no "
                                   "quorum); retry shortly"}
+        if self._client is None:  # made on the loop, closed by the server's stop
+            self._client = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(force_close=True),
+                timeout=aiohttp.ClientTimeout(total=_FORWARD_TIMEOUT_S))
+        scheme = "https" if self.peer_tls is not None else "http"
         try:
             # the caller's own credential: the leader checks the same rights
-            return 200, http_json(api, method, path, body if method == "POST" else None,
-                                  "", _FORWARD_TIMEOUT_S,
-                                  {_FORWARDED: "1", "Authorization": self._local.auth},
-                                  tls=self.peer_tls)
-        except urllib.error.HTTPError as exc:
-            try:
-                return exc.code, json.loads(exc.read() or b"{}")
-            except ValueError:
-                return exc.code, {"error": str(exc.reason)}
-        except OSError as exc:
-            return 503, {"error": f"leader {api} unreachable: {exc}"}
+            async with self._client.request(
+                    method, f"{scheme}://{api}{path}",
+                    json=body if method == "POST" else None,
+                    headers={_FORWARDED: "1", "Authorization": auth},
+                    ssl=self.peer_tls if self.peer_tls is not None else True) as resp:
+                raw, code, reason = await resp.read(), resp.status, resp.reason
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            return 503, {"error": f"leader {api} unreachable: {exc or type(exc).__name__}"}
+        try:
+            doc = json.loads(raw or b"{}")
+        except ValueError:
+            doc = {"error": str(reason)}
+        return (200 if 200 <= code < 300 else code), doc
+
+    async def _close_client(self) -> None:
+        if self._client is not None:
+            await self._client.close()
 
     # ------------------------------------------------------------------ routes
     def probe(self, path: str) -> tuple[int, dict]:
@@ -354,7 +371,7 @@ class MasterService:
 
     def register(self, q: dict, body: dict, method: str, path: str) -> tuple[int, dict]:
         if not self.node.is_leader:
-            return self._forward(method, path, body)
+            return _NOT_LEADER
         op = {"op": "register", "id": str(body["id"]), "address": str(body["address"]),
               "capacity_bytes": int(body["capacity_bytes"]), "boot_id": str(body["boot_id"])}
         if self.joiner.initial_ramp is not None:  # a newcomer joins JOINING, ramping
@@ -365,7 +382,7 @@ class MasterService:
 
     def heartbeat(self, q: dict, body: dict, method: str, path: str) -> tuple[int, dict]:
         if not self.node.is_leader:
-            return self._forward(method, path, body)
+            return _NOT_LEADER
         mid, inc, boot = str(body["id"]), int(body["incarnation"]), str(body.get("boot_id", ""))
         rec = self.node.membership.get(mid)
         if rec is None or rec.incarnation != inc or (boot and rec.boot_id != boot):
@@ -378,7 +395,7 @@ class MasterService:
 
     def admin(self, q: dict, body: dict, method: str, path: str) -> tuple[int, dict]:
         if not self.node.is_leader:
-            return self._forward(method, path, body)
+            return _NOT_LEADER
         op = str(body["op"])
         if op not in ("drain", "undrain", "remove"):
             return 400, {"error": f"unknown admin op {op!r}: use drain, undrain (add) or remove"}
@@ -395,7 +412,7 @@ class MasterService:
         """A server drains or removes itself: the member ``id`` registered with
         ``boot_id`` (see Auth in the module docstring)."""
         if not self.node.is_leader:
-            return self._forward(method, path, body)
+            return _NOT_LEADER
         op, mid, boot = str(body["op"]), str(body["id"]), str(body["boot_id"])
         if op not in ("drain", "remove", "down"):
             return 400, {"error": f"unknown self op {op!r}: use drain, remove or down"}
@@ -424,7 +441,7 @@ class MasterService:
 
     def status(self, q: dict, body: dict, method: str, path: str) -> tuple[int, dict]:
         if not self.node.is_leader:
-            return self._forward(method, path, body)
+            return _NOT_LEADER
         doc = self.node.membership.view()
         self.detector.annotate(doc["members"])
         doc["leader"] = self.address
