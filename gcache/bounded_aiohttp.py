@@ -8,8 +8,8 @@ time.
   taken), served by one daemon thread that runs its event loop (``start``/``stop``).
   At most ``max_connections`` connections, at most ``max_per_ip`` (0: no cap) from one
   peer address: past a cap a connection gets a 503 that names the flag to raise, and is
-  closed. (With TLS the 503 goes out after the handshake, which asyncio bounds by
-  ``request_deadline_s``; a handshake in flight holds no slot.)
+  closed. With TLS a connection takes its slot before the handshake (which asyncio
+  bounds by ``request_deadline_s``), and one past a cap is closed unanswered.
 * One deadline per request, not per ``recv``: the request line, headers and body must
   all arrive within ``request_deadline_s`` of the first wait (connection open, or the
   previous answer). Until the handler runs, a timer closes the connection when the
@@ -20,9 +20,10 @@ time.
   (400, closed), and caps the request line and header sizes (8190 bytes each).
 
 Threads. Everything above runs on the loop thread. A handler that must block (a Raft
-write, a forward to the leader) hands the call to ``run_blocking``: a bounded pool of
-``blocking_workers`` threads, so a thousand waiting requests hold coroutines and at most
-that many threads.
+write, rendering a scrape) hands the call to ``run_blocking``: a pool of
+``blocking_workers`` threads with at most twice that many jobs running or queued
+(``PoolBusy`` past it: answer 503), so a thousand waiting requests hold coroutines and
+at most that many threads.
 """
 
 from __future__ import annotations
@@ -129,9 +130,38 @@ class _Caps:
 
 
 class _TLSProtocol(asyncio.sslproto.SSLProtocol):
-    """asyncio's TLS layer, which drops the alert of a failed handshake (it aborts the
-    connection first); this one sends it, so a client refused for its certificate
-    (mTLS) reads why (CERTIFICATE_REQUIRED, UNKNOWN_CA) instead of a bare close."""
+    """asyncio's TLS layer, with the caps taken before the handshake (a connection past
+    one is closed unanswered: it cannot read plain text), and the alert of a failed
+    handshake sent: asyncio aborts the connection first and drops it, and a client
+    refused for its certificate (mTLS) must read why (CERTIFICATE_REQUIRED,
+    UNKNOWN_CA), not a bare close."""
+
+    def __init__(self, http: _BoundedProtocol, tls: ssl.SSLContext, deadline_s: float,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop, http, tls, None, server_side=True,
+                         ssl_handshake_timeout=deadline_s, ssl_shutdown_timeout=deadline_s)
+        self.caps, self.ip, self.admitted = http.caps, "", False
+        http.counted = True  # here, before the handshake
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        self.ip = str(peer[0]) if peer else ""
+        if self.caps.take(self.ip):
+            transport.close()
+            return
+        self.admitted = True
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self.admitted:
+            return
+        self.admitted = False
+        self.caps.drop(self.ip)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.admitted:
+            super().data_received(data)
 
     def _on_handshake_complete(self, handshake_exc: BaseException | None) -> None:
         if handshake_exc is not None:
@@ -150,6 +180,7 @@ class _BoundedProtocol(RequestHandler):
         super().__init__(manager, loop=loop, keepalive_timeout=deadline_s)
         self.caps, self.deadline_s, self.ev_loop = caps, deadline_s, loop
         self.ip = ""
+        self.counted = False  # True: the TLS layer under it holds its slot
         self.admitted = False
         self.refused: asyncio.TimerHandle | None = None
         self.in_request = False
@@ -161,7 +192,7 @@ class _BoundedProtocol(RequestHandler):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
         self.ip = str(peer[0]) if peer else ""
-        refusal = self.caps.take(self.ip)
+        refusal = b"" if self.counted else self.caps.take(self.ip)
         if refusal:
             self.refused = self.caps.refuse(transport, refusal)  # type: ignore[arg-type]
             return
@@ -177,7 +208,8 @@ class _BoundedProtocol(RequestHandler):
                 self.refused = None
             return
         self.admitted = False
-        self.caps.drop(self.ip)
+        if not self.counted:
+            self.caps.drop(self.ip)
         self.disarm()
         super().connection_lost(exc)
 
@@ -285,12 +317,10 @@ class BoundedAioServer:
             http = _BoundedProtocol(self.web, caps, request_deadline_s, self.loop)
             if tls is None:
                 return http
-            return _TLSProtocol(self.loop, http, tls, None, server_side=True,
-                                ssl_handshake_timeout=request_deadline_s,
-                                ssl_shutdown_timeout=request_deadline_s)
+            return _TLSProtocol(http, tls, request_deadline_s, self.loop)
 
         self._protocol = protocol
-        self._server: asyncio.base_events.Server | None = None
+        self._server: asyncio.AbstractServer | None = None
         self._thread: threading.Thread | None = None
 
     async def _serve(self, request: web.BaseRequest) -> web.StreamResponse:
