@@ -156,6 +156,8 @@ class MasterService:
         self._stop = threading.Event()
         self._client: aiohttp.ClientSession | None = None  # forwards to the leader
         self._epoch_event = asyncio.Event()  # set (and replaced) when the epoch moves
+        # the last /view answer and its (epoch, leader): the loop thread only
+        self._view_json: tuple[tuple[int, str | None], bytes] = ((-1, None), b"")
         host, port = listen.rsplit(":", 1)
         self.http = BoundedAioServer((host.strip("[]"), int(port)), self.dispatch,
                                      max_connections=max_connections,
@@ -268,7 +270,7 @@ class MasterService:
                     return self._send(400, {"error": "body must be a JSON object"})
             query = dict(request.query)
             if (method, path) == ("GET", "/view"):
-                return self._send(*await self.view(query))
+                return self._send_raw(200, await self.view(query), "application/json")
             route = {("GET", "/status"): self.status,
                      ("POST", "/register"): self.register, ("POST", "/heartbeat"): self.heartbeat,
                      ("POST", "/admin"): self.admin, ("POST", "/self"): self.self_op,
@@ -360,14 +362,20 @@ class MasterService:
         return 200, {"status": "ok", "leader": self.leader_api(), "is_leader":
                      self.node.is_leader, "epoch": self.node.membership.epoch}
 
-    async def view(self, q: dict) -> tuple[int, dict]:
+    async def view(self, q: dict) -> bytes:
+        """The view document, as JSON. Built once per (epoch, leader): when the epoch
+        moves every parked watcher wakes at once, and each gets the same bytes."""
         since = int(q.get("since", -1))
         wait_ms = min(int(q.get("wait_ms", 0)), _MAX_WAIT_MS)
         if wait_ms > 0 and self.node.membership.epoch <= since:
             await self._wait_epoch(since, wait_ms / 1000.0)
-        doc = self.node.membership.view()
-        doc["leader"] = self.leader_api()
-        return 200, doc
+        key = (self.node.membership.epoch, self.leader_api())
+        if self._view_json[0] != key:
+            doc = self.node.membership.view()
+            doc["leader"] = key[1]
+            # keyed by the epoch the document holds (the Raft thread may have moved on)
+            self._view_json = ((doc["epoch"], key[1]), json.dumps(doc).encode())
+        return self._view_json[1]
 
     def register(self, q: dict, body: dict, method: str, path: str) -> tuple[int, dict]:
         if not self.node.is_leader:
