@@ -145,6 +145,9 @@ class _DeadlineIO:
 
     def __init__(self, sock: socket.socket, deadline: float) -> None:
         self.sock, self.deadline = sock, deadline
+        # like a socket's: http.client closes the connection as soon as it has the
+        # headers of a "Connection: close" answer, and the body is read after that
+        self.readers, self.closed = 0, False
 
     def recv_into(self, buf: Any, n: int = 0) -> int:
         arm(self.sock, self.deadline)
@@ -157,13 +160,19 @@ class _DeadlineIO:
             sent += self.sock.send(view[sent:])
 
     def makefile(self, mode: str = "rb", *args: Any, **kw: Any) -> io.BufferedReader:
+        self.readers += 1
         return io.BufferedReader(socket.SocketIO(self, "rb"))  # type: ignore[arg-type]
 
     def _decref_socketios(self) -> None:  # SocketIO.close calls it
-        pass
+        self.readers -= 1
+        if self.closed and self.readers <= 0:
+            self.sock.close()
 
     def close(self) -> None:
-        self.sock.close()
+        """Closes the socket once no reader made by ``makefile`` is open."""
+        self.closed = True
+        if self.readers <= 0:
+            self.sock.close()
 
 
 class _DeadlineHTTPConnection(http.client.HTTPConnection):

@@ -16,7 +16,8 @@ metrics endpoint (servers), and the SDK, the servers' heartbeats and the
   Its own certificate (``tls_cert_file``) is presented when the peer asks.
 * Handshakes run on the connection's own thread (never on an accept loop),
   with the socket in timeout mode: CPython bounds the whole ``do_handshake``
-  by one deadline, not per ``recv``.
+  by one deadline, not per ``recv``. (The HTTP listeners, aiohttp, handshake on
+  their event loop under the request deadline: ``gcache.bounded_aiohttp``.)
 
 TLS protects the bytes on the wire and, with mTLS, who may open a connection.
 It replaces no token: the HMAC handshake (data port) and the bearer token
@@ -27,7 +28,6 @@ Only the stdlib is imported; the core stays the bottom layer.
 
 from __future__ import annotations
 
-import http.server
 import logging
 import socket
 import ssl
@@ -202,42 +202,3 @@ def explain(exc: ssl.SSLError, peer: str) -> tuple[bool, str]:
         return False, (f"{peer} does not speak TLS ({reason}); turn TLS on there, or off "
                        "here")
     return False, f"TLS with {peer} failed: {exc}"
-
-
-# ---------------------------------------------------------------- HTTP
-
-class HTTPServer(http.server.ThreadingHTTPServer):
-    """A ThreadingHTTPServer that serves https when given a context.
-
-    The accept loop only accepts; each request's thread wraps its socket and runs the
-    handshake within ``handshake_s``, so a silent or slow peer holds one thread for at
-    most that long and never the accept loop."""
-
-    daemon_threads = True
-    handshake_s = 10.0
-
-    def __init__(self, address: tuple[str, int], handler: type, *,
-                 tls: ssl.SSLContext | None = None) -> None:
-        self.tls = tls
-        super().__init__(address, handler)
-
-    @property
-    def scheme(self) -> str:
-        return "https" if self.tls is not None else "http"
-
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        if self.tls is None:
-            return super().finish_request(request, client_address)
-        try:
-            tls = accept(self.tls, request, time.monotonic() + self.handshake_s)
-        except (OSError, ValueError) as exc:
-            log.debug("TLS handshake with %s failed: %s", client_address, exc)
-            return
-        try:
-            tls.settimeout(None)
-            super().finish_request(tls, client_address)
-        finally:
-            try:
-                tls.close()
-            except OSError:
-                pass

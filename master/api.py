@@ -43,44 +43,53 @@ live cluster page (``master/cluster_page.py``): static files from a fixed table,
 to anyone because they hold no cluster data; the page itself polls ``/status`` with the
 credential its user gives it.
 
+Serving. aiohttp on one event-loop thread (``gcache.bounded_aiohttp``): a ``/view``
+long-poll is a coroutine parked on the epoch (``_watch_epoch``, one thread, turns the Raft
+node's epoch changes into a wake-up of every parked poll), so a thousand watchers cost
+coroutines, not threads. A follower forwards to the leader from the loop too (an aiohttp
+client). Routes that block (Raft writes, ``/status``, ``/metrics``) run on a pool of
+``_BLOCKING_WORKERS`` threads with at most twice that many jobs running or queued: past
+that a 503 (``gcache.bounded_aiohttp.PoolBusy``), never an unbounded queue.
+
 Limits (everything before auth is bounded, in time and in count):
 
 * one deadline per request, not per ``recv``: the request line, headers and
   body must all arrive within ``request_deadline_ms`` of the first wait
-  (``DeadlineReader`` recomputes the time left before every read), else the
-  connection is closed (408 when the headers were read). The answer is not
-  under it, so the ``/view`` long-poll keeps working;
-* at most ``max_connections`` connections are served at once, one thread
-  each, and at most ``max_connections_per_ip`` from one peer address (so one
-  host cannot take every thread; generous, since the SDK clients and server of
-  a host share its address); beyond either a connection gets a 503 and is
-  closed, never queued on a thread. The listen backlog is ``gcache.http_bounds.LISTEN_BACKLOG``;
-* ``Content-Length`` must be a plain decimal at most ``_MAX_BODY``; chunked
-  bodies are refused; any error answer closes the connection (an unread body
-  must not be parsed as the next request).
+  (connection open, or the previous answer), else the connection is closed
+  (408 when the headers were read). The answer is not under it, so the
+  ``/view`` long-poll keeps working; a TLS handshake has the same deadline;
+* at most ``max_connections`` connections are served at once, and at most
+  ``max_connections_per_ip`` from one peer address (so one host cannot take
+  every slot; generous, since the SDK clients and server of a host share its
+  address); beyond either a connection gets a 503 and is closed. The listen
+  backlog is ``gcache.bounded_aiohttp.LISTEN_BACKLOG``;
+* ``Content-Length`` must be a plain decimal at most ``_MAX_BODY`` (aiohttp's
+  parser answers a malformed one 400 itself); chunked bodies are refused; any
+  error answer closes the connection (an unread body must not be parsed as the
+  next request).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
 import ssl
 import threading
-import urllib.error
-import urllib.parse
-from typing import Any
 
+import aiohttp
+from aiohttp import web
+
+from gcache.bounded_aiohttp import BodyTimeout, BoundedAioServer, PoolBusy, read_body
 from gcache.clock import SYSTEM, Clock
 from gcache.credentials import Credential, CredentialStore
-from gcache.discovery import http_json
 from gcache.logs import RateLimitedLog
 from gcache.master.cluster_page import PAGE_HEADERS, ClusterPage
 from gcache.master.detector import FailureDetector
 from gcache.master.joiner import DEFAULT_JOIN_RAMP_S, DEFAULT_JOIN_TIMEOUT_S, JoinDriver
 from gcache.master.metrics import MasterMetrics
 from gcache.master.raft_node import RaftNode
-from gcache.http_bounds import BoundedHTTPServer, DeadlineRequestHandler
 from gcache.view import MemberState
 
 log = logging.getLogger("gcache.master")
@@ -96,6 +105,12 @@ _CONTENT_LENGTH = re.compile(r"[0-9]{1,10}")
 DEFAULT_REQUEST_DEADLINE_MS = 5000
 DEFAULT_MAX_CONNECTIONS = 1024
 DEFAULT_MAX_CONNECTIONS_PER_IP = 256  # 0: no per-address cap
+_BLOCKING_WORKERS = 16  # pool threads for Raft writes, /status and /metrics
+_LEADER_ONLY = ("/register", "/heartbeat", "/admin", "/self", "/status")
+# a leader-only route that finds this master no longer leads (it lost an election
+# between the check in dispatch and the route): the client retries, maybe elsewhere
+_NOT_LEADER = (503, {"error": "this master stopped being the Raft leader during the "
+                              "request; retry shortly"})
 
 
 def _denied(cred: Credential, path: str) -> str:
@@ -139,35 +154,22 @@ class MasterService:
         self.request_deadline = request_deadline_ms / 1000.0
         self.raft_to_api = raft_to_api
         self._stop = threading.Event()
-        self._local = threading.local()
+        self._client: aiohttp.ClientSession | None = None  # forwards to the leader
+        self._epoch_event = asyncio.Event()  # set (and replaced) when the epoch moves
+        # the last /view answer and its (epoch, leader): the loop thread only
+        self._view_json: tuple[tuple[int, str | None], bytes] = ((-1, None), b"")
         host, port = listen.rsplit(":", 1)
-        svc = self
-
-        class Handler(DeadlineRequestHandler):
-            protocol_version = "HTTP/1.1"
-            request_deadline_s = svc.request_deadline
-
-            def do_GET(self) -> None:  # noqa: N802
-                svc.dispatch(self, "GET")
-
-            def do_POST(self) -> None:  # noqa: N802
-                svc.dispatch(self, "POST")
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def log_error(self, fmt: str, *args: Any) -> None:
-                if self.reader.received:  # not just an idle keep-alive connection closing
-                    peer_log.warning("request", "master API: %s: %s", self.client_address[0],
-                                     fmt % args)
-
-        self.http = BoundedHTTPServer((host.strip("[]"), int(port)), Handler, max_connections,
-                                      max_per_ip=max_connections_per_ip, tls=tls,
-                                      handshake_s=self.request_deadline, log=log)
+        self.http = BoundedAioServer((host.strip("[]"), int(port)), self.dispatch,
+                                     max_connections=max_connections,
+                                     max_per_ip=max_connections_per_ip, tls=tls,
+                                     request_deadline_s=self.request_deadline,
+                                     blocking_workers=_BLOCKING_WORKERS, log=log,
+                                     on_stop=self._close_client)
         self.address = f"{host}:{self.http.server_address[1]}"
 
     def start(self) -> None:
-        threading.Thread(target=self.http.serve_forever, name="gcache-master-http",
+        self.http.start("gcache-master-http")
+        threading.Thread(target=self._watch_epoch, name="gcache-master-epoch",
                          daemon=True).start()
         threading.Thread(target=self.detector.run, args=(self._stop,),
                          name="gcache-master-monitor", daemon=True).start()
@@ -176,8 +178,7 @@ class MasterService:
 
     def stop(self) -> None:
         self._stop.set()
-        self.http.shutdown()
-        self.http.server_close()
+        self.http.stop()
         if self.down_events is not None:
             self.down_events.close()
 
@@ -186,124 +187,165 @@ class MasterService:
         if self.down_events is not None and res.get("changed", True):
             self.down_events.member_gone(mid)
 
+    # ------------------------------------------------------------------ long-poll
+    def _watch_epoch(self) -> None:
+        """One thread turns the Raft node's epoch changes into a wake-up of every
+        ``/view`` long-poll coroutine on the API's event loop."""
+        last = self.node.membership.epoch
+        while not self._stop.is_set():
+            self.node.wait_epoch(last, 0.5)
+            epoch = self.node.membership.epoch
+            if epoch > last:
+                last = epoch
+                try:
+                    self.http.loop.call_soon_threadsafe(self._epoch_moved)
+                except RuntimeError:  # the loop is closed: stopping
+                    return
+
+    def _epoch_moved(self) -> None:
+        event, self._epoch_event = self._epoch_event, asyncio.Event()
+        event.set()
+
+    async def _wait_epoch(self, since: int, timeout: float) -> None:
+        """Until the applied epoch moves past ``since`` or ``timeout`` passes (a parked
+        coroutine, no thread)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while self.node.membership.epoch <= since:
+            left = end - loop.time()
+            if left <= 0:
+                return
+            event = self._epoch_event  # taken after the check, with no await between
+            try:
+                await asyncio.wait_for(event.wait(), left)
+            except asyncio.TimeoutError:
+                return
+
     # ------------------------------------------------------------------ plumbing
-    def dispatch(self, h: Any, method: str) -> None:
+    async def dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Every request, on the API's event loop; blocking routes run on its pool."""
         try:
-            auth = h.headers.get("Authorization", "")
+            method, path = request.method, request.path
+            auth = request.headers.get("Authorization", "")
             cred = self.credentials.table.verify_bearer(auth)
-            probe = urllib.parse.urlparse(h.path).path
-            if method == "GET" and probe in _PROBES and (cred is None or probe == "/readyz"):
-                code, doc = self.probe(probe)  # Kubernetes probes carry no credential
-                return self._send(h, code, doc)
-            if method == "GET" and probe == "/metrics":  # counts only: no credential
-                return self._send_raw(h, 200, self.metrics.render(),
+            if method == "GET" and path in _PROBES and (cred is None or path == "/readyz"):
+                code, doc = self.probe(path)  # Kubernetes probes carry no credential
+                return self._send(code, doc)
+            if method == "GET" and path == "/metrics":  # counts only: no credential
+                return self._send_raw(200, await self.http.run_blocking(self.metrics.render),
                                       "text/plain; version=0.0.4; charset=utf-8")
-            page = self.page.get(probe) if method == "GET" else None
+            page = self.page.get(path) if method == "GET" else None
             if page is not None:  # static files, no cluster data: no credential
-                return self._send_raw(h, 200, page.body, page.content_type, PAGE_HEADERS)
+                return self._send_raw(200, page.body, page.content_type, PAGE_HEADERS)
             if cred is None:
-                return self._send(h, 401, {"error": "wrong or missing credential: send "
-                                                    "'Authorization: Bearer id:secret' (a "
-                                                    "credential of the masters' credentials "
-                                                    "file) or the masters' token"})
-            url = urllib.parse.urlparse(h.path)
-            denied = _denied(cred, url.path)
+                return self._send(401, {"error": "wrong or missing credential: send "
+                                                 "'Authorization: Bearer id:secret' (a "
+                                                 "credential of the masters' credentials "
+                                                 "file) or the masters' token"})
+            denied = _denied(cred, path)
             if denied:
-                return self._send(h, 403, {"error": denied})
-            self._local.auth = auth
+                return self._send(403, {"error": denied})
             body: dict = {}
-            if h.headers.get("Transfer-Encoding"):
-                return self._send(h, 400, {"error": "chunked bodies are not accepted: send "
-                                                    "Content-Length"})
-            raw_length = (h.headers.get("Content-Length") or "0").strip()
+            if request.headers.get("Transfer-Encoding"):
+                return self._send(400, {"error": "chunked bodies are not accepted: send "
+                                                 "Content-Length"})
+            raw_length = (request.headers.get("Content-Length") or "0").strip()
             if not _CONTENT_LENGTH.fullmatch(raw_length):
-                return self._send(h, 400, {"error": f"bad Content-Length {raw_length[:32]!r}: "
-                                                    "must be a decimal byte count"})
+                return self._send(400, {"error": f"bad Content-Length {raw_length[:32]!r}: "
+                                                 "must be a decimal byte count"})
             n = int(raw_length)
             if n > _MAX_BODY:
-                return self._send(h, 400, {"error": f"body of {n} bytes is too large "
-                                                    f"(limit {_MAX_BODY})"})
+                return self._send(400, {"error": f"body of {n} bytes is too large "
+                                                 f"(limit {_MAX_BODY})"})
             try:
-                raw_body = h.rfile.read(n) if n else b""
-            except TimeoutError:
-                h.reader.disarm()
+                raw_body = await read_body(request) if n else b""
+            except BodyTimeout:
                 peer_log.warning("request", "master API: %s: body not received within %.1fs",
-                                 h.client_address[0], self.request_deadline)
-                return self._send(h, 408, {"error": "the request body did not arrive within "
-                                                    f"{self.request_deadline:.1f}s"})
-            if len(raw_body) < n:
-                h.close_connection = True  # the peer closed mid-body: nobody to answer
-                return
-            h.reader.disarm()
+                                 request.remote, self.request_deadline)
+                return self._send(408, {"error": "the request body did not arrive within "
+                                                 f"{self.request_deadline:.1f}s"})
             if method == "POST":
                 body = json.loads(raw_body or b"{}")
                 if not isinstance(body, dict):
-                    return self._send(h, 400, {"error": "body must be a JSON object"})
-            route = {("GET", "/view"): self.view, ("GET", "/status"): self.status,
+                    return self._send(400, {"error": "body must be a JSON object"})
+            query = dict(request.query)
+            if (method, path) == ("GET", "/view"):
+                return self._send_raw(200, await self.view(query), "application/json")
+            route = {("GET", "/status"): self.status,
                      ("POST", "/register"): self.register, ("POST", "/heartbeat"): self.heartbeat,
                      ("POST", "/admin"): self.admin, ("POST", "/self"): self.self_op,
                      ("GET", "/healthz"): self.health}
-            fn = route.get((method, url.path))
+            fn = route.get((method, path))
             if fn is None:
-                return self._send(h, 404, {"error": f"no route {method} {url.path}"})
-            query = dict(urllib.parse.parse_qsl(url.query))
-            self._local.forwarded = h.headers.get(_FORWARDED) is not None
-            code, out = fn(query, body, method, h.path)
-            self._send(h, code, out)
-        except ConnectionError:  # the peer left before its answer (a long-poll given up)
-            h.close_connection = True
+                return self._send(404, {"error": f"no route {method} {path}"})
+            if path in _LEADER_ONLY and not self.node.is_leader:
+                forwarded = request.headers.get(_FORWARDED) is not None
+                return self._send(*await self._forward(method, request.raw_path, body, auth,
+                                                       forwarded))
+            return self._send(*await self.http.run_blocking(fn, query, body, method,
+                                                            request.raw_path))
+        except PoolBusy as exc:
+            return self._send(503, {"error": f"{exc}; retry shortly"})
         except (ValueError, KeyError, TypeError) as exc:
-            self._send(h, 400, {"error": f"bad request: {exc}"})
+            return self._send(400, {"error": f"bad request: {exc}"})
         except Exception as exc:  # the API must never take the master down
             log.exception("master API error")
-            self._send(h, 500, {"error": str(exc)})
+            return self._send(500, {"error": str(exc)})
 
     @classmethod
-    def _send(cls, h: Any, code: int, doc: dict) -> None:
+    def _send(cls, code: int, doc: dict) -> web.Response:
         """Answer; an error answer also closes the connection (its body may be unread)."""
-        cls._send_raw(h, code, json.dumps(doc).encode(), "application/json")
+        return cls._send_raw(code, json.dumps(doc).encode(), "application/json")
 
     @staticmethod
-    def _send_raw(h: Any, code: int, data: bytes, ctype: str,
-                  headers: tuple[tuple[str, str], ...] = ()) -> None:
-        h.reader.disarm()  # the send gets its own timeout, whatever was left of the deadline
-        h.send_response(code)
-        h.send_header("Content-Type", ctype)
-        for name, value in headers:
-            h.send_header(name, value)
-        h.send_header("Content-Length", str(len(data)))
+    def _send_raw(code: int, data: bytes, ctype: str,
+                  headers: tuple[tuple[str, str], ...] = ()) -> web.Response:
+        resp = web.Response(status=code, body=data,
+                            headers={"Content-Type": ctype, **dict(headers)})
         if code >= 400:
-            h.send_header("Connection", "close")  # send_header sets close_connection too
-        h.end_headers()
-        h.wfile.write(data)
+            resp.force_close()
+        return resp
 
     def leader_api(self) -> str | None:
         lead = self.node.leader
         return self.raft_to_api.get(lead) if lead else None
 
-    def _forward(self, method: str, path: str, body: dict) -> tuple[int, dict]:
-        """Relay a leader-only request to the leader; 503 when there is none.
+    async def _forward(self, method: str, path: str, body: dict, auth: str,
+                       forwarded: bool) -> tuple[int, dict]:
+        """Relay a leader-only request to the leader (on the event loop: a paused leader
+        holds a coroutine for ``_FORWARD_TIMEOUT_S``, no thread); 503 when there is none.
 
         One hop only: during an election two nodes may each name the other as leader,
         so a request that was already forwarded is refused instead of bounced back.
         """
         api = self.leader_api()
-        if api is None or self.node.is_leader or getattr(self._local, "forwarded", False):
+        if api is None or forwarded:
             return 503, {"error": "no Raft leader right now (election in progress or no "
                                   "quorum); retry shortly"}
+        if self._client is None:  # made on the loop, closed by the server's stop
+            self._client = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(force_close=True),
+                timeout=aiohttp.ClientTimeout(total=_FORWARD_TIMEOUT_S))
+        scheme = "https" if self.peer_tls is not None else "http"
         try:
             # the caller's own credential: the leader checks the same rights
-            return 200, http_json(api, method, path, body if method == "POST" else None,
-                                  "", _FORWARD_TIMEOUT_S,
-                                  {_FORWARDED: "1", "Authorization": self._local.auth},
-                                  tls=self.peer_tls)
-        except urllib.error.HTTPError as exc:
-            try:
-                return exc.code, json.loads(exc.read() or b"{}")
-            except ValueError:
-                return exc.code, {"error": str(exc.reason)}
-        except OSError as exc:
-            return 503, {"error": f"leader {api} unreachable: {exc}"}
+            async with self._client.request(
+                    method, f"{scheme}://{api}{path}",
+                    json=body if method == "POST" else None,
+                    headers={_FORWARDED: "1", "Authorization": auth},
+                    ssl=self.peer_tls if self.peer_tls is not None else True) as resp:
+                raw, code, reason = await resp.read(), resp.status, resp.reason
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            return 503, {"error": f"leader {api} unreachable: {exc or type(exc).__name__}"}
+        try:
+            doc = json.loads(raw or b"{}")
+        except ValueError:
+            doc = {"error": str(reason)}
+        return (200 if 200 <= code < 300 else code), doc
+
+    async def _close_client(self) -> None:
+        if self._client is not None:
+            await self._client.close()
 
     # ------------------------------------------------------------------ routes
     def probe(self, path: str) -> tuple[int, dict]:
@@ -320,18 +362,24 @@ class MasterService:
         return 200, {"status": "ok", "leader": self.leader_api(), "is_leader":
                      self.node.is_leader, "epoch": self.node.membership.epoch}
 
-    def view(self, q: dict, body: dict, method: str, path: str) -> tuple[int, dict]:
+    async def view(self, q: dict) -> bytes:
+        """The view document, as JSON. Built once per (epoch, leader): when the epoch
+        moves every parked watcher wakes at once, and each gets the same bytes."""
         since = int(q.get("since", -1))
         wait_ms = min(int(q.get("wait_ms", 0)), _MAX_WAIT_MS)
         if wait_ms > 0 and self.node.membership.epoch <= since:
-            self.node.wait_epoch(since, wait_ms / 1000.0)
-        doc = self.node.membership.view()
-        doc["leader"] = self.leader_api()
-        return 200, doc
+            await self._wait_epoch(since, wait_ms / 1000.0)
+        key = (self.node.membership.epoch, self.leader_api())
+        if self._view_json[0] != key:
+            doc = self.node.membership.view()
+            doc["leader"] = key[1]
+            # keyed by the epoch the document holds (the Raft thread may have moved on)
+            self._view_json = ((doc["epoch"], key[1]), json.dumps(doc).encode())
+        return self._view_json[1]
 
     def register(self, q: dict, body: dict, method: str, path: str) -> tuple[int, dict]:
         if not self.node.is_leader:
-            return self._forward(method, path, body)
+            return _NOT_LEADER
         op = {"op": "register", "id": str(body["id"]), "address": str(body["address"]),
               "capacity_bytes": int(body["capacity_bytes"]), "boot_id": str(body["boot_id"])}
         if self.joiner.initial_ramp is not None:  # a newcomer joins JOINING, ramping
@@ -342,7 +390,7 @@ class MasterService:
 
     def heartbeat(self, q: dict, body: dict, method: str, path: str) -> tuple[int, dict]:
         if not self.node.is_leader:
-            return self._forward(method, path, body)
+            return _NOT_LEADER
         mid, inc, boot = str(body["id"]), int(body["incarnation"]), str(body.get("boot_id", ""))
         rec = self.node.membership.get(mid)
         if rec is None or rec.incarnation != inc or (boot and rec.boot_id != boot):
@@ -355,7 +403,7 @@ class MasterService:
 
     def admin(self, q: dict, body: dict, method: str, path: str) -> tuple[int, dict]:
         if not self.node.is_leader:
-            return self._forward(method, path, body)
+            return _NOT_LEADER
         op = str(body["op"])
         if op not in ("drain", "undrain", "remove"):
             return 400, {"error": f"unknown admin op {op!r}: use drain, undrain (add) or remove"}
@@ -372,7 +420,7 @@ class MasterService:
         """A server drains or removes itself: the member ``id`` registered with
         ``boot_id`` (see Auth in the module docstring)."""
         if not self.node.is_leader:
-            return self._forward(method, path, body)
+            return _NOT_LEADER
         op, mid, boot = str(body["op"]), str(body["id"]), str(body["boot_id"])
         if op not in ("drain", "remove", "down"):
             return 400, {"error": f"unknown self op {op!r}: use drain, remove or down"}
@@ -401,7 +449,7 @@ class MasterService:
 
     def status(self, q: dict, body: dict, method: str, path: str) -> tuple[int, dict]:
         if not self.node.is_leader:
-            return self._forward(method, path, body)
+            return _NOT_LEADER
         doc = self.node.membership.view()
         self.detector.annotate(doc["members"])
         doc["leader"] = self.address

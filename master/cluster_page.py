@@ -21,7 +21,7 @@ goes out with a Content-Security-Policy that allows only this origin's script, s
 ``/status`` (no inline script, no third-party fetch: an id or address a server reported
 cannot run as script, and the page writes them with ``textContent`` only), ``nosniff``
 and ``no-referrer``. The request itself is under the API's usual limits
-(``gcache.http_bounds``: deadline, connection caps).
+(``gcache.bounded_aiohttp``: deadline, connection caps).
 """
 
 from __future__ import annotations

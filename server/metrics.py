@@ -45,12 +45,12 @@ Two objects. ``ServerMetrics`` holds the counters the tiers and the service upda
 is built first and reads nothing. ``MetricsEndpoint`` is built last, from the counters
 and the functions it reads at scrape time (the server's ``stats``, the tier's
 ``namespace_usage``, the quotas, the health document): it binds its port at
-construction, serves from ``start`` (one accept thread, a thread per connection, at
-most ``MAX_CONNECTIONS`` of them and ``MAX_CONNECTIONS_PER_IP`` per peer address, 503
-past a cap; a request must arrive whole within ``REQUEST_DEADLINE_S``:
-``gcache.http_bounds``) and releases the port in ``stop`` (owner's thread; bounded by one
-poll interval, 0.5 s).
-Scrape-time collectors run on the request's thread and must not block.
+construction, serves from ``start`` (aiohttp on one event-loop thread, at most
+``MAX_CONNECTIONS`` connections and ``MAX_CONNECTIONS_PER_IP`` per peer address, 503 past
+a cap; a request must arrive whole within ``REQUEST_DEADLINE_S``:
+``gcache.bounded_aiohttp``) and releases the port in ``stop`` (owner's thread; bounded,
+a few seconds at most).
+Scrape-time collectors run on one of ``SCRAPE_WORKERS`` pool threads and must not block.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from __future__ import annotations
 import json
 import ssl
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, CounterMetricFamily
@@ -66,7 +66,9 @@ from prometheus_client.core import GaugeMetricFamily, CounterMetricFamily
 from gcache.process_metrics import add_process_metrics
 from gcache.server.self_drain import DrainReason
 from gcache.server.startup import Phase
-from gcache.http_bounds import BoundedHTTPServer, DeadlineRequestHandler
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 # What one scraper or prober may hold on the metrics port: a request must arrive whole
 # within REQUEST_DEADLINE_S (one deadline, not per recv), and at most MAX_CONNECTIONS
@@ -74,6 +76,7 @@ from gcache.http_bounds import BoundedHTTPServer, DeadlineRequestHandler
 REQUEST_DEADLINE_S = 5.0
 MAX_CONNECTIONS = 64
 MAX_CONNECTIONS_PER_IP = 16
+SCRAPE_WORKERS = 2  # pool threads that render scrapes and probes
 
 _LAT_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 2.0)
 
@@ -451,68 +454,67 @@ class MetricsEndpoint:
         collectors.register(_NamespaceCollector(usage_fn, quotas, metrics.namespace))
         if phase_fn is not None:
             collectors.register(_PhaseCollector(phase_fn))
-        registries = (metrics.registry, collectors)
-
-        class Handler(DeadlineRequestHandler):
-            request_deadline_s = REQUEST_DEADLINE_S
-
-            def do_GET(self) -> None:  # noqa: N802
-                self.reader.disarm()  # the request is in; the answer has its own timeout
-                code = 200
-                if self.path == "/metrics":
-                    body = b"".join(generate_latest(r) for r in registries)
-                    ctype = "text/plain; version=0.0.4"
-                elif self.path == "/healthz":
-                    body, ctype = json.dumps(health_fn()).encode(), "application/json"
-                elif self.path == "/readyz" and ready_fn is not None:
-                    ready, why = ready_fn()
-                    body = json.dumps({"ready": ready, "reason": why}).encode()
-                    ctype, code = "application/json", 200 if ready else 503
-                else:
-                    self.send_error(404, "try /metrics, /healthz or /readyz")
-                    return
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args) -> None:
-                pass
+        self._registries = (metrics.registry, collectors)
+        self._health_fn, self._ready_fn = health_fn, ready_fn
+        # aiohttp (about 12 MiB of RSS) only in servers that serve metrics
+        from gcache.bounded_aiohttp import BoundedAioServer
 
         host, port = listen.rsplit(":", 1)
-        self.http = BoundedHTTPServer((host.strip("[]"), int(port)), Handler, MAX_CONNECTIONS,
-                                      max_per_ip=MAX_CONNECTIONS_PER_IP, tls=tls,
-                                      handshake_s=REQUEST_DEADLINE_S, flags=None,
-                                      name="gcache-server's metrics endpoint")
-        self._thread: threading.Thread | None = None
+        self.http = BoundedAioServer((host.strip("[]"), int(port)), self._serve,
+                                     max_connections=MAX_CONNECTIONS,
+                                     max_per_ip=MAX_CONNECTIONS_PER_IP, tls=tls,
+                                     request_deadline_s=REQUEST_DEADLINE_S,
+                                     blocking_workers=SCRAPE_WORKERS, flags=None,
+                                     name="gcache-server's metrics endpoint")
+        self._started = False
         self._lock = threading.Lock()
         self._closed = False
 
     @property
     def scheme(self) -> str:
-        return self.http.scheme
+        return "https" if self.http.tls is not None else "http"
 
     @property
     def address(self) -> tuple[str, int]:
         """The bound ``(host, port)`` (the kernel's choice when ``listen`` gave port 0)."""
         return self.http.server_address[0], self.http.server_address[1]
 
+    def _answer(self, path: str) -> tuple[int, bytes, str]:
+        """``(status, body, content type)`` for a GET of ``path`` (a pool thread)."""
+        if path == "/metrics":
+            return (200, b"".join(generate_latest(r) for r in self._registries),
+                    "text/plain; version=0.0.4")
+        if path == "/healthz":
+            return 200, json.dumps(self._health_fn()).encode(), "application/json"
+        if path == "/readyz" and self._ready_fn is not None:
+            ready, why = self._ready_fn()
+            return (200 if ready else 503, json.dumps({"ready": ready, "reason": why}).encode(),
+                    "application/json")
+        return (404, json.dumps({"error": f"no {path}: try /metrics, /healthz or /readyz"})
+                .encode(), "application/json")
+
+    async def _serve(self, request: web.BaseRequest) -> web.StreamResponse:
+        from aiohttp import web  # loaded already: BoundedAioServer serves this
+
+        if request.method != "GET":
+            code, body, ctype = 405, b'{"error": "only GET is served here"}', "application/json"
+        else:
+            code, body, ctype = await self.http.run_blocking(self._answer, request.path)
+        resp = web.Response(status=code, body=body, headers={"Content-Type": ctype})
+        if code >= 400 and code != 503:
+            resp.force_close()
+        return resp
+
     def start(self) -> None:
         with self._lock:
-            if self._thread is not None or self._closed:
+            if self._started or self._closed:
                 return
-            self._thread = threading.Thread(target=self.http.serve_forever,
-                                            name="gcache-http", daemon=True)
-            self._thread.start()
+            self._started = True
+            self.http.start("gcache-http")
 
     def stop(self) -> None:
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            thread = self._thread
-        if thread is not None:
-            self.http.shutdown()  # returns once serve_forever's loop has seen it
-            thread.join(timeout=2.0)
-        self.http.server_close()
+        self.http.stop()

@@ -74,7 +74,8 @@ def test_malformed_content_length_is_a_quick_400(master, length):
                   TOKEN.encode() + b"\r\nContent-Length: " + length + b"\r\n\r\n{}")
         t0 = time.monotonic()
         reply = read_until_close(s)  # answered and closed, never read until EOF
-    assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
+    # the status line of an unparsable request may say HTTP/1.0: the code is the contract
+    assert reply.split(b" ", 2)[1] == b"400", reply[:200]
     assert b"Content-Length" in reply
     assert time.monotonic() - t0 < 3.0
 

@@ -45,6 +45,8 @@ def test_probes_answer_without_a_token_and_reveal_nothing(tmp_path) -> None:
         leader = _get(f"http://{cl.master_addresses[0]}/healthz", TOKEN)[1]["leader"]
         a = next(x for x in cl.master_addresses if x != leader)  # a follower
         assert _get(f"http://{a}/healthz") == (200, {"status": "ok"})
+        # a follower may still be connecting to its peers when the first master is ready
+        wait_for(lambda: _get(f"http://{a}/readyz")[0] == 200, 15)
         code, ready = _get(f"http://{a}/readyz")
         assert code == 200 and ready["ready"] is True
         assert set(ready) == {"ready", "reason"} and "127.0.0.1" not in json.dumps(ready)
@@ -54,6 +56,8 @@ def test_probes_answer_without_a_token_and_reveal_nothing(tmp_path) -> None:
         # /metrics: counts only, no credential; the leader's role and the members by state
         MasterClient([leader], TOKEN).register("m-1", "127.0.0.1:1", 1 << 20, "boot-1")
         wait_for(lambda: 'gcache_master_members{state="up"} 1.0' in _metrics(a), 10)
+        # pysyncobj may be re-dialing a peer link under load: wait for both links
+        wait_for(lambda: 'gcache_master_raft_peers_connected 2.0' in _metrics(leader), 15)
         text = _metrics(leader)
         for line in ('gcache_master_raft_role{role="leader"} 1.0',
                      'gcache_master_raft_quorum 1.0', 'gcache_master_raft_peers_connected 2.0',
