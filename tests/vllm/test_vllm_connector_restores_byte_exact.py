@@ -168,6 +168,18 @@ def test_a_running_prefill_shares_its_blocks_before_it_finishes(server, model_di
     b.close()
 
 
+def test_vllm_keeps_the_hybrid_allocator_on_with_this_connector(model_dir):
+    """vLLM turns the hybrid KV-cache manager off for a connector without SupportsHMA;
+    its factory says this one has it (the hybrid tests above run two KV-cache groups,
+    full + sliding window, through vLLM's hybrid coordinator and
+    request_finished_all_groups). On this CPU-only machine vLLM's platform check turns
+    it off for the whole engine config regardless, so the check is the factory's."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    vc = H.vllm_config(model_dir, {"servers": "127.0.0.1:1"})
+    assert KVConnectorFactory.supports_hma_config(vc.kv_transfer_config)
+
+
 def test_the_connector_asks_vllm_for_a_block_outermost_layout(model_dir):
     """vLLM's own resolver (``get_kv_connector_cache_layout``, which the attention
     backends consult) sees BLHNC by default, and nothing with ``kv_layout: none``."""
