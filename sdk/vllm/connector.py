@@ -103,6 +103,8 @@ log = logging.getLogger("gcache.vllm")
 # (group id, vLLM block id, vLLM block hash)
 Item = tuple[int, int, bytes]
 
+SCATTER_BATCH = 32  # staged blocks placed per native call as a load lands
+
 
 @dataclass
 class GCacheConnectorMetadata(KVConnectorMetadata):
@@ -497,8 +499,9 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
             log.exception("gcache connector: could not start a load; its blocks are errors")
             self._finish_load(req_id, items, [Status.BAD_REQUEST] * len(items), {})
             return
-        # a staged block is scattered into the KV tensors as soon as its key lands (on
-        # the dispatch thread that finished it), overlapping the copy with the transfer
+        # staged blocks are scattered into the KV tensors as their keys land (on the
+        # dispatch threads that finished them), SCATTER_BATCH at a time: the copy
+        # overlaps the transfer, and one native call serves many blocks
         where: dict[int, tuple[int, int, int]] = {}  # key index -> (gid, slice, block)
         at: dict[int, int] = {}
         for i, (gid, bid, _) in enumerate(items):
@@ -507,19 +510,40 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
                 at[gid] = k + 1
                 where[i] = (gid, k, bid)
         placed: set[int] = set()
+        ready: list[int] = []
+        lock = threading.Lock()
+
+        def scatter(batch: list[int]) -> None:
+            by_group: dict[int, list[tuple[int, int]]] = {}
+            for i in batch:
+                gid, k, bid = where[i]
+                by_group.setdefault(gid, []).append((k, bid))
+            try:
+                for gid, pairs in by_group.items():
+                    self._layouts[gid].move(pairs, staged[gid][0], to_kv=True)
+            except Exception:  # noqa: BLE001 - these blocks are load errors (below)
+                log.exception("gcache connector: could not place loaded blocks")
+                return
+            with lock:
+                placed.update(batch)
 
         def landed(i: int, _key: bytes, st: Any) -> None:
-            w = where.get(i)
-            if w is None or st != Status.OK:
+            if i not in where or st != Status.OK:
                 return
-            gid, k, bid = w
-            try:
-                self._layouts[gid].move([(k, bid)], staged[gid][0], to_kv=True)
-                placed.add(i)
-            except Exception:  # noqa: BLE001 - this block is a load error (below)
-                log.exception("gcache connector: could not place a loaded block")
+            with lock:
+                ready.append(i)
+                if len(ready) < SCATTER_BATCH:
+                    return
+                batch = ready[:]
+                ready.clear()
+            scatter(batch)
 
         def done(statuses: list) -> None:
+            with lock:
+                batch = ready[:]
+                ready.clear()
+            if batch:
+                scatter(batch)
             statuses = [st if (i not in where or i in placed) else Status.BAD_REQUEST
                         for i, st in enumerate(statuses)]
             self._finish_load(req_id, items, statuses, staged)
