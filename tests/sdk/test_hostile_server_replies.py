@@ -13,7 +13,6 @@ keeps working against the real server afterwards.
 from __future__ import annotations
 
 import socket
-import threading
 
 import pytest
 
@@ -21,31 +20,20 @@ from gcache.protocol import (FLAG_RESPONSE, Limits, Op, encode_frame, pack_lease
                              read_frame)
 from gcache.sdk import Client, Status
 from gcache.sdk.transports.tcp import TcpTransport
+from gcache.testing.standin import StandIn
 
 pytestmark = pytest.mark.integration
 
 
-class Hostile:
+class Hostile(StandIn):
     """Accepts connections, sends the real HELLO, answers AUTH with the real AUTH reply
     (which names the arena), answers LEASE/ALLOC with ``reply(op, meta)``."""
 
     def __init__(self, handshake: tuple[dict, dict], reply) -> None:
         (self.hello, self.auth_reply), self.reply = handshake, reply
-        self.ls = socket.socket()
-        self.ls.bind(("127.0.0.1", 0))
-        self.ls.listen(8)
-        self.address = "127.0.0.1:%d" % self.ls.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                c, _ = self.ls.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
-
-    def _serve(self, c: socket.socket) -> None:
+    def serve(self, c: socket.socket) -> None:
         lim = Limits()
         try:
             c.sendall(encode_frame(Op.HELLO, 0, self.hello, flags=FLAG_RESPONSE))
@@ -59,8 +47,6 @@ class Hostile:
         except (OSError, Exception):
             c.close()
 
-    def close(self) -> None:
-        self.ls.close()
 
 
 def _real_handshake(addr: str) -> tuple[dict, dict]:

@@ -7,7 +7,6 @@ short, or answers another request id: each bad case is a miss for the whole requ
 from __future__ import annotations
 
 import socket
-import threading
 import time
 
 import pytest
@@ -16,6 +15,7 @@ from gcache.hashing import checksum
 from gcache.protocol import FLAG_MORE, FLAG_RESPONSE, Limits, Op, encode_frame, read_frame
 from gcache.sdk import Client, Status
 from gcache.sdk.transports.tcp import TcpTransport
+from gcache.testing.standin import StandIn
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -37,28 +37,16 @@ CASES = {
 }
 
 
-class StreamingStandIn:
+class StreamingStandIn(StandIn):
     """Replays a real server's HELLO and AUTH reply, then answers every GET with
     ``frames``."""
 
     def __init__(self, handshake: tuple[dict, dict], frames: list) -> None:
         (self.hello, self.auth_reply), self.frames = handshake, frames
         self.asked_stream: list[object] = []
-        self.ls = socket.socket()
-        self.ls.bind(("127.0.0.1", 0))
-        self.ls.listen(8)
-        self.address = "127.0.0.1:%d" % self.ls.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                c, _ = self.ls.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
-
-    def _serve(self, c: socket.socket) -> None:
+    def serve(self, c: socket.socket) -> None:
         try:
             c.sendall(encode_frame(Op.HELLO, 0, self.hello, flags=FLAG_RESPONSE))
             while True:
@@ -76,8 +64,6 @@ class StreamingStandIn:
         except Exception:
             c.close()
 
-    def close(self) -> None:
-        self.ls.close()
 
 
 @pytest.fixture(scope="module")
