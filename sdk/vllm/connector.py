@@ -344,10 +344,7 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
         for blocks in lk.blocks:
             present.append(found[at:at + len(blocks)])
             at += len(blocks)
-        n = longest_hit(self.plans, lk, present)
-        self._stats._add("lookups", 1)
-        self._stats._add("lookup_hit_tokens", n)
-        return n
+        return longest_hit(self.plans, lk, present)
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
                                  num_external_tokens: int) -> None:
