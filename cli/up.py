@@ -120,6 +120,9 @@ def up(n: int, n_masters: int, memory: int, slab_bytes: int, token: str, workloa
             if n_masters:
                 _wait_registered(cluster, token, n)
                 print(f"GCACHE_MASTERS={','.join(cluster.master_addresses)}", flush=True)
+                # the live cluster page: any master serves it (sign in with --token if set)
+                print(f"GCACHE_CLUSTER_PAGE={'https' if files else 'http'}://"
+                      f"{cluster.master_addresses[0]}/ui", flush=True)
             print(f"GCACHE_SERVERS={','.join(cluster.addresses)}", flush=True)
             if files is not None:  # what `gcache status --masters ...` and clients need
                 print(f"GCACHE_TLS_CA_FILE={files.ca_file}", flush=True)

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
@@ -42,6 +43,10 @@ def test_up_serves_until_sigint_and_cleans_up():
         servers = lines["GCACHE_SERVERS"].split(",")
         masters = lines["GCACHE_MASTERS"].split(",")  # printed first, 3 by default
         assert len(servers) == 2 and len(masters) == 3
+        page = lines["GCACHE_CLUSTER_PAGE"]
+        assert page == f"http://{masters[0]}/ui"
+        with urllib.request.urlopen(page, timeout=10) as r:  # the live cluster page
+            assert r.status == 200 and b"<html" in r.read().lower()
         with Client(masters=masters) as c:
             assert sorted(m.address for m in c.view.members) == sorted(servers)
             assert c.put("k", b"v") == Status.OK
