@@ -26,12 +26,14 @@ Scheduler side (vLLM's scheduler thread; may block only for the lookup's deadlin
         a save plan; they stay held (returns True) until the workers report it done.
 Worker side (vLLM's model-runner thread; never blocks on the store):
     ``register_kv_caches``: maps every group's blocks to byte runs of the KV tensors
-        (``layout.GroupLayout``); block-outermost layouts are read and written in place;
-        with the nixl transport the tensors are registered for one-sided transfers.
+        (``layout.GroupLayout``); block-outermost layouts (the connector asks vLLM for
+        ``BLHNC``: ``get_required_kvcache_layout``) are read and written in place; with
+        the nixl transport the tensors are registered for one-sided transfers.
     ``start_load_kv``: issues the loads (``get_batch_into_async``), completion on the
         SDK's dispatch threads. ``wait_for_save``: copies the step's filled blocks into
-        host staging and issues every save (``put_batch_from_async(if_absent=True)``). ``wait_for_layer_load`` and
-        ``save_kv_layer`` do nothing: transfers are whole-block, between steps.
+        host staging and issues every save (``put_batch_from_async(if_absent=True)``).
+        ``wait_for_layer_load`` and ``save_kv_layer`` do nothing: transfers are
+        whole-block, between steps.
     ``get_transfer_results``: finished loads and saves; a load that failed for any
         block is reported finished *and* failed: single-group models by block id
         (``get_block_ids_with_load_errors``: vLLM keeps the valid prefix), hybrid models
