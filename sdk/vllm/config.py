@@ -11,6 +11,7 @@ import difflib
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from gcache.config import parse_bool, parse_size
 from gcache.errors import ConfigError
 
 
@@ -62,13 +63,14 @@ class ConnectorConfig:
 def _value(key: str, v: Any, default: Any) -> Any:
     if key in ("masters", "servers") and isinstance(v, (list, tuple)):
         return ",".join(str(x) for x in v)
-    if key == "save":
-        if isinstance(v, bool):
-            return v
-        if str(v).lower() in ("true", "1", "yes", "false", "0", "no"):
-            return str(v).lower() in ("true", "1", "yes")
-        raise ConfigError(f"kv_connector_extra_config: save must be true or false, not {v!r}")
-    if key.endswith("_ms") or key.endswith("_bytes") or key == "tp_rank":
+    try:  # the project's parsers: "1GiB", "yes"/"off", with their own messages
+        if key == "save":
+            return parse_bool(v)
+        if key.endswith("_bytes"):
+            return parse_size(v)
+    except ConfigError as exc:
+        raise ConfigError(f"kv_connector_extra_config: {key}: {exc}") from None
+    if key.endswith("_ms") or key == "tp_rank":
         try:
             return int(v)
         except (TypeError, ValueError):

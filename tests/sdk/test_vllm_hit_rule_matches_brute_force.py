@@ -88,3 +88,9 @@ def test_config_takes_sizes_and_a_layout():
                                     "kv_layout": "LBHNC"})
     assert c.staging_keep_bytes == 1024 and c.kv_layout == "LBHNC"
     assert ConnectorConfig.from_extra({"servers": "h:1"}).kv_layout == "BLHNC"
+    # sizes and booleans take the project's spellings
+    c = ConnectorConfig.from_extra({"servers": "h:1", "staging_keep_bytes": "2GiB",
+                                    "save": "off"})
+    assert c.staging_keep_bytes == 2 << 30 and c.save is False
+    with pytest.raises(ConfigError, match="staging_keep_bytes"):
+        ConnectorConfig.from_extra({"servers": "h:1", "staging_keep_bytes": "lots"})
