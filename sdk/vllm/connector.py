@@ -382,6 +382,8 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
                     continue
                 try:
                     end = min(req.num_computed_tokens + n, req.num_tokens)
+                    if not self._fills_a_block(req, end):
+                        continue  # most decode steps: no block table copied for nothing
                     ids = self._kv_cache_manager.get_block_ids(req_id)
                     items = self._progress(req, end, ids, self._parents)
                 except Exception:  # noqa: BLE001 - never into the engine: not saved now
@@ -424,6 +426,15 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
         self._saves[request.request_id] = items
         self._saving.add(request.request_id)
         return True, None
+
+    def _fills_a_block(self, request: "Request", end: int) -> bool:
+        """Whether tokens up to ``end`` complete a whole block some group has not saved."""
+        saved = self._saved.get(request.request_id)
+        if saved is None:
+            return True
+        n = len(request.block_hashes)
+        return any(min(end // p.block_size, n // p.ratio) > saved[i]
+                   for i, p in enumerate(self.plans) if p.kind is not GroupKind.SKIP)
 
     def _progress(self, request: "Request", end: int, block_ids: Sequence[Sequence[int]],
                   parents: dict[str, dict[int, bytes]]) -> list[Item]:
