@@ -504,7 +504,7 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
 
     def _start_load(self, req_id: str, items: list[Item]) -> None:
         try:
-            keys, bufs, staged = self._buffers(items, load=True)
+            keys, bufs, staged, where = self._buffers(items, load=True)
         except Exception:  # noqa: BLE001 - a load we cannot start: every block failed
             log.exception("gcache connector: could not start a load; its blocks are errors")
             self._finish_load(req_id, items, [Status.BAD_REQUEST] * len(items), {})
@@ -512,13 +512,6 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
         # staged blocks are scattered into the KV tensors as their keys land (on the
         # dispatch threads that finished them), SCATTER_BATCH at a time: the copy
         # overlaps the transfer, and one native call serves many blocks
-        where: dict[int, tuple[int, int, int]] = {}  # key index -> (gid, slice, block)
-        at: dict[int, int] = {}
-        for i, (gid, bid, _) in enumerate(items):
-            if gid in staged:
-                k = at.get(gid, 0)
-                at[gid] = k + 1
-                where[i] = (gid, k, bid)
         placed: set[int] = set()
         ready: list[int] = []
         lock = threading.Lock()
@@ -562,10 +555,11 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
                                          callback=done, on_key=landed if where else None)
 
     def _buffers(self, items: list[Item], load: bool,
-                 stage_all: bool = False) -> tuple[list, list, dict]:
+                 stage_all: bool = False) -> tuple[list, list, dict, dict]:
         """Keys and SDK buffers of a transfer: a block in place where its layout allows,
         else a slice of its group's staging buffer (``staged``: gid -> (staging, [(slice
-        index, block id)])); a save gathers the staged blocks first."""
+        index, block id)]); ``where``: item index -> (gid, slice index, block id) of the
+        staged ones); a save gathers the staged blocks first."""
         counts: dict[int, int] = {}
         for gid, _, _ in items:
             if stage_all or not self._layouts[gid].direct:
@@ -575,20 +569,22 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
             for gid, n in counts.items()}
         keys: list[bytes] = []
         bufs: list = []
-        for gid, bid, h in items:
+        where: dict[int, tuple[int, int, int]] = {}
+        for i, (gid, bid, h) in enumerate(items):
             lay = self._layouts[gid]
             keys.append(self._key(gid, h, self._rank_for(self.plans[gid])))
             if gid not in staged:
                 bufs.append(lay.view(bid))
                 continue
             staging, pairs = staged[gid]
-            at = len(pairs) * lay.block_bytes
-            bufs.append(staging[at:at + lay.block_bytes])
-            pairs.append((len(pairs), bid))
+            k = len(pairs)
+            bufs.append(staging[k * lay.block_bytes:(k + 1) * lay.block_bytes])
+            pairs.append((k, bid))
+            where[i] = (gid, k, bid)
         if not load:
             for gid, (staging, pairs) in staged.items():
                 self._layouts[gid].move(pairs, staging, to_kv=False)
-        return keys, bufs, staged
+        return keys, bufs, staged, where
 
     def _release(self, staged: dict[int, tuple[memoryview, list[tuple[int, int]]]]) -> None:
         for staging, _ in staged.values():
@@ -655,7 +651,7 @@ class GCacheConnectorV1(KVConnectorBase_V1, SupportsHMA):
             with self._lock:
                 self._inflight += 1
             try:
-                keys, bufs, staged = self._buffers(its, load=False, stage_all=not held)
+                keys, bufs, staged, _ = self._buffers(its, load=False, stage_all=not held)
             except Exception:  # noqa: BLE001 - a save we cannot start: not saved
                 log.exception("gcache connector: could not start a save; not saved")
                 part([Status.BAD_REQUEST] * len(its), {})
