@@ -211,8 +211,9 @@ class TcpTransport(Transport):
         out: list[ItemResult] = []
         n = len(work.items)
         while True:
-            part = self._read_get_frame(work.items[len(out):], rmeta, fh.payload_len,
-                                        work.deadline, more=bool(fh.flags & FLAG_MORE))
+            rest = work.items[len(out):] if out else work.items  # no copy for one frame
+            part = self._read_get_frame(rest, rmeta, fh.payload_len, work.deadline,
+                                        more=bool(fh.flags & FLAG_MORE))
             out += part
             if not fh.flags & FLAG_MORE:
                 break
