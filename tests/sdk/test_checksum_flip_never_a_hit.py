@@ -26,13 +26,14 @@ import pytest
 
 from gcache.sdk import Client, Status
 from gcache.testing.oracle import check_value, value_for
+from gcache.testing.standin import StandIn
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 SIZE = 256 << 10
 
 
-class FlipProxy:
+class FlipProxy(StandIn):
     """TCP proxy to ``target``; flips the last byte of the first chunk of at least
     ``min_chunk`` bytes going in direction ``flip`` ("down": server -> client, "up")."""
 
@@ -43,21 +44,14 @@ class FlipProxy:
         self.flipped = 0
         self.armed = True
         self.lock = threading.Lock()
-        self.ls = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self.ls.getsockname()[1]}"
         self.socks: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                c, _ = self.ls.accept()
-            except OSError:
-                return
-            s = socket.create_connection(self.target)
-            self.socks += [c, s]
-            threading.Thread(target=self._pipe, args=(c, s, "up"), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(s, c, "down"), daemon=True).start()
+    def serve(self, c: socket.socket) -> None:
+        s = socket.create_connection(self.target)
+        self.socks += [c, s]
+        threading.Thread(target=self._pipe, args=(s, c, "down"), daemon=True).start()
+        self._pipe(c, s, "up")
 
     def _pipe(self, src: socket.socket, dst: socket.socket, direction: str) -> None:
         try:
@@ -81,7 +75,7 @@ class FlipProxy:
                     pass
 
     def close(self) -> None:
-        self.ls.close()
+        super().close()
         for s in self.socks:
             s.close()
 
