@@ -81,6 +81,37 @@ static PyObject *fast_items(PyObject *obj, const char *msg, Py_ssize_t *count,
     return seq;
 }
 
+/* zeroed arrays of count spans of span_size bytes and count buffer exports (at least
+ * one each, so a zero count is not a failure); 0, or -1 with MemoryError */
+static int alloc_spans(Py_ssize_t count, size_t span_size, void **spans, Py_buffer **views) {
+    size_t k = count ? (size_t)count : 1;
+    *spans = PyMem_Calloc(k, span_size);
+    *views = PyMem_Calloc(k, sizeof(Py_buffer));
+    if (*spans == NULL || *views == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* export span i's buffer (C-contiguous; writable when a destination): 0, or -1 with
+ * TypeError / ValueError naming fn and the span, and nothing held */
+static int take_buffer(PyObject *obj, Py_buffer *view, const char *fn, Py_ssize_t i,
+                       int dest) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) != 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: span %zd's buffer is not a C-contiguous buffer",
+                     fn, i);
+        return -1;
+    }
+    if (dest && view->readonly) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_ValueError, "%s: span %zd's destination is read-only", fn, i);
+        return -1;
+    }
+    return 0;
+}
+
 typedef struct {
     char *local;   /* the caller buffer's first byte */
     Py_ssize_t off;
@@ -133,15 +164,13 @@ static PyObject *copy_spans(PyObject *self, PyObject *args) {
                                &items);
     if (seq == NULL)
         return NULL;
-    span_t *spans = PyMem_Calloc(count ? (size_t)count : 1, sizeof(span_t));
-    Py_buffer *views = PyMem_Calloc(count ? (size_t)count : 1, sizeof(Py_buffer));
+    span_t *spans = NULL;
+    Py_buffer *views = NULL;
     PyObject *out = NULL;
     Py_ssize_t held = 0;
     XXH3_state_t *state = NULL;
-    if (spans == NULL || views == NULL) {
-        PyErr_NoMemory();
+    if (alloc_spans(count, sizeof(span_t), (void **)&spans, &views) < 0)
         goto done;
-    }
     /* validate every span and take every buffer before the first byte moves */
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *t = items[i];
@@ -167,18 +196,9 @@ static PyObject *copy_spans(PyObject *self, PyObject *args) {
         int want = PyObject_IsTrue(PyTuple_GET_ITEM(t, 3));
         if (want < 0)
             goto done;
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, 0), &views[i], PyBUF_SIMPLE) != 0) {
-            PyErr_Clear();
-            PyErr_Format(PyExc_TypeError,
-                         "copy_spans: span %zd's buffer is not a C-contiguous buffer", i);
+        if (take_buffer(PyTuple_GET_ITEM(t, 0), &views[i], "copy_spans", i, into) < 0)
             goto done;
-        }
         held++;
-        if (into && views[i].readonly) {
-            PyErr_Format(PyExc_ValueError, "copy_spans: span %zd's destination is read-only",
-                         i);
-            goto done;
-        }
         if (n > (long long)views[i].len) {
             PyErr_Format(PyExc_ValueError,
                          "copy_spans: span %zd moves %lld bytes, its buffer has %zd", i, n,
