@@ -29,6 +29,15 @@ Functions (contracts; the C file's opening comment has the same):
   for host buffers, a whole batch per call: each object's memoryview, cast to flat
   unsigned bytes unless it already is; ValueError for a non-contiguous buffer or
   (``writable``) a read-only one; TypeError for an object without the buffer protocol.
+* ``pread_spans(fd, spans) -> (list[int | None], list[int])``: fill N caller buffers
+  from ``fd`` (a peer's staging file, read with pread, never mapped: a peer that
+  shrinks it cannot fault the reader) in one call (the C version releases the GIL for
+  the whole loop). A span is ``(buffer, file_offset, want_hash)``: all ``len(buffer)``
+  bytes from ``file_offset`` on. Returns ``(digests, short)``: each span's xxh3_64 (seed
+  0) of its bytes after they landed when ``want_hash``, else None (also None for a
+  short span), and the indices of the spans the file ended before filling. Every span
+  is checked first (a writable C-contiguous buffer; an int offset >= 0): TypeError /
+  ValueError; a read error other than EINTR raises OSError (spans before it landed).
 * ``placement_hashes(namespace, keys, seed) -> list[int]``: ``xxh3_64(namespace +
   b"\\0" + key, seed)`` per key (keys must be ``bytes``: TypeError).
 
@@ -119,6 +128,49 @@ def copy_spans_py(spans: Sequence[tuple], base: int, size: int, into: bool,
     return out
 
 
+def pread_spans_py(fd: int, spans: Sequence[tuple]) -> tuple[list[int | None], list[int]]:
+    """The twin of ``_native.pread_spans`` (see the module docstring)."""
+    if type(fd) is not int:  # noqa: E721 - as PyArg "i"
+        raise TypeError("pread_spans: fd must be an int")
+    plan = []
+    for i, t in enumerate(spans):
+        if type(t) is not tuple or len(t) != 3:
+            raise TypeError("pread_spans: a span is a tuple (buffer, file_offset, want_hash)")
+        buf, off, want = t
+        if not isinstance(off, int):
+            raise TypeError("pread_spans: file_offset must be an int")
+        if off < 0 or off >= 1 << 63:
+            raise ValueError(f"pread_spans: span {i}'s file offset is out of range")
+        want = bool(want)
+        try:
+            mv = memoryview(buf)
+        except TypeError:
+            raise TypeError(f"pread_spans: span {i}'s buffer is not a C-contiguous "
+                            "buffer") from None
+        if not mv.c_contiguous:
+            raise TypeError(f"pread_spans: span {i}'s buffer is not a C-contiguous buffer")
+        if mv.readonly:
+            raise ValueError(f"pread_spans: span {i}'s destination is read-only")
+        if mv.nbytes > (1 << 63) - 1 - off:
+            raise ValueError(f"pread_spans: span {i}'s file offset is out of range")
+        plan.append((mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv, off, want))
+    digests: list[int | None] = []
+    short: list[int] = []
+    for i, (mv, off, want) in enumerate(plan):
+        done, n = 0, mv.nbytes
+        while done < n:
+            got = os.preadv(fd, [mv[done:]], off + done)  # retried on EINTR (PEP 475)
+            if got == 0:
+                break
+            done += got
+        if done < n:
+            short.append(i)
+            digests.append(None)
+        else:
+            digests.append(xxhash.xxh3_64_intdigest(mv) if want else None)
+    return digests, short
+
+
 def placement_hashes_py(namespace: bytes, keys: Sequence[bytes], seed: int) -> list[int]:
     """The twin of ``_native.placement_hashes`` (see the module docstring)."""
     ns = bytes(memoryview(namespace))  # any bytes-like namespace, as the C "y*"
@@ -145,7 +197,7 @@ def byte_views_py(objs: Sequence[Any], writable: bool) -> list[memoryview]:
 
 
 twins = SimpleNamespace(copy_spans=copy_spans_py, placement_hashes=placement_hashes_py,
-                        byte_views=byte_views_py)
+                        byte_views=byte_views_py, pread_spans=pread_spans_py)
 
 
 # ---------------------------------------------------------------------- the choice
@@ -171,6 +223,12 @@ def _load() -> Any:
                     "slower; reinstall with a C compiler and Python headers "
                     "(pip install -e .) to build it", exc)
         return None
+    missing = [n for n in vars(twins) if not callable(getattr(_native, n, None))]
+    if missing:  # a stale build of an older tree (the .so outlived a source change)
+        log.warning("gcache._native is not available (a stale build without %s): the "
+                    "pure-Python twins run, slower; reinstall (pip install -e .) to "
+                    "rebuild it", ", ".join(missing))
+        return None
     return _native
 
 
@@ -179,3 +237,4 @@ ACTIVE = "python" if _mod is None else "native"
 copy_spans = twins.copy_spans if _mod is None else _mod.copy_spans
 placement_hashes = twins.placement_hashes if _mod is None else _mod.placement_hashes
 byte_views = twins.byte_views if _mod is None else _mod.byte_views
+pread_spans = twins.pread_spans if _mod is None else _mod.pread_spans

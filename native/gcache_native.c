@@ -25,6 +25,21 @@
  *       and again at the first span boundary after every CHECK_BYTES copied; at or
  *       past stop_at the call raises TimeoutError (spans before it have landed).
  *
+ *   pread_spans(fd, spans) -> (list[int | None], list[int])
+ *       Fill N caller buffers from file descriptor fd (a peer's staging file: never
+ *       mapped here, so a peer that shrinks its file cannot fault this process) in ONE
+ *       call, the GIL released for the whole loop. A span is a tuple (buffer,
+ *       file_offset, want_hash): all len(buffer) bytes are read from file_offset on
+ *       (pread, retried on EINTR and after a short read). With want_hash the buffer is
+ *       hashed (xxh3_64, seed 0) chunk by chunk right after each chunk landed. Returns
+ *       (digests, short): each span's digest, or None where want_hash was false or the
+ *       file ended first; and the indices of the spans the file ended before filling
+ *       (their buffers hold what was there). Bounds: every span is checked before the
+ *       first read (a writable C-contiguous buffer, else TypeError / ValueError; an int
+ *       offset >= 0, else TypeError / ValueError). A read error other than EINTR stops
+ *       the loop at that span and raises OSError with its errno (spans before it have
+ *       landed).
+ *
  *   byte_views(objs, writable) -> list[memoryview]
  *       sdk/buffers.py's as_view for host buffers, a batch per call: each object's
  *       memoryview, cast to flat unsigned bytes when it is not already; ValueError for
@@ -35,9 +50,9 @@
  *       xxh3_64(namespace + b"\0" + key, seed) for each key (bytes only: TypeError),
  *       without building the concatenation as a Python object.
  *
- * Threads: any. copy_spans holds every buffer export (Py_buffer) for the whole call,
- * so no buffer can be resized or freed under the copy. Nothing here keeps state
- * between calls.
+ * Threads: any. copy_spans and pread_spans hold every buffer export (Py_buffer) for the
+ * whole call, so no buffer can be resized or freed under the copy or the read. Nothing
+ * here keeps state between calls.
  *
  * xxHash (BSD-2, native/third_party/xxhash) is compiled in; its x86 dispatcher picks
  * the widest vector unit at run time, as the xxhash Python package does.
@@ -46,6 +61,9 @@
 #include <Python.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
+#include <limits.h>
+#include <unistd.h>
 
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t; the functions come from xxhash.c */
 #include "xxhash.h"
@@ -262,6 +280,153 @@ done:
     return out;
 }
 
+typedef struct {
+    char *local;
+    Py_ssize_t n;
+    long long off;
+    int want_hash;
+    int short_read;
+    XXH64_hash_t digest;
+} rspan_t;
+
+#define PREAD_CHUNK ((Py_ssize_t)256 << 10) /* read, then hash, this much at a time */
+
+/* read all n bytes of s from fd (short_read set if the file ends first); 0, or errno */
+static int pread_span(int fd, rspan_t *s, XXH3_state_t *state) {
+    Py_ssize_t done = 0;
+    Py_ssize_t step = s->want_hash ? PREAD_CHUNK : s->n;
+    if (s->want_hash)
+        XXH3_64bits_reset(state);
+    while (done < s->n) {
+        Py_ssize_t end = s->n - done < step ? s->n : done + step;
+        Py_ssize_t from = done;
+        while (done < end) {
+            ssize_t got = pread(fd, s->local + done, (size_t)(end - done),
+                                (off_t)(s->off + done));
+            if (got < 0) {
+                if (errno == EINTR)
+                    continue;
+                return errno;
+            }
+            if (got == 0) {
+                s->short_read = 1;
+                return 0;
+            }
+            done += got;
+        }
+        if (s->want_hash)
+            GC_XXH3_UPDATE(state, s->local + from, (size_t)(end - from));
+    }
+    if (s->want_hash)
+        s->digest = XXH3_64bits_digest(state);
+    return 0;
+}
+
+static PyObject *pread_spans(PyObject *self, PyObject *args) {
+    int fd;
+    PyObject *spans_obj;
+    if (!PyArg_ParseTuple(args, "iO:pread_spans", &fd, &spans_obj))
+        return NULL;
+    Py_ssize_t count;
+    PyObject **items;
+    PyObject *seq = fast_items(spans_obj, "pread_spans: spans must be a sequence", &count,
+                               &items);
+    if (seq == NULL)
+        return NULL;
+    rspan_t *spans = NULL;
+    Py_buffer *views = NULL;
+    PyObject *out = NULL, *digests = NULL, *shorts = NULL;
+    Py_ssize_t held = 0;
+    XXH3_state_t *state = NULL;
+    if (alloc_spans(count, sizeof(rspan_t), (void **)&spans, &views) < 0)
+        goto done;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *t = items[i];
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 3) {
+            PyErr_SetString(PyExc_TypeError,
+                            "pread_spans: a span is a tuple (buffer, file_offset, want_hash)");
+            goto done;
+        }
+        PyObject *o_off = PyTuple_GET_ITEM(t, 1);
+        if (!PyLong_Check(o_off)) {
+            PyErr_SetString(PyExc_TypeError, "pread_spans: file_offset must be an int");
+            goto done;
+        }
+        int overflow = 0;
+        long long off = PyLong_AsLongLongAndOverflow(o_off, &overflow);
+        if (overflow || off < 0) {
+            PyErr_Format(PyExc_ValueError, "pread_spans: span %zd's file offset is out of "
+                         "range", i);
+            goto done;
+        }
+        int want = PyObject_IsTrue(PyTuple_GET_ITEM(t, 2));
+        if (want < 0)
+            goto done;
+        if (take_buffer(PyTuple_GET_ITEM(t, 0), &views[i], "pread_spans", i, 1) < 0)
+            goto done;
+        held++;
+        if (views[i].len > LLONG_MAX - off) {
+            PyErr_Format(PyExc_ValueError, "pread_spans: span %zd's file offset is out of "
+                         "range", i);
+            goto done;
+        }
+        spans[i].local = views[i].buf;
+        spans[i].n = views[i].len;
+        spans[i].off = off;
+        spans[i].want_hash = want;
+    }
+    state = XXH3_createState();
+    if (state == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count && err == 0; i++)
+        err = pread_span(fd, &spans[i], state);
+    Py_END_ALLOW_THREADS
+    if (err != 0) {
+        errno = err;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    digests = PyList_New(count);
+    shorts = PyList_New(0);
+    if (digests == NULL || shorts == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *d;
+        if (spans[i].short_read) {
+            PyObject *idx = PyLong_FromSsize_t(i);
+            if (idx == NULL || PyList_Append(shorts, idx) < 0) {
+                Py_XDECREF(idx);
+                goto done;
+            }
+            Py_DECREF(idx);
+            d = Py_NewRef(Py_None);
+        } else if (spans[i].want_hash) {
+            d = PyLong_FromUnsignedLongLong((unsigned long long)spans[i].digest);
+            if (d == NULL)
+                goto done;
+        } else {
+            d = Py_NewRef(Py_None);
+        }
+        PyList_SET_ITEM(digests, i, d);
+    }
+    out = PyTuple_Pack(2, digests, shorts);
+done:
+    Py_XDECREF(digests);
+    Py_XDECREF(shorts);
+    if (state != NULL)
+        XXH3_freeState(state);
+    for (Py_ssize_t i = 0; i < held; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(spans);
+    Py_DECREF(seq);
+    return out;
+}
+
 static PyObject *placement_hashes(PyObject *self, PyObject *args) {
     Py_buffer ns;
     PyObject *keys_obj;
@@ -372,6 +537,8 @@ static PyMethodDef methods[] = {
      "byte_views(objs, writable) -> list of flat unsigned-byte memoryviews"},
     {"copy_spans", copy_spans, METH_VARARGS,
      "copy_spans(spans, base, size, into, stop_at) -> list of digests or None"},
+    {"pread_spans", pread_spans, METH_VARARGS,
+     "pread_spans(fd, spans) -> (digests or None, indices of short spans)"},
     {"placement_hashes", placement_hashes, METH_VARARGS,
      "placement_hashes(namespace, keys, seed) -> list of xxh3_64 ring positions"},
     {NULL, NULL, 0, NULL},

@@ -848,12 +848,18 @@ class MemoryTier(Tier):
         holder.no_wait_until = now + self.reserve_wait_s
         return False
 
-    def finish_put(self, slot: PutSlot, *, if_absent: bool = False) -> Status:
+    def finish_put(self, slot: PutSlot, *, if_absent: bool = False,
+                   digest: int | None = None) -> Status:
         """Commit the slot's slice; the last slice publishes. ``if_absent`` (on any slice
         of the put): publish only if the key has no current object here or below, checked
         in the same lock hold as the publish (the arena commit flag too, so a skipped put
-        never survives a restart); a skipped put answers OK and is counted."""
+        never survives a restart); a skipped put answers OK and is counted. ``digest``:
+        the caller's xxh3_64 of ``slot.view`` read after its bytes landed (``pread_spans``
+        hashes as it reads); used only when the slot is the whole value, which is then
+        not hashed a second time. Only the server writes a reserved chunk, so the bytes
+        cannot change between that hash and the publish."""
         pend: _Pending = slot.token
+        whole = len(slot.view) == pend.obj.length
         slot.view.release()
         o = pend.obj
         with self._lock:
@@ -868,7 +874,8 @@ class MemoryTier(Tier):
                 return Status.OK  # other slices still to come
             self.do_drop_pending(pend)
         # every byte is here: checksum outside the lock, then commit + publish
-        csum = checksum(self.arena.buf[o.data_off:o.data_off + o.length])
+        csum = (digest if digest is not None and whole
+                else checksum(self.arena.buf[o.data_off:o.data_off + o.length]))
         if pend.expect is not None and csum != pend.expect:
             # not the bytes the writer sent (corrupted in flight, scribbled on, or never
             # written: an ALLOC committed without a write): never published

@@ -213,7 +213,8 @@ class MemorySide(Protocol):
         """``evict=False``: NO_SPACE instead of evicting (``extra["quota"]``: the
         namespace's quota is what is full), so the mover can demote first."""
 
-    def finish_put(self, slot: PutSlot, *, if_absent: bool = False) -> Status:
+    def finish_put(self, slot: PutSlot, *, if_absent: bool = False,
+                   digest: int | None = None) -> Status:
         """Commit; runs ``on_publish`` under the memory lock. ``if_absent``: publish
         only if neither memory nor ``exists`` below has the key (same lock hold)."""
 

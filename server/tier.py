@@ -156,8 +156,11 @@ class Tier(abc.ABC):
                   ph: int | None = None, parent: bytes | None = None) -> PutSlot: ...
 
     @abc.abstractmethod
-    def finish_put(self, slot: PutSlot, *, if_absent: bool = False) -> Status:
-        """Commit (see the module docstring; ``if_absent``: only if the key is absent)."""
+    def finish_put(self, slot: PutSlot, *, if_absent: bool = False,
+                   digest: int | None = None) -> Status:
+        """Commit (see the module docstring; ``if_absent``: only if the key is absent;
+        ``digest``: the caller's xxh3_64 of the slot's bytes, read from the slot's own
+        view after they landed, when the slot is the whole value: not hashed again)."""
 
     @abc.abstractmethod
     def abort_put(self, slot: PutSlot, quarantine: Any = None) -> None: ...

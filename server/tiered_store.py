@@ -395,9 +395,10 @@ class TieredStore(Tier):
                 self.memory.pressure.set()
                 self._room.wait(min(left, 0.05))
 
-    def finish_put(self, slot: PutSlot, *, if_absent: bool = False) -> Status:
+    def finish_put(self, slot: PutSlot, *, if_absent: bool = False,
+                   digest: int | None = None) -> Status:
         # on_publish kills older disk copies; if_absent consults the disk's index (exists)
-        return self.memory.finish_put(slot, if_absent=if_absent)
+        return self.memory.finish_put(slot, if_absent=if_absent, digest=digest)
 
     def abort_put(self, slot: PutSlot, quarantine: Any = None) -> None:
         self.memory.abort_put(slot, quarantine)

@@ -40,6 +40,16 @@ def test_broken_build_falls_back_with_one_line():
     assert len(lines) == 1 and "pure-Python twins" in lines[0]
 
 
+def test_stale_build_missing_a_function_falls_back_with_one_line():
+    # an extension built from an older tree: it imports, but lacks a newer function
+    pre = ("import types; sys.modules['gcache._native'] = types.SimpleNamespace("
+           "copy_spans=print, placement_hashes=print); ")
+    out, err = probe(None, pre=pre)
+    assert out == "python True True"
+    lines = [ln for ln in err.splitlines() if "gcache._native is not available" in ln]
+    assert len(lines) == 1 and "stale build without byte_views, pread_spans" in lines[0]
+
+
 def test_built_module_is_used_by_default():
     pytest.importorskip("gcache._native", reason="the C extension is not built here")
     out, _ = probe(None)

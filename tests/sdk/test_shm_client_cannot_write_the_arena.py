@@ -272,3 +272,48 @@ def test_staging_file_shrunk_after_validation_refuses_only_the_values_past_its_e
         assert c.get("one") == v1 and c.get("first") == v1
         assert c.get("two") is None and c.get("three") is None
         assert c.put("after", v3) == Status.OK and c.get("after") == v3
+
+
+def test_staged_frame_read_in_groups_settles_each_value_on_its_own(srv):
+    """A PUT_STAGED frame larger than the server's read group (STAGED_GROUP_BYTES) is
+    read and published group by group: a value whose staged bytes do not match its
+    checksum is CORRUPT wherever it sits, values the truncated file no longer holds are
+    BAD_REQUEST, a key sent twice keeps its later value, and every other value reads
+    back byte-exact."""
+    from gcache.server.shm_ops import STAGED_GROUP_BYTES
+
+    t = _raw(srv.addresses[0])
+    n, size = 48, 64 << 10
+    assert n * size > 2 * STAGED_GROUP_BYTES  # at least three groups
+    stage = _Staging(t.auth_reply["shm"]["path"], t.auth_reply["shm"]["uid"], t.shm.map.gid,
+                     n * size)
+    keys = [b"grp/%d" % i for i in range(n)]
+    keys[20] = keys[3]  # sent twice: the later value stands
+    values = [os.urandom(size) for _ in range(n)]
+    items, pos = [], staging.HEADER_BYTES
+    for k, v in zip(keys, values):
+        stage.mm[pos:pos + size] = v
+        items.append([k, size, 0, size, 0, checksum(v)])
+        pos += size
+    bad = {5, 30}  # one in the first group, one in a later one
+    for i in bad:
+        at = staging.HEADER_BYTES + i * size + 100
+        stage.mm[at] ^= 0xFF
+    meta = {"ns": b"default", "stage": stage.name, "skey": stage.key, "items": items[:1]}
+    assert t.call(Op.PUT_STAGED, meta, time.monotonic() + 10)["st"] == [Status.OK]
+    os.truncate(stage.path, staging.HEADER_BYTES + (n - 2) * size + 10)  # cuts the last two
+    rep = t.call(Op.PUT_STAGED, {**meta, "items": items}, time.monotonic() + 10)
+    want = [Status.CORRUPT if i in bad else Status.BAD_REQUEST if i >= n - 2 else Status.OK
+            for i in range(n)]
+    assert rep["st"] == want, rep
+    stage.close()
+    t.close()
+    with Client(srv.addresses, transport="tcp") as c:
+        got = c.get_batch(keys)
+        for i, (k, v) in enumerate(zip(keys, values)):
+            if i == 3:
+                assert got[i] == values[20]
+            elif i in bad or i >= n - 2:
+                assert got[i] is None, i
+            else:
+                assert got[i] == v, i
