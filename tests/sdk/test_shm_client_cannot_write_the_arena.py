@@ -310,7 +310,7 @@ def test_staged_frame_read_in_groups_settles_each_value_on_its_own(srv):
     t.close()
     with Client(srv.addresses, transport="tcp") as c:
         got = c.get_batch(keys)
-        for i, (k, v) in enumerate(zip(keys, values)):
+        for i, v in enumerate(values):
             if i == 3:
                 assert got[i] == values[20]
             elif i in bad or i >= n - 2:
