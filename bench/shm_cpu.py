@@ -1,4 +1,4 @@
-"""Per-key CPU of a shm batch get or put, client and server (a measurement driver).
+"""Per-key CPU of a shm (or tcp) batch get or put, client and server (a measurement driver).
 
 Wall-clock GB/s swings 2-3x on a shared machine; process CPU per key (user + sys of
 the client process and of the server process, divided by the keys moved) barely moves
@@ -8,6 +8,7 @@ with contention, so A/B comparisons of hot-path work read it first. One local se
 ``--duration`` seconds after a warm-up; one line of JSON per run on stdout.
 
     python -m gcache.bench.shm_cpu --op get --size 64KiB --batch 1024 --duration 3
+    python -m gcache.bench.shm_cpu --transport tcp --op get --size 1MiB --batch 64
 
 The line also counts this process's garbage collections per generation during the
 loop (``gc``) and the objects it tracks at the end (``objs``); ``SHMCPU_GC=off`` (or
@@ -47,7 +48,8 @@ def _self_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def run(op: str, size: int, batch: int, duration: float, memory: str, conns: int) -> dict:
+def run(op: str, size: int, batch: int, duration: float, memory: str, conns: int,
+        transport: str = "shm") -> dict:
     from gcache.sdk.client import Client
 
     n = max(batch * 4, TARGET_BYTES // size)
@@ -59,7 +61,7 @@ def run(op: str, size: int, batch: int, duration: float, memory: str, conns: int
     slab = 1 << max(20, (size + (64 << 10) - 1).bit_length())
     with Cluster(1, memory, slab=f"{slab}B", prefix=f"shmcpu{os.getpid()}") as cl:
         pid = cl.servers[0].proc.pid
-        with Client(cl.addresses, transport="shm", conns_per_server=conns,
+        with Client(cl.addresses, transport=transport, conns_per_server=conns,
                     timeout_ms=30000) as c:
             for i in range(0, n, batch):
                 st = c.put_batch_from(keys[i:i + batch], rows[i:i + batch])
@@ -86,7 +88,7 @@ def run(op: str, size: int, batch: int, duration: float, memory: str, conns: int
             gcs = [x["collections"] - y for x, y in zip(gc.get_stats(), g0)]
             objs = len(gc.get_objects())
     nk = calls * batch
-    return {"op": op, "size": size, "batch": batch, "keys": nk, "bad": bad,
+    return {"op": op, "transport": transport, "size": size, "batch": batch, "keys": nk, "bad": bad,
             "GBps": round(nk * size / wall / 1e9, 3),
             "wall_us_key": round(wall / nk * 1e6, 2),
             "client_cpu_us_key": round((c1 - c0) / nk * 1e6, 2),
@@ -106,9 +108,10 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--memory", default="2GiB")
     ap.add_argument("--conns", type=int, default=4)
+    ap.add_argument("--transport", choices=("shm", "tcp"), default="shm")
     a = ap.parse_args()
-    print(json.dumps(run(a.op, parse_size(a.size), a.batch, a.duration, a.memory, a.conns)),
-          flush=True)
+    print(json.dumps(run(a.op, parse_size(a.size), a.batch, a.duration, a.memory, a.conns,
+                         a.transport)), flush=True)
 
 
 if __name__ == "__main__":
