@@ -283,38 +283,54 @@ def recv_exact_into(sock: socket.socket, view: memoryview, deadline: float | Non
 
 
 def recv_into_many(sock: socket.socket, views: Sequence[memoryview],
-                   deadline: float | None = None) -> None:
+                   deadline: float | None = None, hashers: Sequence[Any] | None = None
+                   ) -> None:
     """Fill every view in order with scatter reads (``recvmsg_into``): one syscall
     and one GIL round trip fill many buffers, e.g. 16 pages of a batch at once.
+
+    ``hashers`` (one per view, or None): each view's bytes are fed to its hasher's
+    ``update`` right after each read that filled some of them, while they are still in
+    the cache (a get's checksum check without a second pass over DRAM).
 
     The whole read ends by ``deadline``. ConnectionError on EOF. TLS sockets have no
     ``recvmsg_into``: they fill one view at a time, still straight into it (OpenSSL
     decrypts into the destination), re-armed before every call.
     """
-    bufs = [v for v in views if len(v)]
+    if hashers is None:
+        bufs = [v for v in views if len(v)]
+        hs: list[Any] = [None] * len(bufs)
+    else:
+        pairs = [(v, h) for v, h in zip(views, hashers) if len(v)]
+        bufs, hs = [v for v, _ in pairs], [h for _, h in pairs]
     if isinstance(sock, ssl.SSLSocket):
-        return _recv_into_each(sock, bufs, deadline)
+        return _recv_into_each(sock, bufs, hs, deadline)
     i = 0
     while i < len(bufs):
         k = _io(sock, deadline, select.POLLIN, sock.recvmsg_into, bufs[i:i + _IOV_MAX])[0]
         if k == 0:
             raise ConnectionError("peer closed the connection in the middle of a payload")
         while i < len(bufs) and k >= len(bufs[i]):
+            if hs[i] is not None:
+                hs[i].update(bufs[i])  # the rest of view i: all landed now
             k -= len(bufs[i])
             i += 1
         if k:
+            if hs[i] is not None:
+                hs[i].update(bufs[i][:k])
             bufs[i] = bufs[i][k:]
 
 
-def _recv_into_each(sock: ssl.SSLSocket, bufs: list[memoryview],
+def _recv_into_each(sock: ssl.SSLSocket, bufs: list[memoryview], hs: list[Any],
                     deadline: float | None) -> None:
-    for view in bufs:
+    for view, h in zip(bufs, hs):
         got, n = 0, len(view)
         while got < n:
             arm(sock, deadline)
             k = sock.recv_into(view[got:], n - got)
             if k == 0:
                 raise ConnectionError("peer closed the connection in the middle of a payload")
+            if h is not None:
+                h.update(view[got:got + k])
             got += k
 
 

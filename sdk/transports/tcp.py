@@ -21,6 +21,8 @@ import ssl
 import time
 from typing import Any
 
+import xxhash
+
 from gcache import tls as tlslib
 from gcache.credentials import ClientCredential, auth_fields
 from gcache.errors import AuthError, ProtocolError, TransportTimeout
@@ -213,7 +215,7 @@ class TcpTransport(Transport):
         while True:
             rest = work.items[len(out):] if out else work.items  # no copy for one frame
             part = self._read_get_frame(rest, rmeta, fh.payload_len, work.deadline,
-                                        more=bool(fh.flags & FLAG_MORE))
+                                        more=bool(fh.flags & FLAG_MORE), verify=work.verify)
             out += part
             if not fh.flags & FLAG_MORE:
                 break
@@ -225,9 +227,11 @@ class TcpTransport(Transport):
         return out
 
     def _read_get_frame(self, items: list, rmeta: Any, plen: int, deadline: float,
-                        more: bool) -> list[ItemResult]:
+                        more: bool, verify: bool = False) -> list[ItemResult]:
         """One GET reply frame's rows and payload, for the first of ``items`` (all of
-        them unless ``more``: a streamed reply's frame that is not the last)."""
+        them unless ``more``: a streamed reply's frame that is not the last). With
+        ``verify``, an item that is a whole object is hashed as its bytes land
+        (``ItemResult.landed``), so the batch's check needs no second pass over them."""
         rows = rmeta.get("items") if isinstance(rmeta, dict) else None
         if not isinstance(rows, list) or (
                 not 0 < len(rows) < len(items) if more else len(rows) != len(items)):
@@ -239,6 +243,8 @@ class TcpTransport(Transport):
             raise ProtocolError("GET reply lengths do not add up to its payload")
         out = []
         views = []
+        hashers: list[Any] | None = [] if verify else None
+        hashed: list[ItemResult] = []
         for it, (st, total, ver, n, csum) in zip(items, rows):
             if n < 0:
                 raise ProtocolError("GET reply item has a negative length")
@@ -252,7 +258,16 @@ class TcpTransport(Transport):
                     views.append(memoryview(res.data))
                 else:
                     views.append(it.dest[:n])
+                if hashers is not None:
+                    # the whole object (offset 0, as a whole-object slice always is)
+                    h = xxhash.xxh3_64() if n == total and it.offset == 0 else None
+                    hashers.append(h)
+                    if h is not None:
+                        hashed.append(res)
             out.append(res)
         # one scatter read fills many destinations, all by the deadline
-        recv_into_many(self.sock, views, deadline)
+        recv_into_many(self.sock, views, deadline, hashers)
+        if hashed:
+            for res, h in zip(hashed, (h for h in hashers if h is not None)):  # type: ignore[union-attr]
+                res.landed = h.intdigest()
         return out
