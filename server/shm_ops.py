@@ -110,6 +110,7 @@ log = logging.getLogger("gcache.server.shm")
 
 LEASE_MS_ENV = "GCACHE_SHM_LEASE_MS"
 DEFAULT_LEASE_MS = 10000
+_OK = int(Status.OK)
 #: PUT_STAGED reads this many bytes of a frame per pread_spans call (GIL released once)
 STAGED_GROUP_BYTES = 1 << 20
 
@@ -485,7 +486,13 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
     ns = check_namespace(meta.get("ns", b""), lim)
     items = check_items(meta, lim)
     parsed = []
+    most = lim.max_key_bytes
     for it in items:
+        if type(it) is list and len(it) == 2:  # the usual item, checked inline
+            k, ev = it
+            if type(k) is bytes and 0 < len(k) <= most and type(ev) is int and ev >= 0:
+                parsed.append((k, 0, 0, ev))
+                continue
         if not (isinstance(it, list) and len(it) == 2 and isinstance(it[1], int)
                 and it[1] >= 0):
             raise ProtocolError("LEASE item must be [key, expect_version]", Status.BAD_REQUEST)
@@ -503,7 +510,7 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
             want.append(i)
     expiry = time.monotonic() + st.lease_s
     OK, MISS = Status.OK, Status.MISS
-    hits = nbytes = 0
+    hits = nbytes = missed = 0
     while want:
         # at most max_held leases per connection: the items past the bound answer BUSY
         # (the client reads them with a GET), as do misses after it, unpinned
@@ -519,6 +526,8 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
                 s = p.status
                 if s == MISS and mem is not tier and tier.exists(ns, parsed[i][0]):
                     s = Status.BUSY  # on disk only: read it with a GET (which promotes)
+                else:
+                    missed += 1
                 out[i] = [int(s), p.total_len, p.version, 0, 0, 0]
         if not got:
             continue
@@ -527,6 +536,7 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
             mem.unpin_many([p for _, p in got])
             for i, _ in got:
                 out[i] = [int(Status.CLOSED), 0, 0, 0, 0, 0]
+            missed += len(got)
             continue
         for (i, p), lid in zip(got, ids):
             o = p.token
@@ -538,7 +548,7 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
     if hits:
         m.items.labels("get", "OK").inc(hits)
         m.bytes.labels("out").inc(nbytes)
-    missed = sum(1 for x in out if x[0] not in (Status.OK, Status.BUSY))
+    missed += sum(1 for x in refused if x is not None and x != Status.BUSY)
     if missed:
         m.items.labels("get", "MISS").inc(missed)
     m.namespace_reads(ns, hits, missed, nbytes)
@@ -548,10 +558,12 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
 
 def _release(conn: Any, st: ShmState, meta: dict) -> list[int]:
     ids = _ids(meta, "leases", conn.limits.max_batch_items)
-    out, gone = [], []
+    leases = st.leases
     with st.lock:
-        for i in ids:
-            held = st.leases.pop(i, None)
+        popped = [leases.pop(i, None) for i in ids]
+        whole = None not in popped  # every lease still held: the usual answer
+        out, gone = [], []
+        for i, held in zip([] if whole else ids, popped):
             if held is not None:
                 gone.append(held)
                 out.append(int(Status.OK))
@@ -560,6 +572,9 @@ def _release(conn: Any, st: ShmState, meta: dict) -> list[int]:
                 out.append(int(Status.TIMEOUT))  # reaped: what the client copied may be torn
             else:
                 out.append(int(Status.BAD_REQUEST))  # unknown or forged id
+    if whole:
+        _unpin_all(popped)
+        return [_OK] * len(ids)
     _unpin_all(gone)
     return out
 
@@ -567,6 +582,12 @@ def _release(conn: Any, st: ShmState, meta: dict) -> list[int]:
 def _unpin_all(held: list[tuple[Any, Any, float]]) -> None:
     """Unpin ``(tier, Pinned, expiry)`` leases: one ``unpin_many`` per tier (one lock
     hold for a frame's leases)."""
+    if not held:
+        return
+    first = held[0][0]
+    if all(h[0] is first for h in held):  # the usual case: one tier
+        first.unpin_many([h[1] for h in held])
+        return
     by_tier: dict[int, tuple[Any, list]] = {}
     for tier, pin, _ in held:
         by_tier.setdefault(id(tier), (tier, []))[1].append(pin)
