@@ -567,6 +567,10 @@ def self_contained(parsed: Sequence[tuple]) -> set[tuple[bytes, int]]:
     """The ``(key, put_id)`` of parsed PUT items whose slices in this one frame tile their
     value exactly (``[0, total_len)``, no gap, no overlap): such a put completes within
     the request, so its reservation cannot outlive it. Whole values are trivially so."""
+    if all(it[2] == 0 and it[3] == it[1] > 0 for it in parsed):  # non-empty whole values
+        out = {(it[0], it[4]) for it in parsed}
+        if len(out) == len(parsed):  # each once (a repeat tiles nothing: the loop below)
+            return out
     spans: dict[tuple[bytes, int], list[tuple[int, int, int]]] = {}
     for it in parsed:
         key, tl, off, ln, pid = it[:5]
@@ -593,7 +597,16 @@ def parse_put_items(items: list, limits: Limits, op: str = "PUT",
     a PUT item; ALLOC (``require_checksum``) must carry it."""
     parsed = []
     shape = "[key, total_len, offset, length, put_id, checksum]"
+    most, make = limits.max_key_bytes, tuple.__new__
     for it in items:
+        if type(it) is list and len(it) == 6:  # the usual item, checked inline
+            key, tl, off, ln, pid, csum = it
+            if (type(key) is bytes and 0 < len(key) <= most and type(tl) is int
+                    and type(off) is int and type(ln) is int and type(pid) is int
+                    and type(csum) is int and 0 <= off and 0 <= ln and off + ln <= tl
+                    and 0 <= pid and 0 <= csum < _U64):
+                parsed.append(make(PutItem, (key, tl, off, ln, pid, csum)))
+                continue
         if not (isinstance(it, list) and len(it) in (5, 6)
                 and all(isinstance(x, int) for x in it[1:])):
             raise ProtocolError(f"{op} item must be {shape}", Status.BAD_REQUEST)
