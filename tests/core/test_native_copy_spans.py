@@ -173,7 +173,7 @@ def test_streamed_spans_land_and_hash_like_the_twin(data):
                    for n, _, skew, _ in specs]
         bufs = [memoryview(b)[skew:] for b, (_, _, skew, _) in zip(backing, specs)]
         if not into:  # both functions send the same bytes
-            for b, (n, off, skew, _) in zip(bufs, specs):
+            for b, (n, off, _, _) in zip(bufs, specs):
                 b[:] = region_bytes[off:off + n][::-1]
         got = fn([(b, off, n, w) for b, (n, off, _, w) in zip(bufs, specs)],
                  int(region.ctypes.data), len(region), into, math.inf)
