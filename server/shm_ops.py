@@ -528,7 +528,7 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
                     s = Status.BUSY  # on disk only: read it with a GET (which promotes)
                 else:
                     missed += 1
-                out[i] = [int(s), p.total_len, p.version, 0, 0, 0]
+                out[i] = (int(s), p.total_len, p.version, 0, 0, 0)
         if not got:
             continue
         ids = st.hold_many(st.leases, [(mem, p, expiry) for _, p in got])
@@ -540,7 +540,7 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
             continue
         for (i, p), lid in zip(got, ids):
             o = p.token
-            out[i] = [int(OK), o.length, o.version, o.data_off, lid, p.checksum]
+            out[i] = (int(OK), o.length, o.version, o.data_off, lid, p.checksum)
             nbytes += o.length
         hits += len(got)
     # counted as gets (the items served); BUSY items are counted by the GET that follows

@@ -297,9 +297,9 @@ class OneSidedTransport(TcpTransport):
         if any(map(_version_of, items)) or len(dict.fromkeys(keys)) != len(keys):
             first: dict[tuple[bytes, int], int] = {}
             which = [first.setdefault((it.key, it.version), len(first)) for it in items]
-            uniq = [[k, ev] for k, ev in first]
+            uniq = list(first)
         else:  # distinct keys, no expected version: one row each, in item order
-            uniq = [[k, 0] for k in keys]
+            uniq = [(k, 0) for k in keys]  # tuples of atomics: the GC untracks them
         extra = dict(work.extra or {})
         if which is not None and "ph" in extra and isinstance(extra["ph"], list) \
                 and len(extra["ph"]) == len(items):
