@@ -110,3 +110,33 @@ def test_config_precedence_file_env_cli(tmp_path, monkeypatch):
         srv.remove_arena()
     log = (tmp_path / "cfg-test.log").read_text()
     assert "memory_bytes=20MiB (cli)" in log and "slab_bytes=1MiB (file:" in log
+
+
+def test_shm_lease_counts_hits_and_misses(tmp_path):
+    """A batch get over shm is served by LEASE: its hits and misses are counted like a
+    GET's (per item, in the same series)."""
+    import numpy as np
+
+    from gcache.sdk.transports.onesided import STATS
+
+    port = free_port()
+    srv = ServerProc(f"leasemetrics-{port}", "32MiB", slab="1MiB", log_dir=str(tmp_path),
+                     extra=["--metrics-listen", f"127.0.0.1:{port}"])
+    srv.start()
+    try:
+        with Client([srv.address], transport="shm") as c:
+            keys = [f"k{i}" for i in range(8)]
+            assert c.put_batch(keys[:6], [bytes([i]) * 65536 for i in range(6)]) \
+                == [Status.OK] * 6
+            bufs = [np.empty(65536, dtype=np.uint8) for _ in keys]
+            leased = STATS["shm_get_items"]
+            st = c.get_batch_into(keys, bufs)
+            assert st == [Status.OK] * 6 + [Status.MISS] * 2
+            assert STATS["shm_get_items"] - leased == 8  # all asked by LEASE, none by GET
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                      timeout=5).read().decode()
+        assert 'gcache_items_total{op="get",status="OK"} 6.0' in text
+        assert 'gcache_items_total{op="get",status="MISS"} 2.0' in text
+    finally:
+        srv.terminate()
+        srv.remove_arena()
