@@ -244,7 +244,7 @@ class TcpTransport(Transport):
         out = []
         views = []
         hashers: list[Any] | None = [] if verify else None
-        hashed: list[ItemResult] = []
+        hashed: list[tuple[ItemResult, Any]] = []  # (result, its hasher)
         for it, (st, total, ver, n, csum) in zip(items, rows):
             if n < 0:
                 raise ProtocolError("GET reply item has a negative length")
@@ -263,11 +263,10 @@ class TcpTransport(Transport):
                     h = xxhash.xxh3_64() if n == total and it.offset == 0 else None
                     hashers.append(h)
                     if h is not None:
-                        hashed.append(res)
+                        hashed.append((res, h))
             out.append(res)
         # one scatter read fills many destinations, all by the deadline
         recv_into_many(self.sock, views, deadline, hashers)
-        if hashed:
-            for res, h in zip(hashed, (h for h in hashers if h is not None)):  # type: ignore[union-attr]
-                res.landed = h.intdigest()
+        for res, h in hashed:
+            res.landed = h.intdigest()
         return out
