@@ -663,7 +663,8 @@ class SegmentLog:
         lease = ReadLease(None, ns, key, e.version, e.length, e.checksum, first=offset == 0,
                           ph=e.ph)
         try:
-            if end <= start:
+            if end <= start:  # nothing to read: the segment's reader goes back at once
+                self._release_seg(seg, 0)
                 return Pinned(Status.OK, e.length, e.version, memoryview(b""), lease,
                               e.checksum)
             nchunks = (e.length + (1 << e.chunk_shift) - 1) >> e.chunk_shift
