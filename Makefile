@@ -41,11 +41,13 @@ run: $(STAMP)
 
 # Run again with the C extension switched off (GCACHE_NATIVE=0: the pure-Python twins),
 # kept to ~30 s: the loader, and the shm paths that call copy_spans / placement_hashes
-# (staged puts: copy_spans hashes each value as it copies it into the staging file).
+# (staged puts: copy_spans hashes each value as it copies it into the staging file), and the
+# disk tier's grouped reads (pread_records).
 NATIVE_OFF_TESTS = tests/core/test_native_loader.py tests/sdk/test_checksum_flip_never_a_hit.py \
 	tests/sdk/test_shm_get_checks_checksums_as_bytes_land.py tests/sdk/test_shm_transport.py \
 	tests/sdk/test_shm_client_cannot_write_the_arena.py \
-	-k 'land or loader or flip or corrupt or round_trip_every_form or release_without_waiting or lease_expires or forged or staged'
+	tests/server/test_disk_read_many_group_matches_read.py \
+	-k 'land or loader or flip or corrupt or round_trip_every_form or release_without_waiting or lease_expires or forged or staged or group'
 
 ## make test: every test, with real gcache processes; then the native-off subset.
 # Two workers (pytest-xdist), one test file per worker at a time: most tests wait on real

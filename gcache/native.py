@@ -38,6 +38,18 @@ Functions (contracts; the C file's opening comment has the same):
   short span), and the indices of the spans the file ended before filling. Every span
   is checked first (a writable C-contiguous buffer; an int offset >= 0): TypeError /
   ValueError; a read error other than EINTR raises OSError (spans before it landed).
+* ``pread_records(spans) -> (list[int | None], list[tuple[int, int]])``: the disk
+  tier's batched read. Fill N caller buffers, each from its own file descriptor (a
+  segment file, maybe ``O_DIRECT``: the caller's buffers and lengths are block-aligned),
+  in one call (the C version releases the GIL for the whole loop, so an IO thread reads
+  and checksums a group of records without a hand-off per item). A span is ``(fd,
+  buffer, file_offset, hash_from, hash_to)``: all ``len(buffer)`` bytes from
+  ``file_offset`` on, then the xxh3_64 (seed 0) of ``buffer[hash_from:hash_to]``. A
+  failed span does not stop the others. Returns ``(digests, failed)``: each span's
+  digest, or None where its read failed; ``(index, errno)`` per failed span, errno 0
+  where the file ended before the buffer filled. Every span is checked first (an int
+  fd that fits a C int; a writable C-contiguous buffer; an int offset >= 0; ints
+  ``0 <= hash_from <= hash_to <= len(buffer)``): TypeError / ValueError.
 * ``placement_hashes(namespace, keys, seed) -> list[int]``: ``xxh3_64(namespace +
   b"\\0" + key, seed)`` per key (keys must be ``bytes``: TypeError).
 
@@ -171,6 +183,62 @@ def pread_spans_py(fd: int, spans: Sequence[tuple]) -> tuple[list[int | None], l
     return digests, short
 
 
+def _record_int(v: Any, lo: int, hi: int, what: str, i: int) -> int:
+    if not isinstance(v, int):
+        raise TypeError(f"pread_records: span {i}'s {what} must be an int")
+    if v < lo or v > hi:
+        raise ValueError(f"pread_records: span {i}'s {what} is out of range")
+    return v
+
+
+def pread_records_py(spans: Sequence[tuple]) -> tuple[list[int | None], list[tuple[int, int]]]:
+    """The twin of ``_native.pread_records`` (see the module docstring)."""
+    big = (1 << 63) - 1
+    plan = []
+    for i, t in enumerate(spans):
+        if type(t) is not tuple or len(t) != 5:
+            raise TypeError("pread_records: a span is a tuple (fd, buffer, file_offset, "
+                            "hash_from, hash_to)")
+        fd = _record_int(t[0], -(1 << 31), (1 << 31) - 1, "fd", i)
+        off = _record_int(t[2], 0, big, "file offset", i)
+        hfrom = _record_int(t[3], 0, big, "hash range", i)
+        hto = _record_int(t[4], 0, big, "hash range", i)
+        try:
+            mv = memoryview(t[1])
+        except TypeError:
+            raise TypeError(f"pread_records: span {i}'s buffer is not a C-contiguous "
+                            "buffer") from None
+        if not mv.c_contiguous:
+            raise TypeError(f"pread_records: span {i}'s buffer is not a C-contiguous buffer")
+        if mv.readonly:
+            raise ValueError(f"pread_records: span {i}'s destination is read-only")
+        if mv.nbytes > big - off:
+            raise ValueError(f"pread_records: span {i}'s file offset is out of range")
+        if hfrom > hto or hto > mv.nbytes:
+            raise ValueError(f"pread_records: span {i}'s hash range is out of range")
+        plan.append((fd, mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv, off,
+                     hfrom, hto))
+    digests: list[int | None] = []
+    failed: list[tuple[int, int]] = []
+    for i, (fd, mv, off, hfrom, hto) in enumerate(plan):
+        done, n, err = 0, mv.nbytes, -1
+        try:
+            while done < n:
+                got = os.preadv(fd, [mv[done:]], off + done)  # retried on EINTR (PEP 475)
+                if got == 0:
+                    err = 0
+                    break
+                done += got
+        except OSError as exc:
+            err = exc.errno or 0
+        if err >= 0:
+            failed.append((i, err))
+            digests.append(None)
+        else:
+            digests.append(xxhash.xxh3_64_intdigest(mv[hfrom:hto]))
+    return digests, failed
+
+
 def placement_hashes_py(namespace: bytes, keys: Sequence[bytes], seed: int) -> list[int]:
     """The twin of ``_native.placement_hashes`` (see the module docstring)."""
     ns = bytes(memoryview(namespace))  # any bytes-like namespace, as the C "y*"
@@ -197,7 +265,8 @@ def byte_views_py(objs: Sequence[Any], writable: bool) -> list[memoryview]:
 
 
 twins = SimpleNamespace(copy_spans=copy_spans_py, placement_hashes=placement_hashes_py,
-                        byte_views=byte_views_py, pread_spans=pread_spans_py)
+                        byte_views=byte_views_py, pread_spans=pread_spans_py,
+                        pread_records=pread_records_py)
 
 
 # ---------------------------------------------------------------------- the choice
@@ -238,3 +307,4 @@ copy_spans = twins.copy_spans if _mod is None else _mod.copy_spans
 placement_hashes = twins.placement_hashes if _mod is None else _mod.placement_hashes
 byte_views = twins.byte_views if _mod is None else _mod.byte_views
 pread_spans = twins.pread_spans if _mod is None else _mod.pread_spans
+pread_records = twins.pread_records if _mod is None else _mod.pread_records

@@ -44,6 +44,22 @@
  *       the loop at that span and raises OSError with its errno (spans before it have
  *       landed).
  *
+ *   pread_records(spans) -> (list[int | None], list[tuple[int, int]])
+ *       The disk tier's batched read: fill N caller buffers, each from its own file
+ *       descriptor (a segment file, maybe O_DIRECT: the caller's buffers and lengths
+ *       are block-aligned) in ONE call, the GIL released for the whole loop, so an IO
+ *       thread issues a group of reads and checksums them without a hand-off per
+ *       item. A span is a tuple (fd, buffer, file_offset, hash_from, hash_to): all
+ *       len(buffer) bytes are read from file_offset on (pread, retried on EINTR and
+ *       after a short read), then buffer[hash_from:hash_to] is hashed (xxh3_64, seed
+ *       0: a record's data behind its header). A failed span does not stop the
+ *       others. Returns (digests, failed): each span's digest, or None where its read
+ *       failed; and (index, errno) for each failed span, errno 0 where the file ended
+ *       before the buffer filled. Bounds: every span is checked before the first read
+ *       (an int fd that fits a C int, else TypeError / ValueError; a writable
+ *       C-contiguous buffer; an int offset >= 0; ints 0 <= hash_from <= hash_to <=
+ *       len(buffer)): TypeError / ValueError.
+ *
  *   byte_views(objs, writable) -> list[memoryview]
  *       sdk/buffers.py's as_view for host buffers, a batch per call: each object's
  *       memoryview, cast to flat unsigned bytes when it is not already; ValueError for
@@ -54,7 +70,7 @@
  *       xxh3_64(namespace + b"\0" + key, seed) for each key (bytes only: TypeError),
  *       without building the concatenation as a Python object.
  *
- * Threads: any. copy_spans and pread_spans hold every buffer export (Py_buffer) for the
+ * Threads: any. copy_spans, pread_spans and pread_records hold every buffer export (Py_buffer) for the
  * whole call, so no buffer can be resized or freed under the copy or the read. Nothing
  * here keeps state between calls.
  *
@@ -488,6 +504,145 @@ done:
     return out;
 }
 
+typedef struct {
+    int fd;
+    char *local;
+    Py_ssize_t n;
+    long long off;
+    Py_ssize_t hash_from, hash_to;
+    int err; /* -1: read and hashed; 0: the file ended first; > 0: errno */
+    XXH64_hash_t digest;
+} rec_t;
+
+/* an int argument of span i in [lo, hi] (TypeError unless an int, ValueError outside) */
+static int span_int(PyObject *o, long long lo, long long hi, long long *out,
+                    const char *what, Py_ssize_t i) {
+    if (!PyLong_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "pread_records: span %zd's %s must be an int", i, what);
+        return -1;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow || v < lo || v > hi) {
+        PyErr_Format(PyExc_ValueError, "pread_records: span %zd's %s is out of range", i,
+                     what);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* read all of r's buffer, then hash its [hash_from, hash_to); sets r->err */
+static void pread_record(rec_t *r) {
+    Py_ssize_t done = 0;
+    while (done < r->n) {
+        ssize_t got = pread(r->fd, r->local + done, (size_t)(r->n - done),
+                            (off_t)(r->off + done));
+        if (got < 0) {
+            if (errno == EINTR)
+                continue;
+            r->err = errno;
+            return;
+        }
+        if (got == 0) {
+            r->err = 0;
+            return;
+        }
+        done += got;
+    }
+    r->digest = GC_XXH3(r->local + r->hash_from, (size_t)(r->hash_to - r->hash_from));
+    r->err = -1;
+}
+
+static PyObject *pread_records(PyObject *self, PyObject *args) {
+    PyObject *spans_obj;
+    if (!PyArg_ParseTuple(args, "O:pread_records", &spans_obj))
+        return NULL;
+    Py_ssize_t count;
+    PyObject **items;
+    PyObject *seq = fast_items(spans_obj, "pread_records: spans must be a sequence", &count,
+                               &items);
+    if (seq == NULL)
+        return NULL;
+    rec_t *recs = NULL;
+    Py_buffer *views = NULL;
+    PyObject *out = NULL, *digests = NULL, *failed = NULL;
+    Py_ssize_t held = 0;
+    if (alloc_spans(count, sizeof(rec_t), (void **)&recs, &views) < 0)
+        goto done;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *t = items[i];
+        long long fd, off, hfrom, hto;
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 5) {
+            PyErr_SetString(PyExc_TypeError, "pread_records: a span is a tuple (fd, buffer, "
+                            "file_offset, hash_from, hash_to)");
+            goto done;
+        }
+        if (span_int(PyTuple_GET_ITEM(t, 0), INT_MIN, INT_MAX, &fd, "fd", i) < 0
+                || span_int(PyTuple_GET_ITEM(t, 2), 0, LLONG_MAX, &off, "file offset", i) < 0
+                || span_int(PyTuple_GET_ITEM(t, 3), 0, LLONG_MAX, &hfrom, "hash range",
+                            i) < 0
+                || span_int(PyTuple_GET_ITEM(t, 4), 0, LLONG_MAX, &hto, "hash range", i) < 0)
+            goto done;
+        if (take_buffer(PyTuple_GET_ITEM(t, 1), &views[i], "pread_records", i, 1) < 0)
+            goto done;
+        held++;
+        if (views[i].len > LLONG_MAX - off) {
+            PyErr_Format(PyExc_ValueError, "pread_records: span %zd's file offset is out of "
+                         "range", i);
+            goto done;
+        }
+        if (hfrom > hto || hto > (long long)views[i].len) {
+            PyErr_Format(PyExc_ValueError, "pread_records: span %zd's hash range is out of "
+                         "range", i);
+            goto done;
+        }
+        recs[i].fd = (int)fd;
+        recs[i].local = views[i].buf;
+        recs[i].n = views[i].len;
+        recs[i].off = off;
+        recs[i].hash_from = (Py_ssize_t)hfrom;
+        recs[i].hash_to = (Py_ssize_t)hto;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count; i++)
+        pread_record(&recs[i]);
+    Py_END_ALLOW_THREADS
+    digests = PyList_New(count);
+    failed = PyList_New(0);
+    if (digests == NULL || failed == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *d;
+        if (recs[i].err >= 0) {
+            PyObject *f = Py_BuildValue("(ni)", i, recs[i].err);
+            if (f == NULL || PyList_Append(failed, f) < 0) {
+                Py_XDECREF(f);
+                goto done;
+            }
+            Py_DECREF(f);
+            d = Py_NewRef(Py_None);
+        } else {
+            d = PyLong_FromUnsignedLongLong((unsigned long long)recs[i].digest);
+            if (d == NULL)
+                goto done;
+        }
+        PyList_SET_ITEM(digests, i, d);
+    }
+    out = PyTuple_Pack(2, digests, failed);
+done:
+    Py_XDECREF(digests);
+    Py_XDECREF(failed);
+    for (Py_ssize_t i = 0; i < held; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(recs);
+    Py_DECREF(seq);
+    return out;
+}
+
 static PyObject *placement_hashes(PyObject *self, PyObject *args) {
     Py_buffer ns;
     PyObject *keys_obj;
@@ -600,6 +755,8 @@ static PyMethodDef methods[] = {
      "copy_spans(spans, base, size, into, stop_at) -> list of digests or None"},
     {"pread_spans", pread_spans, METH_VARARGS,
      "pread_spans(fd, spans) -> (digests or None, indices of short spans)"},
+    {"pread_records", pread_records, METH_VARARGS,
+     "pread_records(spans) -> (digests or None, (index, errno) of failed spans)"},
     {"placement_hashes", placement_hashes, METH_VARARGS,
      "placement_hashes(namespace, keys, seed) -> list of xxh3_64 ring positions"},
     {NULL, NULL, 0, NULL},

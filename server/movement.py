@@ -317,6 +317,10 @@ class DiskSide(Protocol):
              expect_version: int) -> Pinned:
         """Read and verify (part of) a record; the token is a ``ReadLease``."""
 
+    def read_many(self, ns: bytes, items: list[tuple[bytes, int, int, int]]) -> list[Pinned]:
+        """``read`` for items ``(key, offset, max_len, expect_version)`` of ``ns``, in
+        order: a pin per item, each as ``read`` would give it."""
+
     def release(self, lease: ReadLease | None) -> None:
         """Give a read's buffer back (any thread, never blocks)."""
 
