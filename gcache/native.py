@@ -75,15 +75,16 @@ CHECK_BYTES = 2 << 20  # read the clock at least this often while copying
 
 
 # ---------------------------------------------------------------------- the twins
-def _buffer(obj: Any, i: int, writable: bool) -> memoryview:
+def _buffer(obj: Any, i: int, writable: bool, fn: str = "copy_spans") -> memoryview:
+    """Span ``i``'s buffer (the checks and exception types of the C ``take_buffer``)."""
     try:
         mv = memoryview(obj)
     except TypeError:
-        raise TypeError(f"copy_spans: span {i}'s buffer is not a C-contiguous buffer") from None
+        raise TypeError(f"{fn}: span {i}'s buffer is not a C-contiguous buffer") from None
     if not mv.c_contiguous:
-        raise TypeError(f"copy_spans: span {i}'s buffer is not a C-contiguous buffer")
+        raise TypeError(f"{fn}: span {i}'s buffer is not a C-contiguous buffer")
     if writable and mv.readonly:
-        raise ValueError(f"copy_spans: span {i}'s destination is read-only")
+        raise ValueError(f"{fn}: span {i}'s destination is read-only")
     return mv
 
 
@@ -140,6 +141,15 @@ def copy_spans_py(spans: Sequence[tuple], base: int, size: int, into: bool,
     return out
 
 
+def _read_destination(fn: str, buf: Any, i: int, off: int) -> memoryview:
+    """Span ``i``'s buffer as flat writable bytes that end before 2**63 - 1 in the file
+    from ``off`` on."""
+    mv = _buffer(buf, i, True, fn)
+    if mv.nbytes > (1 << 63) - 1 - off:
+        raise ValueError(f"{fn}: span {i}'s file offset is out of range")
+    return mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv
+
+
 def pread_spans_py(fd: int, spans: Sequence[tuple]) -> tuple[list[int | None], list[int]]:
     """The twin of ``_native.pread_spans`` (see the module docstring)."""
     if type(fd) is not int:  # noqa: E721 - as PyArg "i"
@@ -154,18 +164,7 @@ def pread_spans_py(fd: int, spans: Sequence[tuple]) -> tuple[list[int | None], l
         if off < 0 or off >= 1 << 63:
             raise ValueError(f"pread_spans: span {i}'s file offset is out of range")
         want = bool(want)
-        try:
-            mv = memoryview(buf)
-        except TypeError:
-            raise TypeError(f"pread_spans: span {i}'s buffer is not a C-contiguous "
-                            "buffer") from None
-        if not mv.c_contiguous:
-            raise TypeError(f"pread_spans: span {i}'s buffer is not a C-contiguous buffer")
-        if mv.readonly:
-            raise ValueError(f"pread_spans: span {i}'s destination is read-only")
-        if mv.nbytes > (1 << 63) - 1 - off:
-            raise ValueError(f"pread_spans: span {i}'s file offset is out of range")
-        plan.append((mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv, off, want))
+        plan.append((_read_destination("pread_spans", buf, i, off), off, want))
     digests: list[int | None] = []
     short: list[int] = []
     for i, (mv, off, want) in enumerate(plan):
@@ -203,21 +202,10 @@ def pread_records_py(spans: Sequence[tuple]) -> tuple[list[int | None], list[tup
         off = _record_int(t[2], 0, big, "file offset", i)
         hfrom = _record_int(t[3], 0, big, "hash range", i)
         hto = _record_int(t[4], 0, big, "hash range", i)
-        try:
-            mv = memoryview(t[1])
-        except TypeError:
-            raise TypeError(f"pread_records: span {i}'s buffer is not a C-contiguous "
-                            "buffer") from None
-        if not mv.c_contiguous:
-            raise TypeError(f"pread_records: span {i}'s buffer is not a C-contiguous buffer")
-        if mv.readonly:
-            raise ValueError(f"pread_records: span {i}'s destination is read-only")
-        if mv.nbytes > big - off:
-            raise ValueError(f"pread_records: span {i}'s file offset is out of range")
+        mv = _read_destination("pread_records", t[1], i, off)
         if hfrom > hto or hto > mv.nbytes:
             raise ValueError(f"pread_records: span {i}'s hash range is out of range")
-        plan.append((fd, mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv, off,
-                     hfrom, hto))
+        plan.append((fd, mv, off, hfrom, hto))
     digests: list[int | None] = []
     failed: list[tuple[int, int]] = []
     for i, (fd, mv, off, hfrom, hto) in enumerate(plan):

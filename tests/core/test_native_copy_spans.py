@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 
 from gcache import native
 
+from native_buffers import snapshot
+
 _native = pytest.importorskip("gcache._native", reason="the C extension is not built here "
                               "(no compiler or Python headers): nothing to compare")
 
@@ -46,13 +48,6 @@ def make_buffer(kind: str, content: bytes):
     if kind == "strided":  # not C-contiguous
         return np.frombuffer(bytearray(content * 2 or b"\0\0"), dtype=np.uint8)[::2]
     return 12345
-
-
-def snapshot(obj) -> bytes | None:
-    try:
-        return memoryview(obj).tobytes()
-    except TypeError:
-        return None
 
 
 @st.composite

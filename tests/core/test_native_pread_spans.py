@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 
 from gcache import native
 
+from native_buffers import KINDS, make_buffer, snapshot
+
 _native = pytest.importorskip("gcache._native", reason="the C extension is not built here "
                               "(no compiler or Python headers): nothing to compare")
 
@@ -28,31 +30,6 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
 SETTINGS = settings(max_examples=300, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
-KINDS = ("bytearray", "numpy", "numpy_u32", "memoryview", "bytes", "strided", "not_a_buffer")
-
-
-def make_buffer(kind: str, n: int):
-    if kind == "bytearray":
-        return bytearray(b"\xaa" * n)
-    if kind == "numpy":
-        return np.full(n, 0xAA, dtype=np.uint8)
-    if kind == "numpy_u32":
-        return np.full((n + 3) // 4, 0xAAAAAAAA, dtype=np.uint32)
-    if kind == "memoryview":
-        return memoryview(bytearray(b"\xaa" * n))
-    if kind == "bytes":  # read-only
-        return bytes(n)
-    if kind == "strided":  # not C-contiguous
-        return np.full(2 * n + 2, 0xAA, dtype=np.uint8)[::2]
-    return 12345
-
-
-def snapshot(obj) -> bytes | None:
-    try:
-        return memoryview(obj).tobytes()
-    except TypeError:
-        return None
 
 
 @st.composite
