@@ -8,7 +8,8 @@ ops) that serves GET and PUT through the control ops of docs/protocol.md
   answers its arena offset) -> ``move_in`` copies each slice into its destination ->
   ``RELEASE``. A RELEASE that answers non-OK means the lease expired mid-copy: that
   item is a miss. Keys the server cannot lease (``BUSY``: on disk only, or too many
-  leases) are read with a plain GET on the same connection.
+  leases) are read with a plain GET on the same connection, which asks for a streamed
+  reply (docs/protocol.md), so their first items travel while the later disk reads go on.
 * PUT: ``ALLOC`` (same items as a PUT: sliced puts work unchanged) -> ``move_out``
   copies into the slots -> ``COMMIT``; the server checksums and publishes exactly as
   for a TCP put.
@@ -244,9 +245,10 @@ class OneSidedTransport(TcpTransport):
                 raise AuthError(str(exc)) from None
             return [ItemResult(exc.status) for _ in work.items]
 
-    def plain(self, work: Work) -> list[ItemResult]:
-        """``work`` as the plain TCP op on this connection."""
-        return TcpTransport._execute(self, work)
+    def plain(self, work: Work, stream: bool = False) -> list[ItemResult]:
+        """``work`` as the plain TCP op on this connection (``stream``: a GET asks for a
+        streamed reply)."""
+        return TcpTransport._execute(self, work, stream)
 
     def call(self, op: int, meta: dict, deadline: float) -> Any:
         """One control round trip (LEASE, RELEASE, ALLOC, COMMIT, PUT_STAGED): the reply
@@ -391,7 +393,9 @@ class OneSidedTransport(TcpTransport):
         if fallback:
             self._drain(work.deadline)
             STATS["tcp_fallback_items"] += len(fallback)
-            for i, r in zip(fallback, self.plain(self.subset(work, fallback))):
+            # the keys the server could not lease are (mostly) on its disk tier only: a
+            # streamed reply sends each verified prefix while the later reads go on
+            for i, r in zip(fallback, self.plain(self.subset(work, fallback), stream=True)):
                 out[i] = r
         return out  # type: ignore[return-value]
 

@@ -158,7 +158,9 @@ class TcpTransport(Transport):
             self.close()
             raise
 
-    def _execute(self, work: Work) -> list[ItemResult]:
+    def _execute(self, work: Work, stream: bool = False) -> list[ItemResult]:
+        """``work`` as one request and its reply; ``stream``: a GET asks for a streamed
+        reply even when ``stream_gets`` is off."""
         op, rid, sock, deadline = work.op, next_request_id(), self.sock, work.deadline
         if op == Op.PUT:
             meta = {"ns": work.ns, "items": put_fields(work.items), **(work.extra or {})}
@@ -168,7 +170,7 @@ class TcpTransport(Transport):
         elif op == Op.GET:
             meta = {"ns": work.ns, "items": [[it.key, it.offset, it.max_len, it.version]
                                              for it in work.items], **(work.extra or {})}
-            if self.stream_gets:
+            if self.stream_gets or stream:
                 # the server may stream the reply (a frame per verified prefix of items),
                 # so a disk-served frame's first items travel while its later ones are read
                 meta["sr"] = 1

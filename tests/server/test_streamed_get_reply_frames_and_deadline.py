@@ -4,7 +4,7 @@ the whole reply in item order; the memory-resident first items arrive while a sl
 read (``disk_read_slow`` failpoint) is still running; a plain GET on the same connection
 is one frame after it. An SDK get (``Client(stream_gets=True)``) whose deadline passes
 mid-stream is a miss, its connection is dropped, and the next get is served whole and
-right."""
+right. The shm transport reads the keys it cannot lease (disk-only) with a streamed GET."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 
 from gcache.protocol import FLAG_MORE, Op, encode_frame
 from gcache.sdk import Client, Status
+from gcache.sdk.transports import onesided, tcp
 from gcache.server.disk.log import SLOW_READ_S
 from gcache.testing.oracle import check_value, value_for
 from gcache.testing.waiting import wait_for
@@ -112,3 +113,30 @@ def test_deadline_mid_stream_is_a_miss_and_the_next_get_is_whole(make_cluster, t
         st = c.get_batch_into(frame, bufs, timeout_ms=10_000)
         assert st == [Status.OK] * len(frame)
         assert all(check_value(k, bytes(b)) for k, b in zip(frame, bufs))
+
+
+def test_shm_keys_the_server_cannot_lease_are_read_with_a_streamed_get(make_cluster, tmp_path,
+                                                                       monkeypatch):
+    """Disk-only keys answer a LEASE with BUSY; the shm transport then reads them with a
+    plain GET that asks for a streamed reply (its first items travel while the later ones
+    are read), though the client's ``stream_gets`` is off. Memory hits stay leased."""
+    cl, keys = _server(make_cluster, tmp_path, "")
+    sent: list[tuple[int, dict]] = []
+    real = tcp.encode_frame
+
+    def spy(op, rid, meta, *a, **kw):
+        sent.append((op, meta))
+        return real(op, rid, meta, *a, **kw)
+
+    monkeypatch.setattr(tcp, "encode_frame", spy)
+    frame = keys[-2:] + keys[:10]  # two memory hits, then ten disk-only items
+    before = dict(onesided.STATS)
+    with Client(cl.addresses, timeout_ms=10_000, transport="shm", conns_per_server=1) as c:
+        bufs = [bytearray(SIZE) for _ in frame]
+        assert c.get_batch_into(frame, bufs) == [Status.OK] * len(frame)
+        assert all(check_value(k, bytes(b)) for k, b in zip(frame, bufs))
+    gets = [m for op, m in sent if op == Op.GET]
+    assert gets and all(m.get("sr") == 1 for m in gets)
+    assert sorted(it[0] for m in gets for it in m["items"]) == sorted(keys[:10])
+    assert onesided.STATS["tcp_fallback_items"] - before["tcp_fallback_items"] == 10
+    assert onesided.STATS["shm_get_items"] - before["shm_get_items"] == 2
