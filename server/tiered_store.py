@@ -87,9 +87,10 @@ _STREAM_MIN_BYTES = 256 << 10
 # a frame's disk reads are claimed in groups of up to this many items (fewer when the
 # frame has fewer items than IO threads + the caller): each group is one
 # ``DiskSide.read_many``, its reads issued and checksummed with the GIL released once,
-# not once per item. Measured in-process (16-item frames, 4 callers): server CPU 70-80 ->
-# 55-61 us per 64 KiB item; groups of 8-16 items lowered the queue depth of a lone
-# 64-item frame (bench/RESULTS.md, issue 13 fifth pass)
+# not once per item. Measured in-process (bench/disk_read_path.py: 16-item frames, 4
+# callers, 6 alternated rounds): CPU per 64 KiB item, median 68 -> 57 us; groups of 8
+# items made a lone 64-item frame slower (fewer reads in flight) (bench/RESULTS.md,
+# issue 13 fifth pass)
 _GROUP_ITEMS = 4
 
 
