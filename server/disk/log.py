@@ -716,7 +716,18 @@ class SegmentLog:
                 group.append((i, key, e, seg, start, end))
         if group:
             self._read_group(ns, group, out)
-        return [p if p is not None else self.read(ns, *items[i]) for i, p in enumerate(out)]
+        try:
+            for i, p in enumerate(out):
+                if p is None:
+                    out[i] = self.read(ns, *items[i])
+        except BaseException:  # never leak the group's pins: the caller gets none
+            for p in out:
+                if p is not None and p.token is not None:
+                    if p.view is not None:
+                        p.view.release()
+                    self.release(p.token)
+            raise
+        return out  # type: ignore[return-value]
 
     def _read_group(self, ns: bytes, group: list[tuple[int, bytes, Entry, Segment, int, int]],
                     out: list[Pinned | None]) -> None:

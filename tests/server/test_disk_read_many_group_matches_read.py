@@ -6,7 +6,8 @@ slice of a chunked record and an empty range (both handed to ``read``), a miss, 
 version conflict, a record corrupted on the device itself and a read the device fails.
 Each item gets its own status and its own bytes, the broken records are dropped and
 counted, hits and served bytes are counted once, every segment reader and buffer comes
-back, and a segment retired while a group reads it is closed when that group ends."""
+back, a segment retired while a group reads it is closed when that group ends, and a
+failure in an item read the slow way gives back the pins the group already took."""
 
 from __future__ import annotations
 
@@ -151,3 +152,18 @@ def test_a_segment_retired_under_a_group_closes_when_the_group_ends(log):
     assert [p.status for p in pins] == [Status.OK, Status.OK]
     assert [bytes(p.view) for p in pins] == [value_for(b"a", SMALL), value_for(b"b", SMALL)]
     release_all(log, pins)
+
+
+def test_an_exception_in_a_sliced_read_gives_back_the_groups_pins(log, monkeypatch):
+    write(log, {b"a": SMALL, b"b": SMALL, b"big": BIG})
+
+    def broken(*_a, **_k):
+        raise RuntimeError("a bug in the sliced path")
+
+    monkeypatch.setattr(log, "read", broken)  # only the sliced item goes through read
+    idle = log.pool.idle
+    with pytest.raises(RuntimeError):
+        log.read_many(NS, [(b"a", 0, 1 << 40, 0), (b"big", 300_000, 1000, 0),
+                           (b"b", 0, 1 << 40, 0)])
+    assert log.pool.idle >= idle + 2 * log.pool.bucket(SMALL)  # a's and b's buffers back
+    assert [s.readers for s in log.segments.values()] == [0] * len(log.segments)
