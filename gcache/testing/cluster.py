@@ -179,23 +179,44 @@ class ServerProc(_Daemon):
                 pass
 
 
-def free_port() -> int:
-    """A port free on 127.0.0.1 when asked (for listeners a test names up front)."""
+def _listener_ports() -> range:
+    """Where test listeners take their ports: below the kernel's ephemeral range (or above
+    it when there is no room below), so no outgoing connection is ever given one as its
+    local port. A daemon restarted on its old port (a master's Raft port is its API port
+    + 1) then never finds it taken by some other test's client socket."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    if low - 1 >= 12000:
+        return range(10000, low - 1)
+    return range(high + 1, 65534)
+
+
+def _pick_port(pair: bool) -> int:
+    """A random port ``p`` of ``_listener_ports`` free on 127.0.0.1 when asked (and
+    ``p + 1`` with ``pair``); a port the kernel picks when none is found."""
+    import random
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_port_pair() -> int:
-    """A port p with p and p+1 both free on 127.0.0.1 (a master's API and Raft ports)."""
-    import socket
-
-    for _ in range(200):
+    ports = _listener_ports()
+    for _ in range(500):
+        p = random.choice(ports)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", p))
+                if pair:
+                    b.bind(("127.0.0.1", p + 1))
+            return p
+        except OSError:
+            continue
+    for _ in range(200):  # the range is exhausted (it never was in practice)
         with socket.socket() as a:
             a.bind(("127.0.0.1", 0))
             p = a.getsockname()[1]
+            if not pair:
+                return p
             if p >= 65535:
                 continue
             with socket.socket() as b:
@@ -205,6 +226,18 @@ def free_port_pair() -> int:
                     continue
         return p
     raise RuntimeError("no free port pair found")
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 when asked (for listeners a test names up front), outside
+    the ephemeral range (``_listener_ports``)."""
+    return _pick_port(pair=False)
+
+
+def free_port_pair() -> int:
+    """A port p with p and p+1 both free on 127.0.0.1 (a master's API and Raft ports),
+    outside the ephemeral range (``_listener_ports``)."""
+    return _pick_port(pair=True)
 
 
 class MasterProc(_Daemon):
