@@ -143,7 +143,9 @@ class ServerProc(_Daemon):
         self.name, self.memory, self.slab, self.token = name, memory, slab, token
         self.shm_dir, self.extra = shm_dir, list(extra or [])
         self.log_dir = log_dir
-        self.port = port
+        # a restart keeps the port: one outside the ephemeral range (``free_port``), so
+        # no outgoing connection can hold it when the server comes back
+        self.port = port or free_port()
         self.proc = None
         self.address = ""
 
