@@ -196,23 +196,34 @@ def _listener_ports() -> range:
     return range(high + 1, 65534)
 
 
+_HANDED_OUT: set[int] = set()  # ports this process gave out: picked free, maybe not bound yet
+_HANDED_LOCK = threading.Lock()
+
+
 def _pick_port(pair: bool) -> int:
     """A random port ``p`` of ``_listener_ports`` free on 127.0.0.1 when asked (and
-    ``p + 1`` with ``pair``); a port the kernel picks when none is found."""
+    ``p + 1`` with ``pair``) and never handed out before by this process (a cluster picks
+    every port before its daemons bind them); a port the kernel picks when none is
+    found."""
     import random
     import socket
 
     ports = _listener_ports()
     for _ in range(500):
         p = random.choice(ports)
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", p))
-                if pair:
-                    b.bind(("127.0.0.1", p + 1))
-            return p
-        except OSError:
-            continue
+        want = {p, p + 1} if pair else {p}
+        with _HANDED_LOCK:
+            if want & _HANDED_OUT:
+                continue
+            try:
+                with socket.socket() as a, socket.socket() as b:
+                    a.bind(("127.0.0.1", p))
+                    if pair:
+                        b.bind(("127.0.0.1", p + 1))
+            except OSError:
+                continue
+            _HANDED_OUT.update(want)
+        return p
     for _ in range(200):  # the range is exhausted (it never was in practice)
         with socket.socket() as a:
             a.bind(("127.0.0.1", 0))
