@@ -185,15 +185,26 @@ def _listener_ports() -> range:
     """Where test listeners take their ports: below the kernel's ephemeral range (or above
     it when there is no room below), so no outgoing connection is ever given one as its
     local port. A daemon restarted on its old port (a master's Raft port is its API port
-    + 1) then never finds it taken by some other test's client socket."""
+    + 1) then never finds it taken by some other test's client socket. Each pytest-xdist
+    worker gets a slice of its own."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             low, high = (int(x) for x in f.read().split())
     except (OSError, ValueError):
         low, high = 32768, 60999
-    if low - 1 >= 12000:
-        return range(10000, low - 1)
-    return range(high + 1, 65534)
+    ports = range(10000, low - 1) if low - 1 >= 12000 else range(high + 1, 65534)
+    # pytest-xdist workers (PYTEST_XDIST_WORKER "gw<i>" of PYTEST_XDIST_WORKER_COUNT) each
+    # take their own slice: two workers' picks, free when picked and not yet bound, can
+    # then never be the same port
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    try:
+        count, i = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")), int(worker[2:])
+    except ValueError:
+        return ports
+    if count > 1 and worker.startswith("gw") and 0 <= i < count:
+        share = len(ports) // count
+        return ports[i * share:(i + 1) * share - 1]  # p + 1 stays inside the slice
+    return ports
 
 
 _HANDED_OUT: set[int] = set()  # ports this process gave out: picked free, maybe not bound yet
