@@ -150,6 +150,18 @@ def _read_destination(fn: str, buf: Any, i: int, off: int) -> memoryview:
     return mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv
 
 
+def _pread_into(fd: int, mv: memoryview, off: int) -> int:
+    """Fill ``mv`` from ``fd`` at ``off`` (preadv, retried on EINTR by PEP 475 and after a
+    short read): the bytes read, fewer than ``len(mv)`` when the file ended first."""
+    done, n = 0, mv.nbytes
+    while done < n:
+        got = os.preadv(fd, [mv[done:]], off + done)
+        if got == 0:
+            break
+        done += got
+    return done
+
+
 def pread_spans_py(fd: int, spans: Sequence[tuple]) -> tuple[list[int | None], list[int]]:
     """The twin of ``_native.pread_spans`` (see the module docstring)."""
     if type(fd) is not int:  # noqa: E721 - as PyArg "i"
@@ -168,13 +180,7 @@ def pread_spans_py(fd: int, spans: Sequence[tuple]) -> tuple[list[int | None], l
     digests: list[int | None] = []
     short: list[int] = []
     for i, (mv, off, want) in enumerate(plan):
-        done, n = 0, mv.nbytes
-        while done < n:
-            got = os.preadv(fd, [mv[done:]], off + done)  # retried on EINTR (PEP 475)
-            if got == 0:
-                break
-            done += got
-        if done < n:
+        if _pread_into(fd, mv, off) < mv.nbytes:
             short.append(i)
             digests.append(None)
         else:
@@ -209,14 +215,8 @@ def pread_records_py(spans: Sequence[tuple]) -> tuple[list[int | None], list[tup
     digests: list[int | None] = []
     failed: list[tuple[int, int]] = []
     for i, (fd, mv, off, hfrom, hto) in enumerate(plan):
-        done, n, err = 0, mv.nbytes, -1
         try:
-            while done < n:
-                got = os.preadv(fd, [mv[done:]], off + done)  # retried on EINTR (PEP 475)
-                if got == 0:
-                    err = 0
-                    break
-                done += got
+            err = -1 if _pread_into(fd, mv, off) == mv.nbytes else 0  # 0: the file ended
         except OSError as exc:
             err = exc.errno or 0
         if err >= 0:

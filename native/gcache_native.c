@@ -368,31 +368,40 @@ typedef struct {
 
 #define PREAD_CHUNK ((Py_ssize_t)256 << 10) /* read, then hash, this much at a time */
 
+/* read all n bytes at p from fd at off (pread, retried on EINTR and after a short
+ * read): 0; -1 when the file ended first (what was there landed); or an errno */
+static int pread_all(int fd, char *p, Py_ssize_t n, long long off) {
+    Py_ssize_t done = 0;
+    while (done < n) {
+        ssize_t got = pread(fd, p + done, (size_t)(n - done), (off_t)(off + done));
+        if (got < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno;
+        }
+        if (got == 0)
+            return -1;
+        done += got;
+    }
+    return 0;
+}
+
 /* read all n bytes of s from fd (short_read set if the file ends first); 0, or errno */
 static int pread_span(int fd, rspan_t *s, XXH3_state_t *state) {
-    Py_ssize_t done = 0;
     Py_ssize_t step = s->want_hash ? PREAD_CHUNK : s->n;
     if (s->want_hash)
         XXH3_64bits_reset(state);
-    while (done < s->n) {
-        Py_ssize_t end = s->n - done < step ? s->n : done + step;
-        Py_ssize_t from = done;
-        while (done < end) {
-            ssize_t got = pread(fd, s->local + done, (size_t)(end - done),
-                                (off_t)(s->off + done));
-            if (got < 0) {
-                if (errno == EINTR)
-                    continue;
-                return errno;
-            }
-            if (got == 0) {
-                s->short_read = 1;
-                return 0;
-            }
-            done += got;
+    for (Py_ssize_t from = 0; from < s->n; from += step) {
+        Py_ssize_t len = s->n - from < step ? s->n - from : step;
+        int rc = pread_all(fd, s->local + from, len, s->off + from);
+        if (rc > 0)
+            return rc;
+        if (rc < 0) {
+            s->short_read = 1;
+            return 0;
         }
         if (s->want_hash)
-            GC_XXH3_UPDATE(state, s->local + from, (size_t)(end - from));
+            GC_XXH3_UPDATE(state, s->local + from, (size_t)len);
     }
     if (s->want_hash)
         s->digest = XXH3_64bits_digest(state);
@@ -536,21 +545,10 @@ static int span_int(PyObject *o, long long lo, long long hi, long long *out,
 
 /* read all of r's buffer, then hash its [hash_from, hash_to); sets r->err */
 static void pread_record(rec_t *r) {
-    Py_ssize_t done = 0;
-    while (done < r->n) {
-        ssize_t got = pread(r->fd, r->local + done, (size_t)(r->n - done),
-                            (off_t)(r->off + done));
-        if (got < 0) {
-            if (errno == EINTR)
-                continue;
-            r->err = errno;
-            return;
-        }
-        if (got == 0) {
-            r->err = 0;
-            return;
-        }
-        done += got;
+    int rc = pread_all(r->fd, r->local, r->n, r->off);
+    if (rc != 0) {
+        r->err = rc > 0 ? rc : 0; /* 0: the file ended first */
+        return;
     }
     r->digest = GC_XXH3(r->local + r->hash_from, (size_t)(r->hash_to - r->hash_from));
     r->err = -1;
