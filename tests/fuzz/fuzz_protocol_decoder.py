@@ -1,11 +1,11 @@
 """Coverage-guided (atheris) fuzzing of the wire decoder in gcache/protocol.py.
 
-Run it by hand for as long as you like (atheris is optional: ``pip install -e '.[fuzz]'``):
+Run it by hand for as long as you like (atheris: the ``fuzz`` extra, part of ``test``):
 
     python tests/fuzz/fuzz_protocol_decoder.py -max_total_time=600 [corpus_dir]
 
 ``make test`` runs it for a few seconds through tests/fuzz/test_decoder_fuzz_smoke.py
-when atheris is installed, and skips it otherwise.
+(which skips only where atheris is not installed: outside the ``test`` extra).
 
 One input is a byte stream as a peer would send it. The properties:
 

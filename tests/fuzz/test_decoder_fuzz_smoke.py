@@ -1,6 +1,6 @@
 """A few seconds of the atheris decoder harness (fuzz_protocol_decoder.py) in the suite.
 
-Skipped when atheris is not installed (it is optional: ``pip install -e '.[fuzz]'``).
+The ``test`` extra installs atheris (through ``fuzz``); skipped only without it.
 Seeds are valid frames of the data ops, so the fuzzer starts past the magic and CRC.
 """
 
