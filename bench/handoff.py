@@ -22,13 +22,16 @@ runs, and reports both p50/p99 and their ratio, measured in the same run.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import pathlib
 import re
+import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 
 import click
 
@@ -110,13 +113,23 @@ def put_timed(c: Client, keys: list[bytes], vsize: int) -> float:
     return put_s
 
 
-def bench_cluster(servers: int, nbytes: int, migrate_mbps: str) -> tuple[Cluster, str]:
+@contextlib.contextmanager
+def bench_cluster(servers: int, nbytes: int, migrate_mbps: str
+                  ) -> Iterator[tuple[Cluster, str]]:
     """3 masters and ``servers`` servers with room for ``nbytes`` each (16 MiB slabs:
-    little rounding), logging to a new directory; (the cluster, the directory)."""
+    little rounding), logging to a new directory; yields (the running cluster, the
+    directory). The directory goes with a run that succeeds, and is kept, and named on
+    stderr, after one that fails."""
     memory = f"{(int(nbytes * 1.3) >> 20) + 64}MiB"
     logs = tempfile.mkdtemp(prefix="gcache-bench-handoff-")
-    return Cluster(servers, memory, slab="16MiB", masters=3, token="bench", log_dir=logs,
-                   server_extra=["--migrate-mbps", migrate_mbps]), logs
+    try:
+        with Cluster(servers, memory, slab="16MiB", masters=3, token="bench", log_dir=logs,
+                     server_extra=["--migrate-mbps", migrate_mbps]) as cl:
+            yield cl, logs
+    except BaseException:
+        click.echo(f"gcache.bench.handoff: the cluster's logs are kept in {logs}", err=True)
+        raise
+    shutil.rmtree(logs, ignore_errors=True)
 
 
 def masters_up(cl: Cluster, servers: int) -> MasterClient:
@@ -129,8 +142,7 @@ def masters_up(cl: Cluster, servers: int) -> MasterClient:
 def run_join(nbytes: int, vsize: int, migrate_mbps: str) -> dict:
     """One server holds ``nbytes`` of keys a newcomer will own; time their handoff."""
     n = nbytes // vsize
-    cluster, logs = bench_cluster(1, nbytes, migrate_mbps)
-    with cluster as cl:
+    with bench_cluster(1, nbytes, migrate_mbps) as (cl, logs):
         mc = masters_up(cl, 1)
         first = cl.servers[0]
         new_name = first.name.rsplit("-", 1)[0] + "-new"
@@ -189,8 +201,7 @@ def main(total: str, size: str, migrate_mbps: str, join: bool, foreground: bool,
             raise click.UsageError("--foreground goes with a drain, not --join")
         return emit(run_join(nbytes, vsize, migrate_mbps), json_out)
     n = nbytes // vsize
-    cluster, logs = bench_cluster(2, nbytes, migrate_mbps)
-    with cluster as cl:
+    with bench_cluster(2, nbytes, migrate_mbps) as (cl, logs):
         mc = masters_up(cl, 2)
         first = cl.servers[0]
         with Client(masters=cl.master_addresses, token="bench", timeout_ms=30_000,

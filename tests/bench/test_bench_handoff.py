@@ -6,6 +6,7 @@ chosen to be its."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -62,11 +63,14 @@ def test_bench_handoff_drains_everything(tmp_path):
 
 @pytest.mark.integration
 def test_bench_handoff_join_moves_the_newcomers_keys(tmp_path):
-    out = tmp_path / "j.json"
+    out, tmp = tmp_path / "j.json", tmp_path / "tmp"
+    tmp.mkdir()
     r = subprocess.run([sys.executable, "-m", "gcache.bench.handoff", "--join", "--total",
                         "16MiB", "--size", "64KiB", "--json", str(out)],
-                       capture_output=True, text=True, timeout=110)
+                       capture_output=True, text=True, timeout=110,
+                       env={**os.environ, "TMPDIR": str(tmp)})
     assert r.returncode == 0, r.stderr[-2000:]
+    assert not list(tmp.glob("gcache-bench-handoff-*"))  # a run that succeeds keeps no logs
     res = json.loads(out.read_text())
     # every key was chosen (by the real ring) to belong to the newcomer: all moved
     assert res["handoff_objects_moved"] == res["objects"] == 256
