@@ -65,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     n_blocks = args.tokens // BLOCK
     server = ServerProc(f"vllm-bench-{os.getpid()}", args.memory)
     server.start()
+    model_root = tempfile.TemporaryDirectory(prefix="gcache-bench-vllm-")
     try:
-        vc = vllm_config(tiny_model_dir(tempfile.mkdtemp()),
+        vc = vllm_config(tiny_model_dir(model_root.name),
                          {"servers": server.address, "transport": args.transport,
                           "namespace": f"bench{os.getpid()}", "load_timeout_ms": 60000,
                           "save_timeout_ms": 60000, "lookup_timeout_ms": 10000})
@@ -160,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         worker.shutdown()
         sched.shutdown()
     finally:
+        model_root.cleanup()
         server.terminate()
         if os.path.exists(server.arena_path):
             os.unlink(server.arena_path)
