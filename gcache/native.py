@@ -50,6 +50,11 @@ Functions (contracts; the C file's opening comment has the same):
   where the file ended before the buffer filled. Every span is checked first (an int
   fd that fits a C int; a writable C-contiguous buffer; an int offset >= 0; ints
   ``0 <= hash_from <= hash_to <= len(buffer)``): TypeError / ValueError.
+* ``checksums(buffers) -> list[int]``: the xxh3_64 (seed 0) of each buffer's bytes, in
+  one call (the C version releases the GIL for all of them: a TCP put's value
+  checksums, on the server after the bytes landed and on the client before they go,
+  while other threads run Python). Every buffer is checked first: TypeError for an
+  object without the buffer protocol, ValueError for one that is not C-contiguous.
 * ``placement_hashes(namespace, keys, seed) -> list[int]``: ``xxh3_64(namespace +
   b"\\0" + key, seed)`` per key (keys must be ``bytes``: TypeError).
 
@@ -239,6 +244,21 @@ def placement_hashes_py(namespace: bytes, keys: Sequence[bytes], seed: int) -> l
     return out
 
 
+def checksums_py(buffers: Sequence[Any]) -> list[int]:
+    """The twin of ``_native.checksums`` (see the module docstring)."""
+    views = []
+    for i, buf in enumerate(buffers):
+        try:
+            mv = memoryview(buf)
+        except TypeError:
+            raise TypeError(f"checksums: buffer {i} is {type(buf).__name__}, not a "
+                            "buffer") from None
+        if not mv.c_contiguous:
+            raise ValueError(f"checksums: buffer {i} is not C-contiguous")
+        views.append(mv)
+    return [xxhash.xxh3_64_intdigest(mv) for mv in views]
+
+
 def byte_views_py(objs: Sequence[Any], writable: bool) -> list[memoryview]:
     """The twin of ``_native.byte_views`` (see the module docstring)."""
     out = []
@@ -254,7 +274,7 @@ def byte_views_py(objs: Sequence[Any], writable: bool) -> list[memoryview]:
 
 twins = SimpleNamespace(copy_spans=copy_spans_py, placement_hashes=placement_hashes_py,
                         byte_views=byte_views_py, pread_spans=pread_spans_py,
-                        pread_records=pread_records_py)
+                        pread_records=pread_records_py, checksums=checksums_py)
 
 
 # ---------------------------------------------------------------------- the choice
@@ -296,3 +316,4 @@ placement_hashes = twins.placement_hashes if _mod is None else _mod.placement_ha
 byte_views = twins.byte_views if _mod is None else _mod.byte_views
 pread_spans = twins.pread_spans if _mod is None else _mod.pread_spans
 pread_records = twins.pread_records if _mod is None else _mod.pread_records
+checksums = twins.checksums if _mod is None else _mod.checksums

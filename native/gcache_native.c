@@ -60,6 +60,15 @@
  *       C-contiguous buffer; an int offset >= 0; ints 0 <= hash_from <= hash_to <=
  *       len(buffer)): TypeError / ValueError.
  *
+ *   checksums(buffers) -> list[int]
+ *       xxh3_64 (seed 0) of each buffer's bytes, in ONE call with the GIL released for
+ *       all of them: the value checksums a TCP put's server computes for the items a
+ *       frame carried whole, right after they landed, and a client for the values it
+ *       sends, without holding the GIL (other connection or dispatch threads run
+ *       Python meanwhile). Every buffer is exported before the first byte is hashed:
+ *       TypeError for an object without the buffer protocol, ValueError for one that
+ *       is not C-contiguous.
+ *
  *   byte_views(objs, writable) -> list[memoryview]
  *       sdk/buffers.py's as_view for host buffers, a batch per call: each object's
  *       memoryview, cast to flat unsigned bytes when it is not already; ValueError for
@@ -70,8 +79,8 @@
  *       xxh3_64(namespace + b"\0" + key, seed) for each key (bytes only: TypeError),
  *       without building the concatenation as a Python object.
  *
- * Threads: any. copy_spans, pread_spans and pread_records hold every buffer export (Py_buffer) for the
- * whole call, so no buffer can be resized or freed under the copy or the read. Nothing
+ * Threads: any. copy_spans, pread_spans, pread_records and checksums hold every buffer
+ * export (Py_buffer) for the whole call, so no buffer can be resized or freed under the copy or the read. Nothing
  * here keeps state between calls.
  *
  * xxHash (BSD-2, native/third_party/xxhash) is compiled in; its x86 dispatcher picks
@@ -699,6 +708,57 @@ done:
     return out;
 }
 
+/* checksums(buffers): xxh3_64 of each buffer, the GIL released once for all of them. */
+static PyObject *checksums(PyObject *self, PyObject *arg) {
+    Py_ssize_t count = 0, taken = 0;
+    PyObject **items = NULL;
+    PyObject *out = NULL, *seq = fast_items(arg, "checksums: buffers must be a sequence",
+                                            &count, &items);
+    Py_buffer *views = NULL;
+    XXH64_hash_t *digests = NULL;
+    if (seq == NULL)
+        return NULL;
+    size_t k = count ? (size_t)count : 1;
+    views = PyMem_Calloc(k, sizeof(Py_buffer));
+    digests = PyMem_Calloc(k, sizeof(XXH64_hash_t));
+    if (views == NULL || digests == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; taken < count; taken++) {
+        PyObject *obj = items[taken];
+        if (!PyObject_CheckBuffer(obj)) {
+            PyErr_Format(PyExc_TypeError, "checksums: buffer %zd is %s, not a buffer", taken,
+                         Py_TYPE(obj)->tp_name);
+            goto done;
+        }
+        if (PyObject_GetBuffer(obj, &views[taken], PyBUF_SIMPLE) != 0) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "checksums: buffer %zd is not C-contiguous", taken);
+            goto done;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count; i++)
+        digests[i] = GC_XXH3(views[i].buf, (size_t)views[i].len);
+    Py_END_ALLOW_THREADS
+    out = PyList_New(count);
+    for (Py_ssize_t i = 0; out != NULL && i < count; i++) {
+        PyObject *h = PyLong_FromUnsignedLongLong((unsigned long long)digests[i]);
+        if (h == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, i, h);
+    }
+done:
+    for (Py_ssize_t i = 0; i < taken; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(digests);
+    Py_DECREF(seq);
+    return out;
+}
+
 /* byte_views(objs, writable): as_view (sdk/buffers.py) for host buffers, one call per
  * batch: a flat, C-contiguous, unsigned-byte memoryview of each object, no copy. */
 static PyObject *byte_views(PyObject *self, PyObject *args) {
@@ -749,6 +809,8 @@ fail:
 static PyMethodDef methods[] = {
     {"byte_views", byte_views, METH_VARARGS,
      "byte_views(objs, writable) -> list of flat unsigned-byte memoryviews"},
+    {"checksums", checksums, METH_O,
+     "checksums(buffers) -> list of xxh3_64 digests (the GIL released)"},
     {"copy_spans", copy_spans, METH_VARARGS,
      "copy_spans(spans, base, size, into, stop_at) -> list of digests or None"},
     {"pread_spans", pread_spans, METH_VARARGS,
