@@ -51,6 +51,7 @@ import time
 from itertools import repeat
 from typing import Any, Callable, NamedTuple
 
+from gcache import native
 from gcache import tls as tlslib
 from gcache.credentials import Credential, CredentialStore, Right
 from gcache.errors import ProtocolError
@@ -785,12 +786,19 @@ class _Connection:
                 slots.append((len(statuses) - 1, slot))
                 views.append(slot.view)
             self.reader.recv_into_many(views)
+            # the values this frame carried whole are hashed in one native call with the
+            # GIL released (other connections' threads run Python meanwhile), and
+            # finish_put does not hash them again under the GIL
+            entire = [parsed[i].length == parsed[i].total_len for i, _ in slots]
+            sums = iter(native.checksums([slot.view for (_, slot), e in zip(slots, entire)
+                                          if e]))
         except BaseException:
             for _, slot in slots:
                 tier.abort_put(slot)
             raise
-        for i, slot in slots:
-            statuses[i] = tier.finish_put(slot, if_absent=if_absent)
+        for (i, slot), e in zip(slots, entire):
+            statuses[i] = tier.finish_put(slot, if_absent=if_absent,
+                                          digest=next(sums) if e else None)
             if guard is not None and statuses[i] == Status.OK:
                 guard.settle(tier, parsed[i][0])
         m = self.svc.metrics

@@ -24,6 +24,7 @@ from typing import Any
 import xxhash
 
 from gcache import tls as tlslib
+from gcache.native import checksums
 from gcache.credentials import ClientCredential, auth_fields
 from gcache.errors import AuthError, ProtocolError, TransportTimeout
 from gcache.protocol import (FLAG_MORE, PREFIX_SIZE, FrameHeader, Limits, Op, encode_frame,
@@ -42,12 +43,19 @@ def put_fields(items: list[PutItem], sums: list[int | None] | None = None) -> li
     """A PUT's (or ALLOC's, PUT_STAGED's) wire items: everything but the bytes. A
     ``DIGEST_LATER`` checksum is computed here (xxh3_64 of the item's bytes: the whole
     value), or taken from ``sums`` (one per item; None: compute) when the caller hashed
-    the bytes as it copied them."""
+    the bytes as it copied them. Host buffers are hashed in one ``native.checksums``
+    call (the GIL released: the other dispatch threads run meanwhile)."""
+    late = list(sums) if sums is not None else [None] * len(items)
+    host = [j for j, it in enumerate(items) if it.checksum == DIGEST_LATER
+            and late[j] is None and isinstance(it.src, (memoryview, bytes, bytearray))]
+    if host:
+        for j, c in zip(host, checksums([items[j].src for j in host])):
+            late[j] = c
     out = []
-    for j, it in enumerate(items):
+    for it, s in zip(items, late):
         c = it.checksum
         if c == DIGEST_LATER:
-            c = sums[j] if sums is not None and sums[j] is not None else digest(it.src)
+            c = s if s is not None else digest(it.src)  # a device buffer: copied first
         out.append([it.key, it.total_len, it.offset, it.length, it.put_id, c])
     return out
 

@@ -111,3 +111,25 @@ def test_tcp_put_with_wrong_checksum_is_refused(cluster):
             [b"s", 4096, 2048, 2048, pid, checksum(value) ^ 2]]}, 4096), value)
         fh, rep = c.read()
         assert rep["st"] == [Status.OK, Status.BAD_REQUEST]
+
+
+@pytest.mark.timeout(60)
+def test_tcp_put_frame_mixing_whole_and_sliced_values_refuses_only_the_corrupt_one(cluster):
+    """The server hashes a frame's whole values in one batch (``native.checksums``) and
+    sliced ones when their last slice lands: each item is checked against its own
+    writer's checksum, whatever sits around it in the frame."""
+    a, b, s, c2 = (os.urandom(n) for n in (3000, 5000, 4096, 1))
+    items = [[b"A", len(a), 0, len(a), 0, checksum(a)],
+             [b"S", 4096, 0, 1000, 9, checksum(s)],
+             [b"B", len(b), 0, len(b), 0, checksum(b) ^ 4],  # not the bytes sent
+             [b"S", 4096, 1000, 3096, 9, checksum(s)],
+             [b"C", 1, 0, 1, 0, checksum(c2)]]
+    payload = a + s[:1000] + b + s[1000:] + c2
+    with RawConn(cluster.addresses[0]) as c:
+        c.auth()
+        c.send(encode_frame(Op.PUT, 2, {"ns": b"m", "items": items}, len(payload)), payload)
+        fh, rep = c.read()
+        assert fh.status == 0
+        assert rep["st"] == [Status.OK, Status.OK, Status.CORRUPT, Status.OK, Status.OK]
+    with Client([cluster.addresses[0]], namespace="m", transport="tcp", timeout_ms=5000) as t:
+        assert [t.get(k) for k in (b"A", b"S", b"B", b"C")] == [a, s, None, c2]
