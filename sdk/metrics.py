@@ -20,6 +20,7 @@ nothing per key beyond a pass over the results.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import Counter as Tally
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -35,7 +36,11 @@ _BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.2
 _NAMES = {Op.GET: "get", Op.PUT: "put", Op.EXISTS: "exists", Op.DELETE: "delete",
           Op.TOUCH: "touch"}
 _lock = threading.Lock()
-_shared: dict[int, SdkMetrics] = {}  # id(registry) -> its metrics (one set per registry)
+# registry -> its metrics (one set per registry). Weak keys: keyed by id(), a registry
+# made after another was freed could get its id and be handed metrics that count into
+# the freed one
+_shared: weakref.WeakKeyDictionary[CollectorRegistry, SdkMetrics] = \
+    weakref.WeakKeyDictionary()
 
 
 class SdkMetrics:
@@ -53,9 +58,9 @@ class SdkMetrics:
         made on first use."""
         reg = REGISTRY if registry is True else registry
         with _lock:
-            m = _shared.get(id(reg))
+            m = _shared.get(reg)
             if m is None:
-                m = _shared[id(reg)] = SdkMetrics(reg)
+                m = _shared[reg] = SdkMetrics(reg)
             return m
 
     def watch(self, batch: Any, transport: str, started: float,

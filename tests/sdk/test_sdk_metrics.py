@@ -7,6 +7,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gcache.sdk import Client, Status
+from gcache.sdk.metrics import SdkMetrics
 from gcache.testing.cluster import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -45,3 +46,15 @@ def test_an_unreachable_server_is_counted_as_its_cause() -> None:
               if s.name == "gcache_client_items_total"}
     assert causes and causes <= {"unavailable", "timeout", "error"}, causes
     assert "hit" not in causes and "miss" not in causes
+
+
+def test_a_new_registry_never_counts_into_a_freed_one() -> None:
+    """Metrics are kept per registry object, not per id(): CPython hands a freed
+    registry's address to the next one made, and an id-keyed cache then gave the new
+    registry metrics that counted into the freed one (a test's fresh registry read 0)."""
+    old = CollectorRegistry()
+    SdkMetrics.for_registry(old)
+    del old
+    new = CollectorRegistry()  # made at once: most often at the freed one's address
+    SdkMetrics.for_registry(new).items.labels("get", "hit").inc()
+    assert _value(new, "gcache_client_items_total", op="get", result="hit") == 1
