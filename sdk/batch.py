@@ -100,7 +100,7 @@ class Batch:
 
     __slots__ = ("op", "keys", "deadline", "sender", "results", "left", "parts", "versions",
                  "totals", "sums", "hashes", "remaining", "lock", "_future", "done",
-                 "callback", "on_key", "flags", "handoff", "chain")
+                 "callback", "on_key", "flags", "handoff", "chain", "watcher")
 
     def __init__(self, op: int, keys: list[bytes], deadline: float, sender: Sender,
                  callback: BatchCallback | None, on_key: KeyCallback | None) -> None:
@@ -120,6 +120,9 @@ class Batch:
         self._future: Future | None = None
         self.done = n == 0  # every key folded and the batch callback run
         self.callback, self.on_key = callback, on_key
+        # the client's metrics (``SdkMetrics.watch``): counts the results when the batch
+        # completes, before its future or a synchronous caller sees them
+        self.watcher: Callable[[list], None] | None = None
         self.flags: dict | None = None  # header flags of every frame (``"ia"``, ``"ho"``)
         self.chain: bytes | None = None  # a put of one chain: its first key's parent
         # Router.handoff while a membership change is recent (see the module docstring)
@@ -229,6 +232,11 @@ class Batch:
                     self.callback(self.results)
                 except Exception:
                     log.exception("batch callback raised")
+            if self.watcher is not None:
+                try:
+                    self.watcher(self.results)
+                except Exception:
+                    log.exception("metrics watcher raised")
             with self.lock:
                 self.done = True
                 fut = self._future

@@ -11,10 +11,11 @@
   its last key's result (the configured transport: tcp, shm, nixl or auto).
 
 Every client of a process that passes the same registry shares these series (a
-registry takes each name once). They are counted when a call's future completes, on
-the thread that completed it (a dispatch thread, the reaper, or the caller of a one-hop
-call): a counter increment per distinct result and one histogram observation per call,
-nothing per key beyond a pass over the results.
+registry takes each name once). They are counted when a call completes, on the thread
+that completed it (a dispatch thread, the reaper, or the caller of a one-hop call),
+before its future is resolved or a synchronous call returns: a counter increment per
+distinct result and one histogram observation per call, nothing per key beyond a pass
+over the results.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import threading
 import weakref
 from collections import Counter as Tally
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
@@ -65,15 +65,13 @@ class SdkMetrics:
 
     def watch(self, batch: Any, transport: str, started: float,
               clock: Callable[[], float]) -> None:
-        """Count ``batch``'s results and time when its future completes."""
+        """Count ``batch``'s results and time when it completes: on the completing
+        thread, before its future is resolved, so a synchronous call returns only once it
+        is counted (a Future's done callbacks run after its waiters wake)."""
         op = _NAMES.get(batch.op, str(batch.op))
         read = batch.op in (Op.GET, Op.EXISTS)
 
-        def done(fut: Future) -> None:
-            try:
-                results = fut.result()
-            except Exception:  # a failed future has no results to count
-                return
+        def count(results: list) -> None:
             tally: Tally[str] = Tally()
             for i, r in enumerate(results):
                 if isinstance(r, Status):
@@ -88,4 +86,7 @@ class SdkMetrics:
                 self.items.labels(op, result).inc(n)
             self.seconds.labels(op, transport).observe(clock() - started)
 
-        batch.future.add_done_callback(done)
+        if batch.done:  # no keys: complete from the start
+            count(batch.results)
+        else:
+            batch.watcher = count

@@ -3,6 +3,9 @@ transport, in the caller's registry; nothing counted when not asked."""
 
 from __future__ import annotations
 
+import time
+from concurrent import futures
+
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -46,6 +49,29 @@ def test_an_unreachable_server_is_counted_as_its_cause() -> None:
               if s.name == "gcache_client_items_total"}
     assert causes and causes <= {"unavailable", "timeout", "error"}, causes
     assert "hit" not in causes and "miss" not in causes
+
+
+def test_a_call_is_counted_before_it_returns(cluster, monkeypatch) -> None:
+    """A synchronous call completed by another thread (here a dispatch thread: the
+    one-hop path is off) is counted before the caller sees its results.
+    Counting in a Future done-callback was not: ``set_result`` wakes the waiter first,
+    and a slow completing thread (simulated: its callbacks start 0.3 s late) let the
+    caller read the registry before the count."""
+    real = futures.Future._invoke_callbacks
+
+    def late(self):
+        time.sleep(0.3)
+        real(self)
+
+    monkeypatch.setattr(futures.Future, "_invoke_callbacks", late)
+    reg = CollectorRegistry()
+    keys = [b"big%d" % i for i in range(64)]
+    with Client(cluster.addresses, transport="tcp", metrics=reg, one_hop_max_bytes=0) as c:
+        assert c.put_batch(keys, [bytes(4096)] * len(keys)) == [Status.OK] * len(keys)
+        assert _value(reg, "gcache_client_items_total", op="put", result="ok") == len(keys)
+        assert c.get_batch(keys + [b"nope"]) == [bytes(4096)] * len(keys) + [None]
+        assert _value(reg, "gcache_client_items_total", op="get", result="hit") == len(keys)
+        assert _value(reg, "gcache_client_items_total", op="get", result="miss") == 1
 
 
 def test_a_new_registry_never_counts_into_a_freed_one() -> None:
