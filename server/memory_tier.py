@@ -147,6 +147,16 @@ class _Obj:
     parent: bytes | None = None  # its chain parent's key, if its writer said (not persisted)
 
 
+@dataclass(slots=True, eq=False)
+class Scratch:
+    """A ``reserve_scratch`` chunk: its arena offset, size and holder."""
+
+    off: int
+    chunk: int
+    holder: Holder
+    freed: bool = False  # under the tier lock
+
+
 class _WaitForRoom(Exception):
     """begin_put: no reservation room yet, wait (lock released) and retry."""
 
@@ -238,6 +248,7 @@ class MemoryTier(Tier):
         self.max_reserved = max_reserved_bytes or max(arena.slab_bytes, self.capacity // 2)
         self.reserve_wait_s = 1.0  # back-pressure on a reservation past its bounds
         self.reserved_bytes = 0
+        self.scratch_bytes = 0  # of which reserve_scratch chunks (disk reads leased out)
         self.reserved_by_ns: dict[bytes, int] = {}  # the writer's quota plugs in here
         self._lock = ranked_lock(LockRank.MEMORY)
         self._index: dict[tuple[bytes, bytes], _Obj] = {}
@@ -256,7 +267,7 @@ class MemoryTier(Tier):
                          "reservations_refused": 0, "pending_released": 0,
                          "quarantined": 0, "quota_refused": 0, "quota_evictions": 0,
                          "put_if_absent_skipped": 0, "relocated": 0,
-                         "evicted_for_room": 0}
+                         "evicted_for_room": 0, "scratch_reserved": 0, "scratch_refused": 0}
         self._on_publish: Callable[[bytes, bytes, int], object] | None = None  # attach()
         self._on_delete: Callable[[bytes, bytes], bool] | None = None
         self._is_clean: Callable[[bytes, bytes, int], bool] | None = None
@@ -968,6 +979,45 @@ class MemoryTier(Tier):
                     self.do_free(pend.obj)
             self.do_release_quarantine(holder)
 
+    # ------------------------------------------------------------------ scratch
+    def reserve_scratch(self, nbytes: int, holder: Holder) -> tuple[memoryview, Scratch] | None:
+        """An unpublished chunk for ``nbytes`` read from the tier below (a disk hit the
+        server leases to a co-located reader, ``shm_ops``): granule-aligned, so
+        page-aligned for O_DIRECT; never indexed, never given a header or a start mark
+        (recovery and compaction pass over it like a put in flight). Charged to
+        ``holder`` within the reservation bounds; never evicts (a read must not push
+        cached objects out): None without room. ``(a view of its first nbytes, token)``;
+        ``release_scratch(token)`` frees it."""
+        csize = size_class(max(nbytes, 1))
+        with self._lock:
+            if (holder.closed or holder.held + csize > self.max_held
+                    or self.reserved_bytes + csize > self.max_reserved):
+                self.counters["scratch_refused"] += 1
+                return None
+            g = self._extents.alloc(csize // GRANULE)
+            if g is None:
+                self.counters["scratch_refused"] += 1
+                return None
+            off = self.arena.granule_offset(g)
+            self.live_bytes += csize
+            holder.held += csize
+            self.reserved_bytes += csize
+            self.scratch_bytes += csize
+            self.counters["scratch_reserved"] += 1
+        return self.arena.buf[off:off + nbytes], Scratch(off, csize, holder)
+
+    def release_scratch(self, token: Scratch) -> None:
+        """Free a ``reserve_scratch`` chunk; once (a second call does nothing)."""
+        with self._lock:
+            if token.freed:
+                return
+            token.freed = True
+            self._extents.release(self.arena.granule_of(token.off), token.chunk // GRANULE)
+            self.live_bytes -= token.chunk
+            token.holder.held -= token.chunk
+            self.reserved_bytes -= token.chunk
+            self.scratch_bytes -= token.chunk
+
     # ------------------------------------------------------------------ background
     def _evict_loop(self) -> None:
         while not self._stop.is_set():
@@ -1170,6 +1220,7 @@ class MemoryTier(Tier):
                 "objects": len(self._index),
                 "pending_puts": len(self._pending),
                 "reserved_bytes": self.reserved_bytes,
+                "scratch_bytes": self.scratch_bytes,
                 "free_pages": self._extents.free * GRANULE // self.arena.slab_bytes,
                 "pages": self.arena.npages,
                 "free_bytes": self._extents.free * GRANULE,

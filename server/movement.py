@@ -96,6 +96,9 @@ class ReadLease:
     whole: memoryview | None = None  # the whole verified object, when the read covered it
     first: bool = False  # the read started at offset 0 (one object-level hit)
     ph: int | None = None  # the record's placement hash (promotion keeps it)
+    # a read into a caller's destination (``read_many(dest=)``) instead of ``mm``: (the
+    # destination's token, where the view starts in it); the caller gives it back
+    scratch: tuple[Any, int] | None = None
 
 
 class MemoryHooks(NamedTuple):
@@ -164,6 +167,11 @@ def ranked_lock(rank: LockRank) -> Any:
 
 
 # ---------------------------------------------------------------- the two sides
+#: ``dest`` of ``DiskSide.read_many``: for a record of n bytes, a writable page-aligned
+#: view of n bytes and its token, or None when there is no room
+ScratchSource = Callable[[int], "tuple[memoryview, Any] | None"]
+
+
 class MemorySide(Protocol):
     """What the mover may call on the memory tier (and nothing else).
 
@@ -205,6 +213,14 @@ class MemorySide(Protocol):
     def unpin(self, pinned: Pinned) -> None: ...
 
     def unpin_many(self, pins: list[Pinned]) -> None: ...
+
+    def reserve_scratch(self, nbytes: int, holder: Any) -> tuple[memoryview, Any] | None:
+        """An unpublished, page-aligned chunk of the arena for ``nbytes`` read from below,
+        charged to ``holder`` (its bounds as for reservations; never evicts): a view of
+        its first ``nbytes`` and its token; None without room."""
+
+    def release_scratch(self, token: Any) -> None:
+        """Free a ``reserve_scratch`` chunk (any thread)."""
 
     def begin_put(self, ns: bytes, key: bytes, total_len: int, offset: int, length: int,
                   put_id: int, evict: bool = True, *, csum: int | None = None,
@@ -317,9 +333,12 @@ class DiskSide(Protocol):
              expect_version: int) -> Pinned:
         """Read and verify (part of) a record; the token is a ``ReadLease``."""
 
-    def read_many(self, ns: bytes, items: list[tuple[bytes, int, int, int]]) -> list[Pinned]:
+    def read_many(self, ns: bytes, items: list[tuple[bytes, int, int, int]],
+                  dest: ScratchSource | None = None) -> list[Pinned]:
         """``read`` for items ``(key, offset, max_len, expect_version)`` of ``ns``, in
-        order: a pin per item, each as ``read`` would give it."""
+        order: a pin per item, each as ``read`` would give it. ``dest``: each whole
+        record is read into ``dest(record bytes)`` (``ReadLease.scratch``); an item it
+        has no room for, or that is not read whole, answers BUSY unread."""
 
     def release(self, lease: ReadLease | None) -> None:
         """Give a read's buffer back (any thread, never blocks)."""

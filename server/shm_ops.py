@@ -8,9 +8,12 @@ connection (docs/protocol.md, "Shared-memory ops"):
 * ``LEASE`` pins memory-resident objects (``MemoryTier.pin_read_many``: one lock
   hold per frame, no views cut) and answers each
   object's absolute arena offset. Eviction, replace and delete of a pinned object only
-  mark it doomed, so its bytes stay put until ``RELEASE``. Only objects already in the
-  memory tier are leased; anything else (on disk only) answers ``BUSY`` and the client
-  reads it with a plain GET. ``MISS`` means absent from every tier.
+  mark it doomed, so its bytes stay put until ``RELEASE``. An object only the disk
+  tier holds is read whole into an arena scratch chunk charged to the connection's
+  ``Holder`` (``_lease_disk``: ``TieredStore.read_disk_into``), verified, and leased
+  the same way; ``RELEASE``, expiry or close frees the chunk. With no room for it it
+  answers ``BUSY`` and the client reads it with a plain GET. ``MISS`` means absent
+  from every tier.
 * ``ALLOC`` reserves an uncommitted chunk (``Tier.begin_put``, the same reservation a
   TCP put uses, sliced puts included) and answers the slice's arena offset; the object
   is not visible until ``COMMIT`` runs ``finish_put`` (checksum, commit flag, publish).
@@ -511,6 +514,8 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
     expiry = time.monotonic() + st.lease_s
     OK, MISS = Status.OK, Status.MISS
     hits = nbytes = missed = 0
+    on_disk = []  # indices of keys only the disk tier holds
+    into = getattr(tier, "read_disk_into", None) if mem is not tier else None
     while want:
         # at most max_held leases per connection: the items past the bound answer BUSY
         # (the client reads them with a GET), as do misses after it, unpinned
@@ -525,7 +530,9 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
             if p.status != OK:
                 s = p.status
                 if s == MISS and mem is not tier and tier.exists(ns, parsed[i][0]):
-                    s = Status.BUSY  # on disk only: read it with a GET (which promotes)
+                    s = Status.BUSY  # on disk only: read below, or with a GET
+                    if into is not None:
+                        on_disk.append(i)
                 else:
                     missed += 1
                 out[i] = (int(s), p.total_len, p.version, 0, 0, 0)
@@ -543,6 +550,10 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
             out[i] = (int(OK), o.length, o.version, o.data_off, lid, p.checksum)
             nbytes += o.length
         hits += len(got)
+    if on_disk:
+        got, nb = _lease_disk(st, tier, into, ns, parsed, on_disk, out, expiry)
+        hits += got
+        nbytes += nb
     # counted as gets (the items served); BUSY items are counted by the GET that follows
     m = conn.svc.metrics
     if hits:
@@ -554,6 +565,41 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
     m.namespace_reads(ns, hits, missed, nbytes)
     m.handoff_reads(meta, hits, missed)
     return out
+
+
+def _lease_disk(st: ShmState, tier: Any, into: Any, ns: bytes, parsed: list,
+                want: list[int], out: list, expiry: float) -> tuple[int, int]:
+    """Lease keys only the disk tier holds: each whole record is read (in parallel, as a
+    GET frame's) into an arena scratch chunk charged to the connection
+    (``TieredStore.read_disk_into``), verified, and leased like a memory object, so the
+    reader copies it from the arena with no socket copy and no second round trip.
+    RELEASE, expiry or close frees the chunk (``unpin``). Past the connection's lease or
+    byte bounds, with no free chunk, or for a record not read whole, the item stays
+    BUSY (the client reads it with a GET). Answers in ``out``; (items, bytes) leased."""
+    with st.lock:
+        room = st.max_held - len(st.leases)
+    if room <= 0:
+        return 0, 0
+    want = want[:room]
+    pins = into(ns, [(parsed[i][0], 0, 1 << 62, parsed[i][3]) for i in want], st.holder)
+    got = [(i, p) for i, p in zip(want, pins) if p.status == Status.OK]
+    for i, p in zip(want, pins):
+        if p.status != Status.OK:
+            out[i] = (int(p.status), p.total_len, p.version, 0, 0, 0)
+    if not got:
+        return 0, 0
+    ids = st.hold_many(st.leases, [(tier, p, expiry) for _, p in got])
+    if not ids:  # the connection closed meanwhile
+        tier.unpin_many([p for _, p in got])
+        for i, _ in got:
+            out[i] = [int(Status.CLOSED), 0, 0, 0, 0, 0]
+        return 0, 0
+    nbytes = 0
+    for (i, p), lid in zip(got, ids):
+        chunk, at = p.token.scratch
+        out[i] = (int(Status.OK), p.total_len, p.version, chunk.off + at, lid, p.checksum)
+        nbytes += p.total_len
+    return len(got), nbytes
 
 
 def _release(conn: Any, st: ShmState, meta: dict) -> list[int]:

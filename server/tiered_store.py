@@ -71,7 +71,7 @@ import queue
 from typing import Any, Callable, Iterator
 
 from gcache.server.movement import (ColdObject, DemoteItem, DiskSide, MemorySide, ReadLease,
-                                    disk_hooks)
+                                    ScratchSource, disk_hooks)
 from gcache.server.tier import HeldObject, Pinned, PutSlot, Tier
 from gcache.server.tiering import CompactionPolicy, PromotePolicy, SecondChance
 from gcache.status import Status
@@ -101,11 +101,12 @@ class _Frame:
     caller waits on ``progress`` for the next item in order."""
 
     __slots__ = ("ns", "items", "out", "groups", "claim", "left", "progress", "done",
-                 "failed", "finished", "aborted", "want")
+                 "failed", "finished", "aborted", "want", "dest")
 
     def __init__(self, ns: bytes, items: list, out: list[Pinned],
-                 groups: list[list[int]]) -> None:
+                 groups: list[list[int]], dest: ScratchSource | None = None) -> None:
         self.ns, self.items, self.out, self.groups = ns, items, out, groups
+        self.dest = dest  # read into these buffers (``read_disk_into``), not pooled ones
         self.claim = itertools.count()  # next() is atomic under the GIL
         self.left = len(groups)
         self.progress = threading.Condition(threading.Lock())
@@ -191,9 +192,40 @@ class TieredStore(Tier):
         next one in order (the IO threads keep reading meanwhile)."""
         return self._pin_frame(ns, items, ready)
 
+    def read_disk_into(self, ns: bytes, items: list[tuple[bytes, int, int, int]],
+                       holder: Any) -> list[Pinned]:
+        """Disk reads of whole records into arena scratch chunks charged to ``holder``
+        (``MemorySide.reserve_scratch``), in parallel as a GET frame's: the shm
+        transport leases them out (``shm_ops``), so a co-located reader copies a disk
+        hit straight from the arena. An OK pin's ``token.scratch`` is ``(its chunk, the
+        view's offset in it)``; ``unpin`` frees the chunk. No room, or an item not read
+        whole: BUSY, unread. Nothing here looks in memory (the caller just did)."""
+        taken: list[Any] = []
+
+        def dest(n: int) -> tuple[memoryview, Any] | None:
+            got = self.memory.reserve_scratch(n, holder)
+            if got is not None:
+                taken.append(got[1])  # list.append: atomic across the IO threads
+            return got
+
+        try:
+            out = self._pin_frame(ns, items, None, dest)
+        except BaseException:
+            for t in taken:  # _pin_frame unpinned what it pinned; the rest goes here
+                self.memory.release_scratch(t)
+            raise
+        kept = {id(p.token.scratch[0]) for p in out
+                if isinstance(p.token, ReadLease) and p.token.scratch is not None}
+        for t in taken:  # reserved for reads that failed or were dropped
+            if id(t) not in kept:
+                self.memory.release_scratch(t)
+        return out
+
     def _pin_frame(self, ns: bytes, items: list[tuple[bytes, int, int, int]],
-                   ready: Callable[[int, list[Pinned]], None] | None) -> list[Pinned]:
-        out = self.memory.pin_read_many(ns, items)
+                   ready: Callable[[int, list[Pinned]], None] | None,
+                   dest: ScratchSource | None = None) -> list[Pinned]:
+        out = (self.memory.pin_read_many(ns, items) if dest is None
+               else [Pinned(Status.MISS) for _ in items])
         todo = [i for i, p in enumerate(out) if p.status == Status.MISS]
         if not todo:
             if ready is not None and out:
@@ -204,7 +236,8 @@ class TieredStore(Tier):
                     raise
             return out
         size = max(1, min(_GROUP_ITEMS, -(-len(todo) // (len(self._io_threads) + 1))))
-        frame = _Frame(ns, items, out, [todo[a:a + size] for a in range(0, len(todo), size)])
+        frame = _Frame(ns, items, out, [todo[a:a + size] for a in range(0, len(todo), size)],
+                       dest)
         for _ in range(min(len(frame.groups) - 1, len(self._io_threads))):
             self._io_q.put(frame)
         try:
@@ -259,7 +292,8 @@ class TieredStore(Tier):
         try:
             if not frame.aborted:
                 items = frame.items
-                for i, p in zip(group, self.disk.read_many(frame.ns, [items[i] for i in group])):
+                for i, p in zip(group, self.disk.read_many(frame.ns, [items[i] for i in group],
+                                                           frame.dest)):
                     frame.out[i] = p
         except BaseException as exc:  # noqa: B036 - handed to the caller, who raises it
             frame.failed = frame.failed or exc
@@ -295,6 +329,8 @@ class TieredStore(Tier):
                     self._enqueue(lease.ns, lease.key, lease.version)
         finally:
             self.disk.release(lease)
+            if lease.scratch is not None:  # read_disk_into's chunk, views released above
+                self.memory.release_scratch(lease.scratch[0])
 
     def unpin_many(self, pins: list[Pinned]) -> None:
         """Memory leases with one memory lock hold; disk leases one by one (``unpin``:

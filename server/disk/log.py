@@ -59,7 +59,7 @@ import os
 import struct
 import threading
 import time
-from typing import TYPE_CHECKING, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from gcache import native
 from gcache.errors import DiskError
@@ -74,7 +74,7 @@ from gcache.server.disk.records import (BLOCK, DEAD, Entry, align, build_record,
                                         read_segment_header, record_geometry, segment_paths,
                                         sums_offset,
                                         tier_root, ZEROS)
-from gcache.server.movement import DemoteItem, LockRank, ReadLease, ranked_lock
+from gcache.server.movement import DemoteItem, LockRank, ReadLease, ScratchSource, ranked_lock
 from gcache.server.tier import HeldObject, Pinned, held_snapshot
 from gcache.server.tiering import CompactionPolicy, SealedSegment, SecondChance
 from gcache.status import Status
@@ -683,13 +683,17 @@ class SegmentLog:
             return Pinned(Status.CORRUPT)
         return Pinned(Status.OK, e.length, e.version, view, lease, e.checksum)
 
-    def read_many(self, ns: bytes, items: list[tuple[bytes, int, int, int]]) -> list[Pinned]:
+    def read_many(self, ns: bytes, items: list[tuple[bytes, int, int, int]],
+                  dest: ScratchSource | None = None) -> list[Pinned]:
         """``read`` for several items ``(key, offset, max_len, expect_version)`` of one
         namespace, with the same statuses, counters and drops item by item. The lookups
         take one lock hold; every whole-record read is issued and checksummed in one
         ``native.pread_records`` call, so the GIL is released once per group instead of
         once per item (a reader thread's next read no longer waits for a contended
-        hand-off). Sliced reads of chunked records and empty ranges go through ``read``."""
+        hand-off). Sliced reads of chunked records and empty ranges go through ``read``.
+        ``dest``: records are read into ``dest(record bytes)`` instead of pooled
+        buffers (``ReadLease.scratch``); an item it has no room for, or one that would
+        go through ``read``, answers BUSY without a read."""
         out: list[Pinned | None] = [None] * len(items)
         group: list[tuple[int, bytes, Entry, Segment, int, int]] = []
         with self.lock:
@@ -705,6 +709,8 @@ class SegmentLog:
                 end = min(e.length, start + max_len)
                 whole = start == 0 and end == e.length
                 if end <= start or not (whole or e.length <= 1 << e.chunk_shift):
+                    if dest is not None:
+                        out[i] = Pinned(Status.BUSY)
                     continue  # ``read`` below
                 seg = self.segments[e.seg]
                 seg.readers += 1
@@ -715,7 +721,7 @@ class SegmentLog:
                         self.policy.on_hit(self._objs[(ns, key)])
                 group.append((i, key, e, seg, start, end))
         if group:
-            self._read_group(ns, group, out)
+            self._read_group(ns, group, out, dest)
         try:
             for i, p in enumerate(out):
                 if p is None:
@@ -730,26 +736,37 @@ class SegmentLog:
         return out  # type: ignore[return-value]
 
     def _read_group(self, ns: bytes, group: list[tuple[int, bytes, Entry, Segment, int, int]],
-                    out: list[Pinned | None]) -> None:
-        """Read, verify and lease ``group``'s whole records (``read_many``); every
-        segment reader taken there is given back here, whatever happens."""
+                    out: list[Pinned | None], dest: ScratchSource | None = None) -> None:
+        """Read, verify and lease ``group``'s whole records (``read_many``), into pooled
+        buffers or ``dest``'s; every segment reader taken there is given back here,
+        whatever happens."""
         leases: list[ReadLease] = []
+        bufs: list[Any] = []  # each lease's buffer: its pooled mmap, or dest's view
         failed: dict[int, str] = {}  # group index -> why the read failed
         served: list[int] = [0] * len(group)
         drops: list[tuple[int, str, str]] = []  # (group index, counter, why)
         try:
             spans, at = [], []
-            for k, (_i, key, e, seg, start, _end) in enumerate(group):
+            for k, (i, key, e, seg, start, _end) in enumerate(group):
                 lease = ReadLease(None, ns, key, e.version, e.length, e.checksum,
                                   first=start == 0, ph=e.ph)
                 leases.append(lease)
-                lease.mm = self.pool.get(e.rec_len)
+                if dest is None:
+                    lease.mm = self.pool.get(e.rec_len)
+                    bufs.append(lease.mm)
+                else:
+                    got = dest(e.rec_len)
+                    bufs.append(None if got is None else got[0])
+                    if got is None:  # no room: not read, answered BUSY
+                        out[i] = Pinned(Status.BUSY)
+                        continue
+                    lease.scratch = (got[1], e.hdr_len + start)
                 try:
                     os_error("disk_read", "eio", "reading a record")
                 except OSError as exc:
                     failed[k] = str(exc)
                     continue
-                spans.append((seg.fd, memoryview(lease.mm)[:e.rec_len], e.off, e.hdr_len,
+                spans.append((seg.fd, memoryview(bufs[k])[:e.rec_len], e.off, e.hdr_len,
                               e.hdr_len + e.length))
                 at.append(k)
             _maybe_slow()
@@ -766,7 +783,7 @@ class SegmentLog:
                 if k in failed:
                     continue
                 i, key, e, _seg, start, end = group[k]
-                mv = memoryview(leases[k].mm)
+                mv = memoryview(bufs[k])
                 data = mv[e.hdr_len:e.hdr_len + e.length]
                 digest = digests[j]
                 if self._maybe_corrupt(mv, e.hdr_len, e.length):
@@ -896,14 +913,16 @@ class SegmentLog:
         return ""
 
     def release(self, lease: ReadLease | None) -> None:
-        """Give a read's buffer back (after the reply was sent)."""
-        if lease is None or lease.mm is None:
+        """Give a read's buffer back (after the reply was sent). A read into a caller's
+        destination (``lease.scratch``) only lets go of its view: the caller frees it."""
+        if lease is None:
             return
         if lease.whole is not None:
             lease.whole.release()
             lease.whole = None
         mm, lease.mm = lease.mm, None
-        self.pool.put(mm)
+        if mm is not None:
+            self.pool.put(mm)
 
     def read_whole(self, ns: bytes, key: bytes, version: int) -> Pinned:
         """A verified read of a whole object (promotion, compaction)."""

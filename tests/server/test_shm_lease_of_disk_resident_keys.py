@@ -1,0 +1,116 @@
+"""A co-located reader leases disk-resident keys: the server reads each whole record into
+an arena scratch chunk charged to the connection, verifies it and answers a LEASE row
+(``shm_ops._lease_disk``), so the bytes cross no socket and need no second round trip.
+
+The chunk is the connection's until RELEASE, lease expiry or close, and is freed then;
+a read that fails verification is never leased and its chunk is freed at once; values
+are right, and nothing falls back to a GET while the connection has room.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gcache.protocol import Op, encode_frame
+from gcache.sdk import Client, Status
+from gcache.sdk.transports import onesided
+from gcache.testing.oracle import check_value, value_for
+from gcache.testing.waiting import wait_for
+
+from rawwire import RawConn
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+SIZE = 200_000
+N = 200  # 40 MB through a 32 MiB arena: the first keys live on disk only
+
+
+def _server(make_cluster, tmp_path, failpoints: str = ""):
+    cl = make_cluster(1, "32MiB", slab="1MiB", extra=[
+        "--disk-dir", str(tmp_path / "disk"), "--disk", "128MiB", "--segment-bytes", "4MiB",
+        "--promote-policy", "never", "--failpoints", failpoints])
+    keys = [b"d-%d" % i for i in range(N)]
+    with Client(cl.addresses, timeout_ms=10_000, transport="tcp", namespace="t") as c:
+        for s in range(0, N, 10):
+            ks = keys[s:s + 10]
+            assert c.put_batch(ks, [value_for(k, SIZE) for k in ks]) == [Status.OK] * 10
+            wait_for(lambda: _stats(c)["used_bytes"] <= 0.95 * _stats(c)["capacity_bytes"], 10)
+        wait_for(lambda: _stats(c)["disk_objects"] >= 40, 10)
+    return cl, keys[:12]  # among the first demoted: on disk only
+
+
+def _stats(c: Client) -> dict:
+    return next(iter(c.stats().values()))
+
+
+def _server_stats(cl) -> dict:
+    with Client(cl.addresses, transport="tcp", timeout_ms=5000) as c:
+        return _stats(c)
+
+
+def _scratch_freed(cl) -> bool:
+    st = _server_stats(cl)
+    return st["scratch_bytes"] == 0 and st["reserved_bytes"] == 0
+
+
+def test_disk_only_keys_are_leased_from_scratch_chunks_freed_on_release(make_cluster,
+                                                                       tmp_path):
+    cl, keys = _server(make_cluster, tmp_path)
+    before, reserved = dict(onesided.STATS), _server_stats(cl)["scratch_reserved"]
+    with Client(cl.addresses, timeout_ms=10_000, transport="shm", conns_per_server=1,
+                namespace="t") as c:
+        for _ in range(2):  # the second time through the same (freed, reused) room
+            bufs = [bytearray(SIZE) for _ in keys]
+            assert c.get_batch_into(keys, bufs) == [Status.OK] * len(keys)
+            assert all(check_value(k, bytes(b)) for k, b in zip(keys, bufs))
+            assert c.get_batch(keys[:3]) == [value_for(k, SIZE) for k in keys[:3]]
+    assert onesided.STATS["tcp_fallback_items"] == before["tcp_fallback_items"]
+    assert onesided.STATS["shm_get_items"] - before["shm_get_items"] == 2 * (len(keys) + 3)
+    st = _server_stats(cl)
+    assert st["scratch_reserved"] - reserved == 2 * (len(keys) + 3)
+    assert st["disk_objects"] >= len(keys)  # read where they are: promotion is off
+    wait_for(lambda: _scratch_freed(cl), 10)
+
+
+def _lease(c: RawConn, rid: int, keys: list[bytes]) -> list:
+    c.send(encode_frame(Op.LEASE, rid, {"ns": b"t", "items": [[k, 0] for k in keys]}))
+    fh, rep = c.read()
+    assert fh.status == 0 and fh.request_id == rid, rep
+    return rep["items"]
+
+
+def test_an_expired_disk_lease_frees_its_chunk(make_cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("GCACHE_SHM_LEASE_MS", "400")
+    cl, keys = _server(make_cluster, tmp_path)
+    with RawConn(cl.addresses[0]) as c:
+        c.auth()
+        rows = _lease(c, 2, keys[:4])
+        assert [r[0] for r in rows] == [Status.OK] * 4
+        assert len({r[3] for r in rows}) == 4  # each its own place in the arena
+        assert _server_stats(cl)["scratch_bytes"] >= 4 * SIZE
+        wait_for(lambda: _scratch_freed(cl), 10)  # reaped, never released
+        c.send(encode_frame(Op.RELEASE, 3, {"leases": [r[4] for r in rows]}))
+        fh, rep = c.read()
+        assert rep["st"] == [Status.TIMEOUT] * 4  # what a late reader copied may be torn
+
+
+def test_closing_the_connection_frees_its_disk_leases(make_cluster, tmp_path):
+    cl, keys = _server(make_cluster, tmp_path)
+    c = RawConn(cl.addresses[0])
+    c.auth()
+    assert [r[0] for r in _lease(c, 2, keys[:4])] == [Status.OK] * 4
+    assert _server_stats(cl)["scratch_bytes"] >= 4 * SIZE
+    c.close()
+    wait_for(lambda: _scratch_freed(cl), 10)
+
+
+def test_a_corrupt_read_is_never_leased_and_its_chunk_is_freed(make_cluster, tmp_path):
+    cl, keys = _server(make_cluster, tmp_path, "disk_read_corrupt=1.0")
+    with RawConn(cl.addresses[0]) as c:
+        c.auth()
+        rows = _lease(c, 2, keys[:4])
+        assert [r[0] for r in rows] == [Status.CORRUPT] * 4 and {r[4] for r in rows} == {0}
+    st = _server_stats(cl)
+    assert st["disk_corrupt_dropped"] == 4 and st["scratch_bytes"] == 0
+    with Client(cl.addresses, timeout_ms=10_000, transport="shm", namespace="t") as c:
+        assert c.get_batch(keys[:4]) == [None] * 4  # dropped: never served
