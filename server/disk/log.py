@@ -742,6 +742,7 @@ class SegmentLog:
         whatever happens."""
         leases: list[ReadLease] = []
         bufs: list[Any] = []  # each lease's buffer: its pooled mmap, or dest's view
+        unread = 0  # hits read_many counted that dest had no room for (read by a GET)
         failed: dict[int, str] = {}  # group index -> why the read failed
         served: list[int] = [0] * len(group)
         drops: list[tuple[int, str, str]] = []  # (group index, counter, why)
@@ -759,6 +760,7 @@ class SegmentLog:
                     bufs.append(None if got is None else got[0])
                     if got is None:  # no room: not read, answered BUSY
                         out[i] = Pinned(Status.BUSY)
+                        unread += start == 0
                         continue
                     lease.scratch = (got[1], e.hdr_len + start)
                 try:
@@ -809,6 +811,7 @@ class SegmentLog:
             raise
         finally:
             with self.lock:
+                self.counters["disk_hits"] -= unread
                 for k, (_i, _key, _e, seg, _s, _t) in enumerate(group):
                     seg.readers -= 1
                     if seg.retired and seg.readers == 0:

@@ -135,6 +135,7 @@ def test_shm_keys_the_server_cannot_lease_are_read_with_a_streamed_get(make_clus
     disk_only = keys[:20]  # 6 MB: past the 4 MiB a connection may hold
     frame = keys[-2:] + disk_only  # two memory hits, then twenty disk-only items
     before = dict(onesided.STATS)
+    hits_before = _disk_hits(cl)
     with Client(cl.addresses, timeout_ms=10_000, transport="shm", conns_per_server=1) as c:
         bufs = [bytearray(SIZE) for _ in frame]
         assert c.get_batch_into(frame, bufs) == [Status.OK] * len(frame)
@@ -146,3 +147,10 @@ def test_shm_keys_the_server_cannot_lease_are_read_with_a_streamed_get(make_clus
     assert gets and all(m.get("sr") == 1 for m in gets)
     got = [it[0] for m in gets for it in m["items"]]
     assert len(got) == fell_back and set(got) <= set(disk_only)
+    # each disk-only key is one disk hit, leased or read by the GET after a BUSY
+    assert _disk_hits(cl) - hits_before == len(disk_only)
+
+
+def _disk_hits(cl) -> int:
+    with Client(cl.addresses, timeout_ms=10_000, transport="tcp") as c:
+        return next(iter(c.stats().values()))["disk_hits"]
