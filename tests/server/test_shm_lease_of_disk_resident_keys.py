@@ -114,3 +114,25 @@ def test_a_corrupt_read_is_never_leased_and_its_chunk_is_freed(make_cluster, tmp
     assert st["disk_corrupt_dropped"] == 4 and st["scratch_bytes"] == 0
     with Client(cl.addresses, timeout_ms=10_000, transport="shm", namespace="t") as c:
         assert c.get_batch(keys[:4]) == [None] * 4  # dropped: never served
+
+
+def test_a_reader_that_never_releases_holds_at_most_its_bound(make_cluster, tmp_path):
+    """Scratch chunks are charged to the connection (at most a quarter of the arena) and
+    never evict: a reader asking for more than the arena has free gets BUSY, unread, for
+    the rest, and holds no more than its bound; a second connection gets only what is
+    left, and everything comes back once both are gone."""
+    cl, keys = _server(make_cluster, tmp_path)
+    bound = (32 << 20) // 4
+    with RawConn(cl.addresses[0]) as a, RawConn(cl.addresses[0]) as b:
+        a.auth()
+        b.auth()
+        rows = _lease(a, 2, keys[:12] + keys[:12] + keys[:12])  # 7.2 MB asked, none released
+        st = [r[0] for r in rows]
+        assert Status.BUSY in st and set(st) <= {Status.OK, Status.BUSY}
+        held = _server_stats(cl)["scratch_bytes"]
+        assert 0 < held <= bound
+        assert held >= st.count(Status.OK) * SIZE
+        rows = _lease(b, 2, keys[:4])
+        assert {r[0] for r in rows} <= {Status.OK, Status.BUSY}
+        assert _server_stats(cl)["scratch_bytes"] <= 2 * bound
+    wait_for(lambda: _scratch_freed(cl), 10)
