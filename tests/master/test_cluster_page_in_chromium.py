@@ -22,6 +22,7 @@ import re
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -98,7 +99,7 @@ def test_page_files_need_no_token_reveal_nothing_and_no_other_name_is_served(clu
         assert code == 404 and b"import" not in body and b"root:" not in body, path
 
 
-def _browser():
+def _browser(tmp: Path):
     if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
         if os.environ.get("GCACHE_REQUIRE_BROWSER"):
             pytest.fail(f"{CHROMIUM} or {CHROMEDRIVER} is missing and GCACHE_REQUIRE_BROWSER "
@@ -115,8 +116,12 @@ def _browser():
                 "--window-size=1200,860", "--hide-scrollbars", "--no-first-run"):
         opts.add_argument(arg)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # its profile and its singleton socket directory (which chromium puts in TMPDIR and
+    # leaves behind) go in the test's own directory, not /tmp
+    opts.add_argument(f"--user-data-dir={tmp / 'profile'}")
     # the driver's path given: Selenium Manager (which would download one) is not run
-    return webdriver.Chrome(options=opts, service=Service(CHROMEDRIVER))
+    return webdriver.Chrome(options=opts, service=Service(
+        CHROMEDRIVER, env={**os.environ, "TMPDIR": str(tmp)}))
 
 
 def _quit(driver) -> None:
@@ -172,7 +177,7 @@ def test_page_in_chromium_lists_members_and_numbers_move_under_load(cluster, tmp
 
     master = cluster.master_addresses[0]
     names = sorted(s.name for s in cluster.servers)
-    driver = _browser()
+    driver = _browser(tmp_path)
     try:
         def state() -> dict:
             return driver.execute_script(_PAGE_STATE)
