@@ -19,6 +19,8 @@ from __future__ import annotations
 import http.client
 import os
 import re
+import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -117,7 +119,7 @@ def _browser(tmp: Path):
         opts.add_argument(arg)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     # its profile and its singleton socket directory (which chromium puts in TMPDIR and
-    # leaves behind) go in the test's own directory, not /tmp
+    # leaves behind) go in a directory the test removes
     opts.add_argument(f"--user-data-dir={tmp / 'profile'}")
     # the driver's path given: Selenium Manager (which would download one) is not run
     return webdriver.Chrome(options=opts, service=Service(
@@ -177,7 +179,14 @@ def test_page_in_chromium_lists_members_and_numbers_move_under_load(cluster, tmp
 
     master = cluster.master_addresses[0]
     names = sorted(s.name for s in cluster.servers)
-    driver = _browser(tmp_path)
+    # chromium's singleton socket lives in TMPDIR and its path must fit a unix socket
+    # address (108 bytes): a short directory of our own, not the xdist worker's tmp_path
+    scratch = Path(tempfile.mkdtemp(prefix="gcache-chromium-"))
+    try:
+        driver = _browser(scratch)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
     try:
         def state() -> dict:
             return driver.execute_script(_PAGE_STATE)
@@ -244,4 +253,7 @@ def test_page_in_chromium_lists_members_and_numbers_move_under_load(cluster, tmp
                     if e["level"] == "SEVERE" and "/status" not in e["message"]]
         assert not problems, problems  # no CSP violation, no script error
     finally:
-        _quit(driver)
+        try:
+            _quit(driver)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
