@@ -718,13 +718,8 @@ static PyObject *checksums(PyObject *self, PyObject *arg) {
     XXH64_hash_t *digests = NULL;
     if (seq == NULL)
         return NULL;
-    size_t k = count ? (size_t)count : 1;
-    views = PyMem_Calloc(k, sizeof(Py_buffer));
-    digests = PyMem_Calloc(k, sizeof(XXH64_hash_t));
-    if (views == NULL || digests == NULL) {
-        PyErr_NoMemory();
+    if (alloc_spans(count, sizeof(XXH64_hash_t), (void **)&digests, &views) < 0)
         goto done;
-    }
     for (; taken < count; taken++) {
         PyObject *obj = items[taken];
         if (!PyObject_CheckBuffer(obj)) {
