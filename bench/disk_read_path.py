@@ -6,8 +6,8 @@ Builds a ``TieredStore`` (a small memory tier in front of a ``SegmentLog`` under
 demoted, then for ``--duration`` seconds runs ``--threads`` threads, each pinning
 frames of ``--frame`` random disk-resident keys (``pin_read_many``, what a GET frame
 does; its disk reads go through the tier's IO threads) and unpinning them. Then as
-many threads ``preadv`` the same records (O_DIRECT when the tier uses it) one at a
-time, for the same time. No sockets, no client: what is left of a gap between the two
+many threads ``preadv`` the tier's records (``disk_baseline.measure_raw_pread``,
+O_DIRECT when the tier uses it) one at a time, for the same time. No sockets, no client: what is left of a gap between the two
 is the server's own per-item work. One line of JSON on stdout:
 
     python -m gcache.bench.disk_read_path --frame 16 --threads 4 --duration 3
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import mmap
 import os
 import random
 import shutil
@@ -30,6 +29,7 @@ import time
 
 import numpy as np
 
+from gcache.bench.disk_baseline import measure_raw_pread
 from gcache.server.arena import Arena
 from gcache.server.disk import SegmentLog
 from gcache.server.memory_tier import MemoryTier
@@ -89,28 +89,13 @@ def run(frame: int, threads: int, duration: float, size: int, values: int,
                 n += frame
             return n
 
-        entries = [disk.index[(NS, k)] for k in on_disk]
-
-        def raw(stop_at: float) -> int:
-            rnd, n = random.Random(), 0
-            buf = mmap.mmap(-1, max(e.rec_len for e in entries))
-            view = memoryview(buf)
-            try:
-                while time.monotonic() < stop_at:
-                    e = rnd.choice(entries)
-                    os.preadv(disk.segments[e.seg].fd, [view[:e.rec_len]], e.off)
-                    n += 1
-            finally:
-                view.release()
-                buf.close()
-            return n
-
         n_t, wall_t, cpu_t = _timed(threads, duration, tier)
-        n_r, wall_r, _ = _timed(threads, duration, raw)
+        raw = measure_raw_pread(disk.root, threads=threads, seconds=duration,
+                                direct=disk.direct)
         return {"frame": frame, "threads": threads, "size": size, "on_disk": len(on_disk),
                 "direct_io": disk.direct, "tier_items_per_s": round(n_t / wall_t),
-                "raw_items_per_s": round(n_r / wall_r),
-                "ratio": round(n_t / wall_t / (n_r / wall_r), 3),
+                "raw_items_per_s": round(raw["reads_per_s"]),
+                "ratio": round(n_t / wall_t / raw["reads_per_s"], 3),
                 "cpu_us_item": round(cpu_t / n_t * 1e6, 1)}
     finally:
         if st is not None:
