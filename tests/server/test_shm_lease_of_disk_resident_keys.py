@@ -34,7 +34,7 @@ def _server(make_cluster, tmp_path, failpoints: str = ""):
         for s in range(0, N, 10):
             ks = keys[s:s + 10]
             assert c.put_batch(ks, [value_for(k, SIZE) for k in ks]) == [Status.OK] * 10
-            wait_for(lambda: _stats(c)["used_bytes"] <= 0.95 * _stats(c)["capacity_bytes"], 10)
+            wait_for(lambda: _below_high_watermark(c), 10)
         wait_for(lambda: _stats(c)["disk_objects"] >= 40, 10)
         # room for the reads: the arena is kept 90-95 % full, and scratch never evicts
         assert c.delete_batch(keys[-20:]) == [Status.OK] * 20
@@ -43,6 +43,11 @@ def _server(make_cluster, tmp_path, failpoints: str = ""):
 
 def _stats(c: Client) -> dict:
     return next(iter(c.stats().values()))
+
+
+def _below_high_watermark(c: Client) -> bool:
+    st = _stats(c)
+    return st["used_bytes"] <= 0.95 * st["capacity_bytes"]
 
 
 def _server_stats(cl) -> dict:
