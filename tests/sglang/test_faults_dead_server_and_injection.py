@@ -110,14 +110,23 @@ def test_sglang_failure_injector_wraps_plugin_and_bytes_stay_exact(l3, monkeypat
         assert type(cons.backend).__name__ == "GCacheStorage"
         escaped = _record_raises(cons.backend, ["batch_exists_v2", "batch_get_v1",
                                                 "batch_get_v2"])
-        hits = 0
-        for r in range(8):
+        # Each prefetch makes several storage calls, and the injector fails each one
+        # at random (its Random is unseeded, per thread), so a round restores pages
+        # only sometimes: 22 of 50 rounds in 6 runs here. Rounds go on until 2 of them
+        # restored pages (bounded at 48), so the byte checks run on real restores and
+        # the result does not rest on luck: 8 fixed rounds all missed once in CI.
+        hits = hit_rounds = rounds = 0
+        for r in range(48):
+            if r >= 8 and hit_rounds >= 2:
+                break
+            rounds += 1
             seq = seq_of(200_000 + r * 1000, 5)
             _hv, kv_slots, swa_slots, done = prod.backup(seq)
             assert done == 5 * PAGE
             cons.prefetch(seq, f"inject-{r}")
             got_kv, got_swa = cons.restored(seq)
             hits += len(got_kv)
+            hit_rounds += bool(got_kv)
             for i, slot in enumerate(got_kv):
                 assert cons.page_bytes(PoolName.KV, slot) == prod.page_bytes(PoolName.KV,
                                                                              kv_slots[i])
@@ -125,7 +134,7 @@ def test_sglang_failure_injector_wraps_plugin_and_bytes_stay_exact(l3, monkeypat
                 assert cons.page_bytes(PoolName.SWA, slot) == prod.page_bytes(PoolName.SWA,
                                                                               swa_slots[p])
         assert not escaped, escaped
-        assert hits > 0  # some prefetches get through the injected failures
+        assert hit_rounds >= 2, f"{hits} pages restored in {rounds} rounds"
     finally:
         prod.close()
         cons.close()
