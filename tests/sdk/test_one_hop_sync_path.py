@@ -155,9 +155,11 @@ def test_busy_one_hop_connection_falls_back_to_the_dispatcher(trickler):
         calls = Calls()
         t0 = time.monotonic()
         assert c.get_batch(["other"], timeout_ms=200, on_key=calls.on_key) == [None]
-        assert time.monotonic() - t0 < 0.2 + SLACK_S
-        assert len(calls.threads) == 1 and calls.threads[0] != me
-        assert calls.threads[0].startswith("gcache-dispatch-")
+        took = time.monotonic() - t0
+        # which thread ran it first: a late answer then says which path held it up
+        assert len(calls.threads) == 1 and calls.threads[0] != me, (calls.threads, took)
+        assert calls.threads[0].startswith("gcache-dispatch-"), (calls.threads, took)
+        assert took < 0.2 + SLACK_S, (calls.threads, took, len(t.conns))
         th.join(10)
         assert holder.threads == ["holder"] and holder.keys == Counter({b"held": 1})
 
