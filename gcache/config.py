@@ -383,7 +383,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("frame_target_bytes", "size", 8 * _MIB, "Batch size the client aims for.", "client"),
     Option("one_hop_max_bytes", "size", 128 << 10, "One-hop: a synchronous call whose "
            "items form one frame for one server, of one key (slice) or of at most this "
-           "many bytes, runs its IO on the calling thread when a one-hop connection of that "
+           "many bytes (on a shm lane, a get or put frame of any size from "
+           "one_sided_min_bytes: its bytes never cross the socket), runs "
+           "its IO on the calling thread when a one-hop connection of that "
            "server is idle (no dispatch-thread wake-ups); else, and for every async call, "
            "the dispatch threads run it. A byte get counts slice_bytes per key, a key op "
            "64 B per key. 0 = always the dispatch threads.", "client"),

@@ -8,7 +8,9 @@ This module is the public API only. How a call runs (docs/architecture.md, "SDK"
   the current view and cuts each owner's items into frames (``Framing``, by data
   path); the ``Dispatcher`` (dispatcher.py) queues them on the owner's ``Lane``;
 * one-hop: a synchronous call whose items make one frame for one server, of one
-  item or at most ``one_hop_max_bytes``, runs that frame on the calling thread
+  item, at most ``one_hop_max_bytes``, or on a shm lane any get or put frame the
+  arena moves (``one_sided_min_bytes`` or more: its bytes never cross the socket),
+  runs that frame on the calling thread
   (blocked anyway) over an idle one-hop connection of the lane (``Lane.run_here``),
   under the same rules; async calls, bigger calls and calls finding every one-hop
   connection busy are queued. Follow-up frames (a large byte get's other slices, a
@@ -113,7 +115,8 @@ class Client:
             delay foreground requests on shared cores; see ``gcache.sched``. Default off.
         one_hop_max_bytes: a synchronous call (``get``, ``get_batch_into``, ``exists``,
             ``put``, ...) whose items make one frame for one server, of one key (slice)
-            or of at most this many bytes, runs its IO on the calling thread when one of
+            or of at most this many bytes (on a shm lane, a get or put frame of any
+            size from ``one_sided_min_bytes``: its bytes never cross the socket), runs its IO on the calling thread when one of
             that server's ``conns_per_server`` one-hop connections is idle: no
             dispatch-thread wake-ups (default 128 KiB; 0 = never). Larger or multi-server calls, calls finding every
             one-hop connection busy, and every ``*_async`` call go through the dispatch
@@ -198,7 +201,8 @@ class Client:
                               Framing(self.slice, self.frame_target, self.conns,
                                       s.limits.max_batch_items),
                               handoff_window_s=cfg.handoff_read_window_ms / 1000.0,
-                              counters=self.counters, one_hop_max_bytes=self.one_hop_max)
+                              counters=self.counters, one_hop_max_bytes=self.one_hop_max,
+                              one_sided_min_bytes=int(cfg.one_sided_min_bytes))
         self._router.start()
         self._metrics = SdkMetrics.for_registry(metrics) if metrics else None
 

@@ -23,7 +23,8 @@ the one copy of that rule; the ring maps hashes to members. Requests routed by a
 
 ``send`` cuts each owner's items into frames (``Framing``, by the lane's data path)
 and hands them to the dispatcher; with ``here`` (a synchronous call) a call that is
-one frame for one server, of one item or at most ``one_hop_max_bytes``, runs on the calling thread
+one frame for one server, of one item, at most ``one_hop_max_bytes``, or (on a shm
+lane) a get or put the transport moves through the arena, runs on the calling thread
 when a one-hop connection of that lane is idle (``Dispatcher.run_here``).
 
 Previous-owner fallback (reads keep hitting while a membership change moves data).
@@ -59,6 +60,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 from gcache.backoff import Backoff
+from gcache.config import TransportKind
 from gcache.discovery import MasterClient, MasterError, MasterUnavailable
 from gcache.hashing import PLACEMENT_SEED, placement_hash
 from gcache.native import placement_hashes as native_placement_hashes
@@ -80,6 +82,7 @@ WATCH_RETRY_MAX_S = 5.0  # ... doubling up to this
 HANDOFF_READ = {"ho": 1}  # the header flag of a read (or delete) at a previous owner
 HISTORY = 8  # replaced rings kept for the previous-owner fallback
 _HANDOFF_OPS = frozenset({Op.GET, Op.EXISTS, Op.DELETE})
+_ARENA_OPS = frozenset({Op.GET, Op.PUT})  # what a shm transport moves through the arena
 
 
 class _Previous(NamedTuple):
@@ -130,15 +133,19 @@ class Router:
     def __init__(self, namespace: bytes, servers: Sequence[str], master: MasterClient | None,
                  dispatcher: Dispatcher, framing: Framing, *,
                  handoff_window_s: float = 0.0, counters: dict | None = None,
-                 one_hop_max_bytes: int = 0) -> None:
+                 one_hop_max_bytes: int = 0, one_sided_min_bytes: int = 256 << 10) -> None:
         """``servers``: the static view (or, with ``master``, the bootstrap until a
         master answers). With ``master`` the first refresh runs here, once.
         ``handoff_window_s``: how long after a ring change misses ask the previous owner
         (0: never); ``counters``: where ``handoff_reads``/``handoff_read_hits`` count;
         ``one_hop_max_bytes``: the largest frame of several items ``send(here=True)``
-        runs on the calling thread (a one-item frame always may; 0: none)."""
+        runs on the calling thread (a one-item frame always may; 0: none), except
+        on a shm lane, where a get or put frame of at least ``one_sided_min_bytes``
+        (the shm transport's own threshold: it moves such frames through the arena,
+        never through the socket) runs there whatever its size."""
         self.namespace = namespace
         self._one_hop_max = one_hop_max_bytes
+        self._one_sided_min = one_sided_min_bytes
         self._master = master
         self._dispatcher = dispatcher
         self._framing = framing
@@ -260,9 +267,11 @@ class Router:
         """Frame each owner's items and queue them on its lane ('' owner: UNAVAILABLE).
         ``flags``: header flags for these frames on top of the batch's; ``on_done``:
         instead of ``batch.frame_done``. ``here`` (a synchronous call, whose thread waits
-        anyway): when everything is one frame for one server holding one item or at most
-        ``one_hop_max_bytes``, run it on this thread over an idle connection of that
-        server's lane (one-hop; blocks up to the batch's deadline), else queue it."""
+        anyway): when everything is one frame for one server holding one item, at most
+        ``one_hop_max_bytes``, or (a shm lane's get or put of at least
+        ``one_sided_min_bytes``) bytes that never cross the socket, run it on this
+        thread over an idle connection of that server's lane (one-hop; blocks up to the
+        batch's deadline), else queue it."""
         dispatcher, framing, op = self._dispatcher, self._framing, batch.op
         flags = {**batch.flags, **flags} if flags and batch.flags else flags or batch.flags
         done = on_done or batch.frame_done
@@ -282,7 +291,7 @@ class Router:
             lane = dispatcher.lane(addr)
             frames = framing.frames(lane.kind, op, items)
             one_hop = here and len(frames) == 1 and self._one_hop_max > 0 and (
-                len(items) == 1 or sum(framing.item_bytes(op, items)) <= self._one_hop_max)
+                len(items) == 1 or self._one_hop_bytes(lane.kind, op, items))
             for frame in frames:
                 extra = flags
                 if chain is not None:
@@ -297,6 +306,15 @@ class Router:
                             addr, verify=batch.verify)
                 if not (one_hop and dispatcher.run_here(lane, work)):
                     dispatcher.submit(lane, work)
+
+    def _one_hop_bytes(self, kind: TransportKind | None, op: int, items: list) -> bool:
+        """Whether a one-server frame of several ``items`` may run one-hop by its size:
+        at most ``one_hop_max_bytes``, or on a shm lane a get or put frame big enough
+        that the transport moves it through the arena (the caller copies it there on
+        whichever thread runs the frame, so its size costs the same on either)."""
+        n = sum(self._framing.item_bytes(op, items))
+        return n <= self._one_hop_max or (kind == TransportKind.SHM and op in _ARENA_OPS
+                                          and n >= self._one_sided_min)
 
     # ------------------------------------------------------------------ previous owners
     def handoff_for(self, batch: Batch) -> Callable | None:

@@ -65,7 +65,8 @@ class Calls:
 @pytest.mark.timeout(60)
 def test_sync_runs_on_the_calling_thread_async_on_a_dispatch_thread(cluster):
     me = threading.current_thread().name
-    with Client(cluster.addresses, namespace="onehop") as c:
+    # tcp: the byte threshold below holds on lanes whose frames carry the bytes
+    with Client(cluster.addresses, namespace="onehop", transport="tcp") as c:
         assert c.put("k", b"v" * 1000) == Status.OK
         calls = Calls()
         assert c.get_batch(["k"], on_key=calls.on_key) == [b"v" * 1000]
@@ -90,7 +91,8 @@ def test_sync_runs_on_the_calling_thread_async_on_a_dispatch_thread(cluster):
         assert c.get_batch(["k"], on_key=calls.on_key) == [b"v" * 1000]
         assert calls.threads[0].startswith("gcache-dispatch-")  # one-hop off
         calls = Calls()  # a batch bigger than one_hop_max_bytes: the dispatch threads
-    with Client(cluster.addresses, namespace="onehop", one_hop_max_bytes=100 << 10) as c:
+    with Client(cluster.addresses, namespace="onehop", one_hop_max_bytes=100 << 10,
+                transport="tcp") as c:
         bufs = [bytearray(1000) for _ in range(2)]
         assert c.put("k2", b"w" * 1000) == Status.OK
         assert c.get_batch_into(["k"], bufs[:1], on_key=calls.on_key) == [Status.OK]
@@ -98,6 +100,56 @@ def test_sync_runs_on_the_calling_thread_async_on_a_dispatch_thread(cluster):
         calls = Calls()
         # a byte get asks for slice_bytes (1 MiB) per key: more than 100 KiB
         assert c.get_batch(["k", "k2"], on_key=calls.on_key) == [b"v" * 1000, b"w" * 1000]
+        assert all(t.startswith("gcache-dispatch-") for t in calls.threads)
+
+
+@pytest.mark.timeout(60)
+def test_a_one_frame_shm_call_of_any_size_runs_on_the_calling_thread(cluster):
+    """On a shm lane a get or put frame of at least one_sided_min_bytes never crosses the
+    socket (the caller copies it from the arena either way), so a synchronous call that
+    is one such frame runs one-hop whatever its size; a smaller frame past
+    one_hop_max_bytes, more than one frame, an async call, or one_hop_max_bytes=0: the
+    dispatch threads. Values stay exact on every path."""
+    me = threading.current_thread().name
+    size, n = 64 << 10, 48  # 3 MiB: one shm frame (below the 4 MiB frame floor)
+    keys = ["shm%d" % i for i in range(n)]
+    vals = [bytes([i]) * size for i in range(n)]
+    with Client(cluster.addresses, namespace="onehop", transport="shm") as c:
+        assert c.put_batch(keys, vals) == [Status.OK] * n
+        assert c.stats() and c.get("shm0") == vals[0]  # the lane now knows it is shm
+        calls = Calls()
+        bufs = [bytearray(size) for _ in keys]
+        assert c.get_batch_into(keys, bufs, on_key=calls.on_key) == [Status.OK] * n
+        assert [bytes(b) for b in bufs] == vals
+        assert calls.threads == [me] * n
+        calls = Calls()
+        calls = Calls()  # 192 KiB: past one_hop_max_bytes, under one_sided_min_bytes, so
+        # the frame rides the socket as on tcp, and keeps the tcp rule: dispatched
+        assert c.get_batch_into(keys[:3], bufs[:3], on_key=calls.on_key) == [Status.OK] * 3
+        assert all(t.startswith("gcache-dispatch-") for t in calls.threads)
+        calls = Calls()
+        # byte gets ask slice_bytes (1 MiB) each: 3 of them are one frame
+        assert c.get_batch(keys[:3], on_key=calls.on_key) == vals[:3]
+        assert calls.threads == [me] * 3
+        calls = Calls()  # a put of one frame too (staged, then one PUT_STAGED)
+        assert c.put_batch(keys, vals[::-1], on_key=calls.on_key) == [Status.OK] * n
+        assert calls.threads == [me] * n
+        vals = vals[::-1]
+        calls = Calls()
+        assert c.get_batch_async(keys, on_key=calls.on_key).result(10) == vals
+        assert all(t.startswith("gcache-dispatch-") for t in calls.threads)
+        # 48 MiB asked for (a byte get asks slice_bytes per key): split over the lane's
+        # connections, several frames, so the dispatch threads run them in parallel
+        many = keys * 16
+        calls = Calls()
+        assert c.get_batch(many, on_key=calls.on_key) == vals * 16
+        assert len(calls.threads) == len(many)
+        assert all(t.startswith("gcache-dispatch-") for t in calls.threads)
+    with Client(cluster.addresses, namespace="onehop", transport="shm",
+                one_hop_max_bytes=0) as c:
+        assert c.get("shm0") == vals[0]
+        calls = Calls()
+        assert c.get_batch(keys, on_key=calls.on_key) == vals
         assert all(t.startswith("gcache-dispatch-") for t in calls.threads)
 
 
