@@ -16,6 +16,7 @@ sync callers stay correct (value = f(key)).
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections import Counter
@@ -23,7 +24,9 @@ from collections import Counter
 import pytest
 
 from gcache.sdk import Client, Status
+from gcache.sdk.transports import onesided
 from gcache.testing.oracle import fill_value
+from gcache.testing.standin import StandIn
 
 from test_deadline_holds_against_trickling_peer import SLACK_S, Trickler  # noqa: E402
 
@@ -151,6 +154,82 @@ def test_a_one_frame_shm_call_of_any_size_runs_on_the_calling_thread(cluster):
         calls = Calls()
         assert c.get_batch(keys, on_key=calls.on_key) == vals
         assert all(t.startswith("gcache-dispatch-") for t in calls.threads)
+
+
+class StallProxy(StandIn):
+    """TCP proxy to ``target`` that, while ``stall`` is set, holds what the server sends
+    (a LEASE reply never arrives): the client's deadline must end the call."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.stall = threading.Event()
+        self.socks: list[socket.socket] = []
+        super().__init__()
+
+    def serve(self, c: socket.socket) -> None:
+        s = socket.create_connection(self.target)
+        self.socks += [c, s]
+        threading.Thread(target=self._pipe, args=(s, c, True), daemon=True).start()
+        self._pipe(c, s, False)
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, down: bool) -> None:
+        try:
+            while data := src.recv(1 << 20):
+                while down and self.stall.is_set():
+                    time.sleep(0.01)  # held: the client sees a server that never answers
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sk in (src, dst):
+                try:
+                    sk.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        super().close()
+        self.stall.clear()
+        for sk in self.socks:
+            sk.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.faults
+def test_a_big_one_hop_shm_frame_ends_by_its_deadline(cluster):
+    """A one-frame shm get past one_hop_max_bytes runs on the calling thread; when its
+    LEASE reply never comes, the call still ends by its deadline as TIMEOUT, each key's
+    callback fires once (on the caller's thread), the connection is dropped (the server
+    frees the leases), and the next call reads exact values over a new connection."""
+    me = threading.current_thread().name
+    proxy = StallProxy(cluster.addresses[0])
+    size, n = 64 << 10, 8  # 512 KiB: past 128 KiB, one frame, moved through the arena
+    keys = ["st%d" % i for i in range(n)]
+    vals = [bytes([i + 1]) * size for i in range(n)]
+    try:
+        with Client([proxy.address], namespace="onehop", transport="shm",
+                    timeout_ms=300, conns_per_server=1) as c:
+            assert c.put_batch(keys, vals) == [Status.OK] * n
+            bufs = [bytearray(size) for _ in keys]
+            before = dict(onesided.STATS)
+            assert c.get_batch_into(keys, bufs) == [Status.OK] * n  # the lane is shm now
+            assert onesided.STATS["shm_get_items"] - before["shm_get_items"] == n  # leased
+            proxy.stall.set()
+            calls = Calls()
+            t0 = time.monotonic()
+            got = c.get_batch_into(keys, [bytearray(size) for _ in keys], on_key=calls.on_key)
+            took = time.monotonic() - t0
+            proxy.stall.clear()
+            assert got == [Status.TIMEOUT] * n
+            assert calls.threads == [me] * n and set(calls.keys.values()) == {1}
+            assert took < 0.3 + SLACK_S, took
+            bufs = [bytearray(size) for _ in keys]
+            calls = Calls()
+            assert c.get_batch_into(keys, bufs, on_key=calls.on_key) == [Status.OK] * n
+            assert [bytes(b) for b in bufs] == vals and calls.threads == [me] * n
+    finally:
+        proxy.close()
 
 
 @pytest.mark.timeout(60)
