@@ -33,3 +33,43 @@ class StandIn:
 
     def close(self) -> None:
         self.ls.close()
+
+
+class Proxy(StandIn):
+    """A TCP proxy to ``target`` ("host:port"): each connection is piped both ways, and
+    every chunk passes ``forward(data, down)`` (``down``: server -> client), which
+    subclasses override to alter, hold or drop bytes in flight. Either side closing shuts
+    both down; ``close`` also closes every piped socket."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.socks: list[socket.socket] = []
+        super().__init__()
+
+    def forward(self, data: bytes, down: bool) -> bytes:
+        return data
+
+    def serve(self, c: socket.socket) -> None:
+        s = socket.create_connection(self.target)
+        self.socks += [c, s]
+        threading.Thread(target=self._pipe, args=(s, c, True), daemon=True).start()
+        self._pipe(c, s, False)
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, down: bool) -> None:
+        try:
+            while data := src.recv(1 << 20):
+                dst.sendall(self.forward(data, down))
+        except OSError:
+            pass
+        finally:
+            for sk in (src, dst):
+                try:
+                    sk.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        super().close()
+        for sk in self.socks:
+            sk.close()

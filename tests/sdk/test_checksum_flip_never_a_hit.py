@@ -18,7 +18,6 @@ With ``verify_checksums=False`` the flipped bytes do come back: the fault is rea
 from __future__ import annotations
 
 import mmap
-import socket
 import threading
 
 import numpy as np
@@ -26,58 +25,34 @@ import pytest
 
 from gcache.sdk import Client, Status
 from gcache.testing.oracle import check_value, value_for
-from gcache.testing.standin import StandIn
+from gcache.testing.standin import Proxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 SIZE = 256 << 10
 
 
-class FlipProxy(StandIn):
+class FlipProxy(Proxy):
     """TCP proxy to ``target``; flips the last byte of the first chunk of at least
     ``min_chunk`` bytes going in direction ``flip`` ("down": server -> client, "up")."""
 
     def __init__(self, target: str, flip: str, min_chunk: int = 16 << 10) -> None:
-        host, port = target.rsplit(":", 1)
-        self.target = (host, int(port))
         self.flip, self.min_chunk = flip, min_chunk
         self.flipped = 0
         self.armed = True
         self.lock = threading.Lock()
-        self.socks: list[socket.socket] = []
-        super().__init__()
+        super().__init__(target)
 
-    def serve(self, c: socket.socket) -> None:
-        s = socket.create_connection(self.target)
-        self.socks += [c, s]
-        threading.Thread(target=self._pipe, args=(s, c, "down"), daemon=True).start()
-        self._pipe(c, s, "up")
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, direction: str) -> None:
-        try:
-            while data := src.recv(1 << 20):
-                if direction == self.flip and len(data) >= self.min_chunk:
-                    with self.lock:
-                        hit = self.armed
-                        self.armed = False
-                    if hit:
-                        data = bytearray(data)
-                        data[-1] ^= 0x20
-                        self.flipped += 1
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        super().close()
-        for s in self.socks:
-            s.close()
+    def forward(self, data: bytes, down: bool) -> bytes:
+        if (self.flip == "down") == down and len(data) >= self.min_chunk:
+            with self.lock:
+                hit = self.armed
+                self.armed = False
+            if hit:
+                data = bytearray(data)
+                data[-1] ^= 0x20
+                self.flipped += 1
+        return data
 
 
 def _fresh_get(addr: str, key: str, **kw) -> tuple[bytes | None, int]:

@@ -16,7 +16,6 @@ sync callers stay correct (value = f(key)).
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections import Counter
@@ -26,7 +25,7 @@ import pytest
 from gcache.sdk import Client, Status
 from gcache.sdk.transports import onesided
 from gcache.testing.oracle import fill_value
-from gcache.testing.standin import StandIn
+from gcache.testing.standin import Proxy
 
 from test_deadline_holds_against_trickling_peer import SLACK_S, Trickler  # noqa: E402
 
@@ -156,43 +155,22 @@ def test_a_one_frame_shm_call_of_any_size_runs_on_the_calling_thread(cluster):
         assert all(t.startswith("gcache-dispatch-") for t in calls.threads)
 
 
-class StallProxy(StandIn):
+class StallProxy(Proxy):
     """TCP proxy to ``target`` that, while ``stall`` is set, holds what the server sends
     (a LEASE reply never arrives): the client's deadline must end the call."""
 
     def __init__(self, target: str) -> None:
-        host, port = target.rsplit(":", 1)
-        self.target = (host, int(port))
         self.stall = threading.Event()
-        self.socks: list[socket.socket] = []
-        super().__init__()
+        super().__init__(target)
 
-    def serve(self, c: socket.socket) -> None:
-        s = socket.create_connection(self.target)
-        self.socks += [c, s]
-        threading.Thread(target=self._pipe, args=(s, c, True), daemon=True).start()
-        self._pipe(c, s, False)
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, down: bool) -> None:
-        try:
-            while data := src.recv(1 << 20):
-                while down and self.stall.is_set():
-                    time.sleep(0.01)  # held: the client sees a server that never answers
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for sk in (src, dst):
-                try:
-                    sk.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+    def forward(self, data: bytes, down: bool) -> bytes:
+        while down and self.stall.is_set():
+            time.sleep(0.01)  # held: the client sees a server that never answers
+        return data
 
     def close(self) -> None:
-        super().close()
         self.stall.clear()
-        for sk in self.socks:
-            sk.close()
+        super().close()
 
 
 @pytest.mark.timeout(60)
