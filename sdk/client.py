@@ -116,10 +116,11 @@ class Client:
         one_hop_max_bytes: a synchronous call (``get``, ``get_batch_into``, ``exists``,
             ``put``, ...) whose items make one frame for one server, of one key (slice)
             or of at most this many bytes (on a shm lane, a get or put frame of any
-            size from ``one_sided_min_bytes``: its bytes never cross the socket), runs its IO on the calling thread when one of
-            that server's ``conns_per_server`` one-hop connections is idle: no
-            dispatch-thread wake-ups (default 128 KiB; 0 = never). Larger or multi-server calls, calls finding every
-            one-hop connection busy, and every ``*_async`` call go through the dispatch
+            size from ``one_sided_min_bytes``: its bytes never cross the socket), runs
+            its IO on the calling thread when one of that server's ``conns_per_server``
+            one-hop connections is idle: no dispatch-thread wake-ups (default 128 KiB;
+            0 = never). Larger or multi-server calls, calls finding every one-hop
+            connection busy, and every ``*_async`` call go through the dispatch
             threads. Same deadlines, statuses and exactly-once callbacks either way.
         stream_gets: ask servers for streamed GET replies (``"sr": 1``,
             docs/protocol.md): a frame's verified first items are sent while its later
