@@ -272,56 +272,74 @@ def test_busy_one_hop_connection_falls_back_to_the_dispatcher(trickler):
         assert holder.threads == ["holder"] and holder.keys == Counter({b"held": 1})
 
 
-@pytest.mark.timeout(120)
-def test_many_threads_of_sync_callers_stay_correct(cluster):
-    n_threads, rounds, size = 12, 60, 4096
-    keys = [b"mt/%d" % i for i in range(64)]
+def _oracle_values(keys: list[bytes], size: int) -> dict[bytes, bytes]:
     values = {}
     for k in keys:
         buf = bytearray(size)
         fill_value(k, memoryview(buf))
         values[k] = bytes(buf)
+    return values
+
+
+def _run_callers(n_threads: int, name: str, body) -> Counter:
+    """Run ``body(w, on_key, errors)`` on ``n_threads`` threads at once; every error it
+    records (or raises) fails the test. Returns where the per-key callbacks ran:
+    ``"here"`` (the calling thread: one-hop) or ``"dispatch"``."""
+    errors: list[str] = []
+    where: Counter = Counter()
+    lock = threading.Lock()
+
+    def worker(w: int) -> None:
+        mine = threading.current_thread().name
+        seen: Counter = Counter()
+
+        def on_key(i: int, key: bytes, res: object) -> None:
+            seen["here" if threading.current_thread().name == mine else "dispatch"] += 1
+
+        try:
+            body(w, on_key, errors)
+        except Exception as exc:  # surface in the main thread
+            errors.append(repr(exc))
+        with lock:
+            where.update(seen)
+
+    threads = [threading.Thread(target=worker, args=(w,), name=f"{name}-{w}")
+               for w in range(n_threads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(100)
+    assert not errors, errors[:5]
+    return where
+
+
+@pytest.mark.timeout(120)
+def test_many_threads_of_sync_callers_stay_correct(cluster):
+    n_threads, rounds, size = 12, 60, 4096
+    keys = [b"mt/%d" % i for i in range(64)]
+    values = _oracle_values(keys, size)
     # conns_per_server=2: most calls find both one-hop connections busy and fall back
     with Client(cluster.addresses, namespace="onehop", conns_per_server=2,
                 timeout_ms=10_000) as c:
         assert c.put_batch(keys, [values[k] for k in keys]) == [Status.OK] * len(keys)
-        errors: list[str] = []
-        where: Counter = Counter()
-        lock = threading.Lock()
 
-        def worker(w: int) -> None:
-            mine = threading.current_thread().name
+        def body(w: int, on_key, errors: list[str]) -> None:
             dest = bytearray(size)
-            seen: Counter = Counter()
+            for r in range(rounds):
+                k = keys[(w * 7 + r) % len(keys)]
+                got = c.get_batch([k], on_key=on_key)[0]
+                if got != values[k]:
+                    errors.append(f"get {k!r}: {None if got is None else len(got)}")
+                st = c.get_batch_into([k], [dest], on_key=on_key)[0]
+                if st != Status.OK or bytes(dest) != values[k]:
+                    errors.append(f"get_into {k!r}: {st}")
+                if c.exists_batch([k, b"absent/%d" % w], on_key=on_key) != [True, False]:
+                    errors.append(f"exists {k!r}")
+                if c.put_batch([k], [values[k]], on_key=on_key) != [Status.OK]:
+                    errors.append(f"put {k!r}")
 
-            def on_key(i: int, key: bytes, res: object) -> None:
-                seen["here" if threading.current_thread().name == mine else "dispatch"] += 1
-
-            try:
-                for r in range(rounds):
-                    k = keys[(w * 7 + r) % len(keys)]
-                    got = c.get_batch([k], on_key=on_key)[0]
-                    if got != values[k]:
-                        errors.append(f"get {k!r}: {None if got is None else len(got)}")
-                    st = c.get_batch_into([k], [dest], on_key=on_key)[0]
-                    if st != Status.OK or bytes(dest) != values[k]:
-                        errors.append(f"get_into {k!r}: {st}")
-                    if c.exists_batch([k, b"absent/%d" % w], on_key=on_key) != [True, False]:
-                        errors.append(f"exists {k!r}")
-                    if c.put_batch([k], [values[k]], on_key=on_key) != [Status.OK]:
-                        errors.append(f"put {k!r}")
-            except Exception as exc:  # surface in the main thread
-                errors.append(repr(exc))
-            with lock:
-                where.update(seen)
-
-        threads = [threading.Thread(target=worker, args=(w,), name=f"caller-{w}")
-                   for w in range(n_threads)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(100)
-        assert not errors, errors[:5]
+        where = _run_callers(n_threads, "caller", body)
         # every key's callback fired once: 5 per round (get, get_into, 2 exists, put)
         assert sum(where.values()) == n_threads * rounds * 5
         assert where["here"] > 0 and where["dispatch"] > 0  # both paths were used
+
