@@ -343,3 +343,31 @@ def test_many_threads_of_sync_callers_stay_correct(cluster):
         assert sum(where.values()) == n_threads * rounds * 5
         assert where["here"] > 0 and where["dispatch"] > 0  # both paths were used
 
+
+@pytest.mark.timeout(120)
+def test_many_threads_of_big_shm_batches_stay_correct(cluster):
+    """Threads putting and reading one-frame shm batches of 512 KiB (one-hop when one of
+    the lane's one-hop connections is idle, the dispatch threads when not): every value
+    exact (value = f(key)), every key's callback once, and both paths used."""
+    n_threads, rounds, size, per = 6, 20, 64 << 10, 8
+    keys = [b"big/%d" % i for i in range(48)]
+    values = _oracle_values(keys, size)
+    with Client(cluster.addresses, namespace="onehop", transport="shm", conns_per_server=2,
+                timeout_ms=10_000) as c:
+        assert c.put_batch(keys, [values[k] for k in keys]) == [Status.OK] * len(keys)
+
+        def body(w: int, on_key, errors: list[str]) -> None:
+            dests = [bytearray(size) for _ in range(per)]
+            for r in range(rounds):
+                ks = [keys[(w * 5 + r + j) % len(keys)] for j in range(per)]
+                if c.put_batch(ks, [values[k] for k in ks], on_key=on_key) \
+                        != [Status.OK] * per:
+                    errors.append(f"put {ks[0]!r}")
+                st = c.get_batch_into(ks, dests, on_key=on_key)
+                for k, d, s in zip(ks, dests, st):
+                    if s != Status.OK or bytes(d) != values[k]:
+                        errors.append(f"get_into {k!r}: {s}")
+
+        where = _run_callers(n_threads, "big", body)
+        assert sum(where.values()) == n_threads * rounds * per * 2
+        assert where["here"] > 0 and where["dispatch"] > 0  # both paths were used
