@@ -7,8 +7,9 @@ demoted, then for ``--duration`` seconds runs ``--threads`` threads, each pinnin
 frames of ``--frame`` random disk-resident keys (``pin_read_many``, what a GET frame
 does; its disk reads go through the tier's IO threads) and unpinning them. Then as
 many threads ``preadv`` the tier's records (``disk_baseline.measure_raw_pread``,
-O_DIRECT when the tier uses it) one at a time, for the same time. No sockets, no client: what is left of a gap between the two
-is the server's own per-item work. One line of JSON on stdout:
+O_DIRECT when the tier uses it) one at a time, for the same time. No sockets, no
+client: what is left of a gap between the two is the server's own per-item work. One
+line of JSON on stdout:
 
     python -m gcache.bench.disk_read_path --frame 16 --threads 4 --duration 3
 

@@ -10,9 +10,9 @@ from gcache.testing.cluster import Cluster
 def pytest_collection_finish(session):
     """Keep what collection loaded (torch, sglang, hypothesis: ~740k objects for the whole
     suite) out of the cyclic collector. A full collection of that heap holds the GIL for
-    0.43 s on an idle box, more under a loaded CI run, and it lands in whichever test allocates next; the
-    deadline tests bound calls at a few hundred ms. Objects made by the tests are still
-    collected as before."""
+    0.43 s on an idle box, more under a loaded CI run, and it lands in whichever test
+    allocates next; the deadline tests bound calls at a few hundred ms. Objects made by
+    the tests are still collected as before."""
     gc.collect()
     gc.freeze()
 
