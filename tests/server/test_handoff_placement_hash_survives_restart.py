@@ -7,6 +7,8 @@ group's owner."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from gcache.sdk import Client, Status
@@ -27,19 +29,31 @@ def test_placement_hash_survives_restart_then_drain(make_cluster, tmp_path, how)
         "--disk-dir", str(tmp_path / "disk"), "--disk-bytes", "128MiB",
         "--segment-bytes", "4MiB"])
     gkeys, groups = grouped_keys(N, 60)
-    gone = cl.servers[0]
     with Client(masters=cl.master_addresses, token=TOKEN, timeout_ms=5000) as c:
         for i in range(0, N, 50):
             ks = gkeys[i:i + 50]
             st = c.put_batch(ks, [value_for(k, SIZE) for k in ks], group=groups[i:i + 50])
             assert st == [Status.OK] * len(ks)
+        # the server owning the most grouped keys: at least a third of N, more than its
+        # memory holds, so both of its tiers hold some (the ring's draw decides the
+        # shares, as server ids are random, and the smallest may fit in memory alone)
+        share = Counter(c.owners(gkeys, group=groups))
+        gone = next(s for s in cl.servers if s.address == share.most_common(1)[0][0])
         moot = [k for k, a, b in zip(gkeys, c.owners(gkeys, group=groups), c.owners(gkeys))
                 if a == gone.address and b != gone.address]
         assert moot, "no grouped key would move wrong by key hash: test is moot"
     with Client([gone.address], token=TOKEN) as direct:
-        # both tiers hold grouped keys (how many is the ring's draw: ids are random)
-        wait_for(lambda: (lambda st: st["objects"] > 10 and st["disk_objects"] > 0)(
-            direct.stats()[gone.address]), 30)
+        # both tiers hold grouped keys (demotion runs in the background)
+        seen: list[dict] = []
+
+        def both_tiers() -> bool:
+            seen.append(direct.stats()[gone.address])
+            return seen[-1]["objects"] > 10 and seen[-1]["disk_objects"] > 0
+        try:
+            wait_for(both_tiers, 30)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; {share[gone.address]} of {N} keys owned, "
+                                 f"stats {seen[-1:]}") from None
         held = (lambda st: st["objects"] + st["disk_objects"])(direct.stats()[gone.address])
     if how == "kill9":
         gone.kill9()
