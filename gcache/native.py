@@ -169,19 +169,24 @@ def _pread_into(fd: int, mv: memoryview, off: int) -> int:
 
 def pread_spans_py(fd: int, spans: Sequence[tuple]) -> tuple[list[int | None], list[int]]:
     """The twin of ``_native.pread_spans`` (see the module docstring)."""
+    return _read_spans("pread_spans", fd, spans)
+
+
+def _read_spans(fn: str, fd: int, spans: Sequence[tuple]) -> tuple[list[int | None], list[int]]:
+    """The body of ``pread_spans_py``; ``fn`` names the calling function in errors."""
     if type(fd) is not int:  # noqa: E721 - as PyArg "i"
-        raise TypeError("pread_spans: fd must be an int")
+        raise TypeError(f"{fn}: fd must be an int")
     plan = []
     for i, t in enumerate(spans):
         if type(t) is not tuple or len(t) != 3:
-            raise TypeError("pread_spans: a span is a tuple (buffer, file_offset, want_hash)")
+            raise TypeError(f"{fn}: a span is a tuple (buffer, file_offset, want_hash)")
         buf, off, want = t
         if not isinstance(off, int):
-            raise TypeError("pread_spans: file_offset must be an int")
+            raise TypeError(f"{fn}: file_offset must be an int")
         if off < 0 or off >= 1 << 63:
-            raise ValueError(f"pread_spans: span {i}'s file offset is out of range")
+            raise ValueError(f"{fn}: span {i}'s file offset is out of range")
         want = bool(want)
-        plan.append((_read_destination("pread_spans", buf, i, off), off, want))
+        plan.append((_read_destination(fn, buf, i, off), off, want))
     digests: list[int | None] = []
     short: list[int] = []
     for i, (mv, off, want) in enumerate(plan):

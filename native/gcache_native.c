@@ -417,15 +417,14 @@ static int pread_span(int fd, rspan_t *s, XXH3_state_t *state) {
     return 0;
 }
 
-static PyObject *pread_spans(PyObject *self, PyObject *args) {
-    int fd;
-    PyObject *spans_obj;
-    if (!PyArg_ParseTuple(args, "iO:pread_spans", &fd, &spans_obj))
-        return NULL;
+/* the body of pread_spans: fill the spans of spans_obj from fd; fn names the calling
+ * function in error messages */
+static PyObject *read_spans(const char *fn, int fd, PyObject *spans_obj) {
+    char msg[80];
+    snprintf(msg, sizeof msg, "%s: spans must be a sequence", fn);
     Py_ssize_t count;
     PyObject **items;
-    PyObject *seq = fast_items(spans_obj, "pread_spans: spans must be a sequence", &count,
-                               &items);
+    PyObject *seq = fast_items(spans_obj, msg, &count, &items);
     if (seq == NULL)
         return NULL;
     rspan_t *spans = NULL;
@@ -438,31 +437,31 @@ static PyObject *pread_spans(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *t = items[i];
         if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 3) {
-            PyErr_SetString(PyExc_TypeError,
-                            "pread_spans: a span is a tuple (buffer, file_offset, want_hash)");
+            PyErr_Format(PyExc_TypeError,
+                         "%s: a span is a tuple (buffer, file_offset, want_hash)", fn);
             goto done;
         }
         PyObject *o_off = PyTuple_GET_ITEM(t, 1);
         if (!PyLong_Check(o_off)) {
-            PyErr_SetString(PyExc_TypeError, "pread_spans: file_offset must be an int");
+            PyErr_Format(PyExc_TypeError, "%s: file_offset must be an int", fn);
             goto done;
         }
         int overflow = 0;
         long long off = PyLong_AsLongLongAndOverflow(o_off, &overflow);
         if (overflow || off < 0) {
-            PyErr_Format(PyExc_ValueError, "pread_spans: span %zd's file offset is out of "
-                         "range", i);
+            PyErr_Format(PyExc_ValueError, "%s: span %zd's file offset is out of range", fn,
+                         i);
             goto done;
         }
         int want = PyObject_IsTrue(PyTuple_GET_ITEM(t, 2));
         if (want < 0)
             goto done;
-        if (take_buffer(PyTuple_GET_ITEM(t, 0), &views[i], "pread_spans", i, 1) < 0)
+        if (take_buffer(PyTuple_GET_ITEM(t, 0), &views[i], fn, i, 1) < 0)
             goto done;
         held++;
         if (views[i].len > LLONG_MAX - off) {
-            PyErr_Format(PyExc_ValueError, "pread_spans: span %zd's file offset is out of "
-                         "range", i);
+            PyErr_Format(PyExc_ValueError, "%s: span %zd's file offset is out of range", fn,
+                         i);
             goto done;
         }
         spans[i].local = views[i].buf;
@@ -520,6 +519,14 @@ done:
     PyMem_Free(spans);
     Py_DECREF(seq);
     return out;
+}
+
+static PyObject *pread_spans(PyObject *self, PyObject *args) {
+    int fd;
+    PyObject *spans_obj;
+    if (!PyArg_ParseTuple(args, "iO:pread_spans", &fd, &spans_obj))
+        return NULL;
+    return read_spans("pread_spans", fd, spans_obj);
 }
 
 typedef struct {
