@@ -1,9 +1,14 @@
 """Destination buffers of every kind, good and hostile, for the differential tests of the
-native read functions (``pread_spans``, ``pread_records``)."""
+native read functions (``pread_spans``, ``pread_records``), and their hypothesis
+settings."""
 
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import HealthCheck, settings
+
+SETTINGS = settings(max_examples=300, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 # the first four are writable C-contiguous buffers; the rest are refused
 KINDS = ("bytearray", "numpy", "numpy_u32", "memoryview", "bytes", "strided", "not_a_buffer")

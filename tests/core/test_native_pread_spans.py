@@ -16,20 +16,17 @@ import tempfile
 import numpy as np
 import pytest
 import xxhash
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from gcache import native
 
-from native_buffers import KINDS, make_buffer, snapshot
+from native_buffers import KINDS, SETTINGS, make_buffer, snapshot
 
 _native = pytest.importorskip("gcache._native", reason="the C extension is not built here "
                               "(no compiler or Python headers): nothing to compare")
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
-
-SETTINGS = settings(max_examples=300, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 @st.composite
