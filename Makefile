@@ -48,7 +48,7 @@ NATIVE_OFF_TESTS = tests/core/test_native_loader.py tests/sdk/test_checksum_flip
 	tests/sdk/test_shm_client_cannot_write_the_arena.py \
 	tests/server/test_disk_read_many_group_matches_read.py \
 	tests/server/test_alloc_commit_without_write_publishes_nothing.py \
-	-k 'land or loader or flip or corrupt or round_trip_every_form or release_without_waiting or lease_expires or forged or staged or group'
+	-k 'land or loader or flip or corrupt or round_trip_every_form or release_without_waiting or lease_expires or forged or staged or shrunk or group'
 
 ## make test: every test, with real gcache processes; then the native-off subset.
 # Two workers (pytest-xdist), one test file per worker at a time: most tests wait on real

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from gcache import staging
+from gcache import native, staging
 from gcache.credentials import parse_client_credential
 from gcache.hashing import checksum
 from gcache.protocol import Limits, Op
@@ -247,7 +247,8 @@ def test_staging_file_shrunk_after_validation_refuses_only_the_values_past_its_e
     """The server validates a staging file once per connection, then reads each frame's
     values from it: a client that truncates its file afterwards gets BAD_REQUEST for
     each value the file no longer holds, the values before stand, nothing torn is
-    published and the connection keeps serving."""
+    published and the connection keeps serving (the server has the file mapped: the
+    cut faults there, and the copy's guard answers it)."""
     t = _raw(srv.addresses[0])
     stage = _Staging(t.auth_reply["shm"]["path"], t.auth_reply["shm"]["uid"], t.shm.map.gid,
                      1 << 20)
@@ -263,6 +264,11 @@ def test_staging_file_shrunk_after_validation_refuses_only_the_values_past_its_e
         return t.call(Op.PUT_STAGED, meta, time.monotonic() + 5)
 
     assert frame([(b"first", v1)])["st"] == [Status.OK]  # validated and kept open
+    # the native copy reads from a mapping of the file (so the cut below faults in the
+    # server, and its guard must turn that into short reads); the twin preads
+    with open(f"/proc/{srv.servers[0].proc.pid}/maps") as f:
+        mapped = any(ln.rstrip().endswith(stage.path) for ln in f)
+    assert mapped == (native.ACTIVE == "native")
     os.truncate(stage.path, staging.HEADER_BYTES + 1000 + 100_000)  # v2 cut in half
     rep = frame([(b"one", v1), (b"two", v2), (b"three", v3)])
     assert rep["st"] == [Status.OK, Status.BAD_REQUEST, Status.BAD_REQUEST], rep
