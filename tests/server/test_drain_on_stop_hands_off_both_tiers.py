@@ -16,7 +16,10 @@ from handoffops import OracleLoad, TOKEN, masters, put_all, read_back, start_clu
 pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(150)]
 
 SIZE = 16_000
-N = 1800  # 29 MB over 3 servers of 8 MiB memory: the leaving one holds some on disk
+N = 2400  # 38 MB over 3 servers of 8 MiB memory: the leaving one holds some on disk
+# (its share is the ring's draw, as server ids are random: of 1,800 keys, 400 simulated
+# draws gave it 482-510 in the lowest 1 %, about what its memory holds below the high
+# watermark, so its disk could hold fewer than the 50 objects checked below)
 BUDGET_S = 40
 
 
