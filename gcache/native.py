@@ -31,8 +31,9 @@ Functions (contracts; the C file's opening comment has the same):
   (``writable``) a read-only one; TypeError for an object without the buffer protocol.
 * ``pread_spans(fd, spans) -> (list[int | None], list[int])``: fill N caller buffers
   from ``fd`` (a file a peer may shrink: a read past its end is a short span, never a
-  fault) in one call (the C version releases the GIL for the whole loop). A span is ``(buffer, file_offset, want_hash)``: all ``len(buffer)``
-  bytes from ``file_offset`` on. Returns ``(digests, short)``: each span's xxh3_64 (seed
+  fault) in one call (the C version releases the GIL for the whole loop). A span is
+  ``(buffer, file_offset, want_hash)``: all ``len(buffer)`` bytes from ``file_offset``
+  on. Returns ``(digests, short)``: each span's xxh3_64 (seed
   0) of its bytes after they landed when ``want_hash``, else None (also None for a
   short span), and the indices of the spans the file ended before filling. Every span
   is checked first (a writable C-contiguous buffer; an int offset >= 0): TypeError /

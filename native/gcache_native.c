@@ -32,10 +32,10 @@
  *   pread_spans(fd, spans) -> (list[int | None], list[int])
  *       Fill N caller buffers from file descriptor fd (a file a peer may shrink: a read
  *       past its end is a short span, never a fault) in ONE call, the GIL released for
- *       the whole loop. A span is a tuple (buffer,
- *       file_offset, want_hash): all len(buffer) bytes are read from file_offset on
- *       (pread, retried on EINTR and after a short read). With want_hash the buffer is
- *       hashed (xxh3_64, seed 0) chunk by chunk right after each chunk landed. Returns
+ *       the whole loop. A span is a tuple (buffer, file_offset, want_hash): all
+ *       len(buffer) bytes are read from file_offset on (pread, retried on EINTR and
+ *       after a short read). With want_hash the buffer is hashed (xxh3_64, seed 0)
+ *       chunk by chunk right after each chunk landed. Returns
  *       (digests, short): each span's digest, or None where want_hash was false or the
  *       file ended first; and the indices of the spans the file ended before filling
  *       (their buffers hold what was there). Bounds: every span is checked before the

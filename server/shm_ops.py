@@ -58,17 +58,17 @@ from a read-only mapping of the file (a ``preadv`` from tmpfs costs 2.7-2.9x as 
 looking up each page), under a fault guard, so a client truncating its file causes a
 short read, never a SIGBUS that ends the server (the twin, ``GCACHE_NATIVE=0``, and a
 file the server could not map, preadv instead), then ``finish_put`` verifies the
-writer's checksum over the bytes *in the arena* (a
-client rewriting its file mid-copy gets ``CORRUPT``, never a published value that
-was not checksummed) and publishes. Each item is finished right after its copy,
-while its bytes are in the cache (a frame that fails midway keeps the items finished
-before it: each was verified). One round trip per frame, where ALLOC + COMMIT
-took two. The file is validated once per connection (``Stage.open``): a bare name
-of this arena's staging pattern in the arena's directory, a regular file with one
-link, no permission bits for others, size within [header, header +
-max_frame_bytes], and the 16-byte key the frame names at its start. A refused
-staging file answers every item ``BAD_REQUEST`` with ``"staged": false`` and the
-reason (a normal reply: the connection and the server go on; the SDK puts over TCP).
+writer's checksum over the bytes *in the arena* (a client rewriting its file mid-copy
+gets ``CORRUPT``, never a published value that was not checksummed) and publishes.
+Each item is finished right after its copy, while its bytes are in the cache (a frame
+that fails midway keeps the items finished before it: each was verified). One round
+trip per frame, where ALLOC + COMMIT took two. The file is validated once per
+connection (``Stage.open``): a bare name of this arena's staging pattern in the
+arena's directory, a regular file with one link, no permission bits for others, size
+within [header, header + max_frame_bytes], and the 16-byte key the frame names at its
+start. A refused staging file answers every item ``BAD_REQUEST`` with ``"staged":
+false`` and the reason (a normal reply: the connection and the server go on; the SDK
+puts over TCP).
 
 ALLOC is for writers the server trusts with its arena: NIXL peers (one-sided RDMA
 writes need a reserved chunk to land in; the server runs ``--nixl``), or same-host
