@@ -17,8 +17,9 @@ checksums, so the check reads the cache, not DRAM): LEASE -> copy -> RELEASE.
 Clients never write the arena. A put writes the values, back to back, into the
 connection's staging file (``gcache.staging``: created in the arena's directory,
 mode 0600, or 0640 with the arena's group under another uid; mapped read-write by
-this client only) and sends one ``PUT_STAGED`` naming it and its key; the server
-copies the bytes into fresh chunks, verifies each value's checksum and publishes
+this client only, read-only by the server) and sends one ``PUT_STAGED`` naming it and
+its key; the server copies the bytes into fresh chunks, verifies each value's checksum
+and publishes
 (one round trip, where ALLOC + COMMIT took two). The file's name is unlinked once the
 server has opened it (after the first reply), so a crashed client leaves nothing
 behind. A frame larger than the staging file goes as several PUT_STAGED; a value
