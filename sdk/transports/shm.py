@@ -19,10 +19,9 @@ connection's staging file (``gcache.staging``: created in the arena's directory,
 mode 0600, or 0640 with the arena's group under another uid; mapped read-write by
 this client only, read-only by the server) and sends one ``PUT_STAGED`` naming it and
 its key; the server copies the bytes into fresh chunks, verifies each value's checksum
-and publishes
-(one round trip, where ALLOC + COMMIT took two). The file's name is unlinked once the
-server has opened it (after the first reply), so a crashed client leaves nothing
-behind. A frame larger than the staging file goes as several PUT_STAGED; a value
+and publishes (one round trip, where ALLOC + COMMIT took two). The file's name is
+unlinked once the server has opened it (after the first reply), so a crashed client
+leaves nothing behind. A frame larger than the staging file goes as several PUT_STAGED; a value
 larger than it, or a connection whose staging the server refused, goes as a plain
 PUT.
 
