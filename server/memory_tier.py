@@ -865,7 +865,7 @@ class MemoryTier(Tier):
         of the put): publish only if the key has no current object here or below, checked
         in the same lock hold as the publish (the arena commit flag too, so a skipped put
         never survives a restart); a skipped put answers OK and is counted. ``digest``:
-        the caller's xxh3_64 of ``slot.view`` read after its bytes landed (``pread_spans``
+        the caller's xxh3_64 of ``slot.view`` read after its bytes landed (``read_staged``
         hashes as it reads); used only when the slot is the whole value, which is then
         not hashed a second time. Only the server writes a reserved chunk, so the bytes
         cannot change between that hash and the publish."""
