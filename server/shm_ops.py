@@ -106,6 +106,7 @@ from typing import Any
 from gcache import native, staging
 from gcache.credentials import Right
 from gcache.errors import ProtocolError
+from gcache.logs import RateLimitedLog
 from gcache.network import boot_id
 from gcache.protocol import (Op, chain_parents, check_flag, check_items, check_key,
                              check_namespace,
@@ -114,6 +115,9 @@ from gcache.protocol import (Op, chain_parents, check_flag, check_items, check_k
 from gcache.status import Status
 
 log = logging.getLogger("gcache.server.shm")
+#: what a client can make happen at will (cutting its staging file) logs at most once
+#: per 10 s; ``gcache_protocol_errors_total{reason="staging_shrunk"}`` counts every value
+stage_log = RateLimitedLog(log, 10.0)
 
 LEASE_MS_ENV = "GCACHE_SHM_LEASE_MS"
 DEFAULT_LEASE_MS = 10000
@@ -800,7 +804,7 @@ def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dic
     reads: list[tuple[int, Any, int, bool]] = []  # (index, slot, file offset, whole)
     group = 0
     pos = staging.HEADER_BYTES
-    nbytes = 0
+    nbytes = shrunk = 0
     try:
         whole = self_contained(parsed)
         for i, ((key, tl, off, ln, pid, csum), wrong, h, up) in enumerate(
@@ -821,16 +825,23 @@ def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dic
             reads.append((i, slot, at, off == 0 and ln == tl))
             group += ln
             if group >= STAGED_GROUP_BYTES:
-                nbytes += _read_and_finish(tier, stage, reads, parsed, statuses,
-                                           if_absent, guard)
-                reads, group = [], 0
-        nbytes += _read_and_finish(tier, stage, reads, parsed, statuses, if_absent, guard)
+                nb, cut = _read_and_finish(tier, stage, reads, parsed, statuses, if_absent,
+                                           guard)
+                nbytes, shrunk, reads, group = nbytes + nb, shrunk + cut, [], 0
+        nb, cut = _read_and_finish(tier, stage, reads, parsed, statuses, if_absent, guard)
+        nbytes, shrunk = nbytes + nb, shrunk + cut
     except BaseException:
         for _, slot, _, _ in reads:  # reserved and not finished; those finished stand
             if slot is not None:
                 tier.abort_put(slot)
         raise
     m = conn.svc.metrics
+    if shrunk:  # the client cut its file under the copy: those values were refused
+        m.protocol_errors.labels("staging_shrunk").inc(shrunk)
+        stage_log.warning("staging_shrunk", "a client's staging file ended before %d "
+                          "value(s) of a PUT_STAGED frame were copied: refused (BAD_REQUEST); "
+                          "the client shrank the file under the copy", shrunk,
+                          fields={"peer": str(conn.peer), "stage": meta.get("stage")})
     m.bytes.labels("in").inc(total)
     m.namespace_writes(ns, nbytes)
     for s in set(statuses):
@@ -839,13 +850,14 @@ def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dic
 
 
 def _read_and_finish(tier: Any, stage: Stage, reads: list[tuple[int, Any, int, bool]],
-                     parsed: list, statuses: list, if_absent: bool, guard: Any) -> int:
+                     parsed: list, statuses: list, if_absent: bool,
+                     guard: Any) -> tuple[int, int]:
     """Fill a group of reserved PUT_STAGED slots from the staging file in one
-    ``read_staged`` call, then finish each in order; the bytes published. Each entry of
-    ``reads`` is set to a None slot as it is finished or aborted (so the caller's
-    error path aborts only the rest)."""
+    ``read_staged`` call, then finish each in order; (the bytes published, the values
+    the file ended before). Each entry of ``reads`` is set to a None slot as it is
+    finished or aborted (so the caller's error path aborts only the rest)."""
     if not reads:
-        return 0
+        return 0, 0
     digests, short = native.read_staged(stage.fd, stage.map,
                                         [(slot.view, at, w) for _, slot, at, w in reads])
     for j in short:  # the client shrank its file
@@ -864,4 +876,4 @@ def _read_and_finish(tier: Any, stage: Stage, reads: list[tuple[int, Any, int, b
             nbytes += parsed[i].length
             if guard is not None:
                 guard.settle(tier, parsed[i].key)
-    return nbytes
+    return nbytes, len(short)

@@ -2,7 +2,8 @@
 PUT_STAGED frames are being copied (the server copies from a mapping of that file, and
 each cut faults there) never brings the server down, never gets a value published that
 it did not write, and costs honest clients of the same server nothing: their values
-read back exact throughout."""
+read back exact throughout. Every value refused for the cut is counted in
+``gcache_protocol_errors_total{reason="staging_shrunk"}``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import random
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -18,6 +20,7 @@ from gcache.hashing import checksum
 from gcache.protocol import Limits, Op
 from gcache.sdk import Client, Status
 from gcache.sdk.transports.shm import ShmTransport
+from gcache.testing.cluster import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -40,7 +43,8 @@ def _hostile_stage(t: ShmTransport) -> tuple[int, str, bytes]:
 
 
 def test_a_client_cutting_its_staging_file_under_load_harms_no_one(make_cluster):
-    cl = make_cluster(1, "96MiB", slab="8MiB")
+    port = free_port()
+    cl = make_cluster(1, "96MiB", slab="8MiB", extra=["--metrics-listen", f"127.0.0.1:{port}"])
     addr = cl.addresses[0]
     t = ShmTransport(addr, "", Limits(), 2.0, "shm")
     t.connect(time.monotonic() + 5)
@@ -116,6 +120,10 @@ def test_a_client_cutting_its_staging_file_under_load_harms_no_one(make_cluster)
         seen.get(int(Status.BAD_REQUEST), 0) + seen.get(int(Status.CORRUPT), 0)) > 0, seen
     assert set(seen) <= {int(Status.OK), int(Status.BAD_REQUEST), int(Status.CORRUPT)}, seen
     assert honest_rounds[0] > 0 and honest_wrong == []
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    counted = [float(ln.rpartition(" ")[2]) for ln in body.decode().splitlines()
+               if ln.startswith('gcache_protocol_errors_total{reason="staging_shrunk"}')]
+    assert counted == [seen.get(int(Status.BAD_REQUEST), 0)], (counted, seen)
     with Client([addr], transport="tcp") as c:
         ks = list(published)
         got = c.get_batch(ks)
