@@ -133,8 +133,11 @@ def test_a_file_cut_under_the_mapping_reports_the_spans_past_its_end_short(where
 
 
 def _child(code: str, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=timeout)
+    """``code`` in a child Python, its files in a /dev/shm directory (``sys.argv[1]``)
+    that this process removes whatever the child did, crash included."""
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
+        return subprocess.run([sys.executable, "-c", textwrap.dedent(code), d],
+                              capture_output=True, text=True, timeout=timeout)
 
 
 def test_threads_copying_while_the_file_is_cut_and_regrown_stay_alive():
@@ -142,11 +145,10 @@ def test_threads_copying_while_the_file_is_cut_and_regrown_stay_alive():
     grows it back, 3,000 times: the process lives, every span is whole or short, and
     each whole span's digest is of the bytes that landed."""
     r = _child("""
-        import mmap, os, tempfile, threading, xxhash
+        import mmap, os, sys, threading, xxhash
         from gcache import _native
         size = 16 << 16
-        d = tempfile.mkdtemp(dir="/dev/shm")
-        path = os.path.join(d, "stage")
+        path = os.path.join(sys.argv[1], "stage")
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         os.write(fd, os.urandom(size))
         m = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
@@ -173,7 +175,7 @@ def test_threads_copying_while_the_file_is_cut_and_regrown_stay_alive():
         stop.set()
         for t in threads:
             t.join()
-        m.close(); os.close(fd); os.unlink(path); os.rmdir(d)
+        m.close(); os.close(fd)
         print(seen["short"], seen["whole"], seen["bad"])
     """, 90)
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
@@ -187,9 +189,9 @@ def test_a_sigbus_that_is_no_copys_still_ends_the_process():
     guard's, so the process dies of SIGBUS as it would have without the guard (it must
     not hang re-faulting, nor go on as if nothing happened)."""
     r = _child("""
-        import mmap, os, tempfile, threading
+        import mmap, os, sys, threading
         from gcache import _native
-        d = tempfile.mkdtemp(dir="/dev/shm")
+        d = sys.argv[1]
         fd = os.open(os.path.join(d, "busy"), os.O_RDWR | os.O_CREAT, 0o600)
         os.ftruncate(fd, 64 << 20)
         m = mmap.mmap(fd, 64 << 20, mmap.MAP_SHARED, mmap.PROT_READ)
@@ -206,9 +208,6 @@ def test_a_sigbus_that_is_no_copys_still_ends_the_process():
         os.ftruncate(other, 1 << 16)
         victim = mmap.mmap(other, 1 << 16, mmap.MAP_SHARED, mmap.PROT_READ)
         os.ftruncate(other, 0)
-        for name in ("busy", "other"):
-            os.unlink(os.path.join(d, name))
-        os.rmdir(d)
         print("touching", flush=True)
         print(memoryview(victim)[100], flush=True)  # past the cut file's end: SIGBUS
         print("survived", flush=True)
