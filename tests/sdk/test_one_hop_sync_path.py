@@ -24,7 +24,7 @@ import pytest
 
 from gcache.sdk import Client, Status
 from gcache.sdk.transports import onesided
-from gcache.testing.oracle import fill_value
+from gcache.testing.oracle import value_for
 from gcache.testing.standin import Proxy
 
 from test_deadline_holds_against_trickling_peer import SLACK_S, Trickler  # noqa: E402
@@ -272,15 +272,6 @@ def test_busy_one_hop_connection_falls_back_to_the_dispatcher(trickler):
         assert holder.threads == ["holder"] and holder.keys == Counter({b"held": 1})
 
 
-def _oracle_values(keys: list[bytes], size: int) -> dict[bytes, bytes]:
-    values = {}
-    for k in keys:
-        buf = bytearray(size)
-        fill_value(k, memoryview(buf))
-        values[k] = bytes(buf)
-    return values
-
-
 def _run_callers(n_threads: int, name: str, body) -> Counter:
     """Run ``body(w, on_key, errors)`` on ``n_threads`` threads at once; every error it
     records (or raises) fails the test. Returns where the per-key callbacks ran:
@@ -317,7 +308,7 @@ def _run_callers(n_threads: int, name: str, body) -> Counter:
 def test_many_threads_of_sync_callers_stay_correct(cluster):
     n_threads, rounds, size = 12, 60, 4096
     keys = [b"mt/%d" % i for i in range(64)]
-    values = _oracle_values(keys, size)
+    values = {k: value_for(k, size) for k in keys}
     # conns_per_server=2: most calls find both one-hop connections busy and fall back
     with Client(cluster.addresses, namespace="onehop", conns_per_server=2,
                 timeout_ms=10_000) as c:
@@ -351,7 +342,7 @@ def test_many_threads_of_big_shm_batches_stay_correct(cluster):
     exact (value = f(key)), every key's callback once, and both paths used."""
     n_threads, rounds, size, per = 6, 20, 64 << 10, 8
     keys = [b"big/%d" % i for i in range(48)]
-    values = _oracle_values(keys, size)
+    values = {k: value_for(k, size) for k in keys}
     with Client(cluster.addresses, namespace="onehop", transport="shm", conns_per_server=2,
                 timeout_ms=10_000) as c:
         assert c.put_batch(keys, [values[k] for k in keys]) == [Status.OK] * len(keys)
