@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from gcache import native
 
-from native_buffers import KINDS, SETTINGS, make_buffer, snapshot
+from native_buffers import SETTINGS, draw_span_specs, snapshot, spans_of
 
 _native = pytest.importorskip("gcache._native", reason="the C extension is not built here "
                               "(no compiler or Python headers): nothing to compare")
@@ -33,34 +33,15 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 def cases(draw):
     size = draw(st.integers(0, 5000))
     content = draw(st.binary(min_size=size, max_size=size))
-    specs = []
-    for _ in range(draw(st.integers(0, 6))):
-        shape = draw(st.sampled_from(("ok", "ok", "ok", "ok", "two", "list", "badint")))
-        kind = draw(st.sampled_from(KINDS[:4] * 3 + KINDS[4:]))
-        n = draw(st.integers(0, 900))
-        off = draw(st.one_of(st.integers(0, max(0, size - n)), st.integers(-5, size + 50),
-                             st.just(1 << 63)))
-        want = draw(st.booleans())
-        specs.append((shape, kind, n, off, want))
-    return content, specs
+    return content, draw_span_specs(draw, size, 900,
+                                    ("ok", "ok", "ok", "ok", "two", "list", "badint"))
 
 
 def run(fn, content: bytes, specs):
     with tempfile.TemporaryFile() as f:
         f.write(content)
         f.flush()
-        spans, bufs = [], []
-        for shape, kind, n, off, want in specs:
-            buf = make_buffer(kind, n)
-            bufs.append(buf)
-            if shape == "two":
-                spans.append((buf, off))
-            elif shape == "list":
-                spans.append([buf, off, want])
-            elif shape == "badint":
-                spans.append((buf, float(off), want))
-            else:
-                spans.append((buf, off, want))
+        spans, bufs = spans_of(specs)
         try:
             got = ("ok", fn(f.fileno(), spans))
         except Exception as exc:  # the type is what must match

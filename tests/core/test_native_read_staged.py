@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from gcache import native
 
-from native_buffers import KINDS, SETTINGS, make_buffer, snapshot
+from native_buffers import SETTINGS, draw_span_specs, snapshot, spans_of
 
 _native = pytest.importorskip("gcache._native", reason="the C extension is not built here "
                               "(no compiler or Python headers): nothing to compare")
@@ -42,15 +42,8 @@ def cases(draw):
     size = draw(st.integers(0, 20_000))
     content = draw(st.binary(min_size=size, max_size=size))
     mapped = draw(st.integers(0, size))  # the mapping covers the file's first bytes
-    specs = []
-    for _ in range(draw(st.integers(0, 6))):
-        shape = draw(st.sampled_from(("ok", "ok", "ok", "ok", "two", "badint")))
-        kind = draw(st.sampled_from(KINDS[:4] * 3 + KINDS[4:]))
-        n = draw(st.integers(0, 9000))
-        off = draw(st.one_of(st.integers(0, max(0, size - n)), st.integers(-5, size + 50),
-                             st.just(1 << 63)))
-        specs.append((shape, kind, n, off, draw(st.booleans())))
-    return content, mapped, specs
+    return content, mapped, draw_span_specs(draw, size, 9000,
+                                            ("ok", "ok", "ok", "ok", "two", "badint"))
 
 
 def run(fn, content: bytes, mapped: int, specs):
@@ -61,12 +54,7 @@ def run(fn, content: bytes, mapped: int, specs):
         f.write(content)
         f.flush()
         m = mmap.mmap(f.fileno(), mapped, mmap.MAP_SHARED, mmap.PROT_READ) if mapped else None
-        spans, bufs = [], []
-        for shape, kind, n, off, want in specs:
-            buf = make_buffer(kind, n)
-            bufs.append(buf)
-            spans.append((buf, off) if shape == "two" else
-                         (buf, float(off), want) if shape == "badint" else (buf, off, want))
+        spans, bufs = spans_of(specs)
         try:
             if fn is _native.pread_spans:
                 got = ("ok", fn(f.fileno(), spans))
