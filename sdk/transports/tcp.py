@@ -60,6 +60,29 @@ def put_fields(items: list[PutItem], sums: list[int | None] | None = None) -> li
     return out
 
 
+def get_rows(rmeta: Any, items: list, plen: int, more: bool = False) -> list[list[int]]:
+    """A GET reply frame's item rows ``[status, total_len, version, nbytes, checksum]``,
+    checked against the request's ``items`` (all of them, or with ``more``, a streamed
+    reply's frame that is not the last, a non-empty proper prefix of them) and the
+    frame's payload length ``plen``. ProtocolError for anything else."""
+    rows = rmeta.get("items") if isinstance(rmeta, dict) else None
+    if not isinstance(rows, list) or (
+            not 0 < len(rows) < len(items) if more else len(rows) != len(items)):
+        raise ProtocolError("GET reply items do not match the request")
+    if not all(type(x) is list and len(x) == 5 and tuple(map(type, x)) == _INT5
+               for x in rows):
+        raise ProtocolError("malformed GET reply item")
+    if sum(x[3] for x in rows) != plen:
+        raise ProtocolError("GET reply lengths do not add up to its payload")
+    for it, x in zip(items, rows):
+        n = x[3]
+        if n < 0:
+            raise ProtocolError("GET reply item has a negative length")
+        if n > it.max_len:
+            raise ProtocolError(f"server sent {n} bytes for a {it.max_len}-byte request")
+    return rows
+
+
 class TcpTransport(Transport):
     kind: TransportKind | None = TransportKind.TCP
     background = False  # AUTH asks the server to serve this connection at background priority
@@ -242,27 +265,14 @@ class TcpTransport(Transport):
         them unless ``more``: a streamed reply's frame that is not the last). With
         ``verify``, an item that is a whole object is hashed as its bytes land
         (``ItemResult.landed``), so the batch's check needs no second pass over them."""
-        rows = rmeta.get("items") if isinstance(rmeta, dict) else None
-        if not isinstance(rows, list) or (
-                not 0 < len(rows) < len(items) if more else len(rows) != len(items)):
-            raise ProtocolError("GET reply items do not match the request")
-        if not all(type(x) is list and len(x) == 5 and tuple(map(type, x)) == _INT5
-                   for x in rows):
-            raise ProtocolError("malformed GET reply item")
-        if sum(x[3] for x in rows) != plen:
-            raise ProtocolError("GET reply lengths do not add up to its payload")
+        rows = get_rows(rmeta, items, plen, more)
         out = []
         views = []
         hashers: list[Any] | None = [] if verify else None
         hashed: list[tuple[ItemResult, Any]] = []  # (result, its hasher)
         for it, (st, total, ver, n, csum) in zip(items, rows):
-            if n < 0:
-                raise ProtocolError("GET reply item has a negative length")
             res = ItemResult(status_of(st), total, ver, n, None, csum)
             if n:
-                if n > it.max_len:
-                    raise ProtocolError(f"server sent {n} bytes for a {it.max_len}-byte "
-                                        "request")
                 if it.dest is None:
                     res.data = bytearray(n)
                     views.append(memoryview(res.data))
