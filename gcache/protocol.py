@@ -459,6 +459,54 @@ def read_frame(sock: socket.socket, limits: Limits, prefix_buf: bytearray | None
     return fh, decode_meta(read_header(sock, fh, prefix, deadline=deadline), limits)
 
 
+def read_reply_into(sock: socket.socket, view: memoryview, limits: Limits,
+                    deadline: float) -> tuple[FrameHeader, Any, int, int]:
+    """The reply to the request just sent on ``sock``, its only one in flight, read
+    into ``view`` in as few ``recv`` calls as the bytes arrive: the prefix, the header
+    and as much of the payload as fits usually come in one. The first call waits
+    before it reads (the reply is never there the moment the request left), so it
+    costs no ``recv`` that would block.
+
+    ``view``'s length bounds every read: a caller with its own destination for the
+    payload passes a short view, so little of the payload lands in ``view`` to be
+    copied out again. A header longer than ``view`` is assembled from what it holds
+    and the rest as it arrives (``recv_header``).
+
+    Returns ``(prefix, header, start, held)``: ``view[start:held]`` are the payload's
+    first bytes, ``held - start`` of ``prefix.payload_len``; the rest are still on the
+    socket, for the caller to receive straight into its destination. By ``deadline``
+    (``socket.timeout`` past it). ConnectionError on EOF; ProtocolError for a bad
+    prefix or CRC, or bytes past the end of the frame (a peer that sent more than one
+    reply: the stream position is then unknown)."""
+    cap = len(view)
+    _wait_ready(sock, deadline, select.POLLIN)
+    got = 0
+    need = PREFIX_SIZE  # grows to the header's end once the prefix is known
+    fh: FrameHeader | None = None
+    while True:
+        k = _io(sock, deadline, select.POLLIN, sock.recv_into, view[got:],
+                (cap if fh is None else need) - got)
+        if k == 0:
+            raise ConnectionError(f"peer closed the connection after {got} bytes of a reply")
+        got += k
+        if fh is None and got >= PREFIX_SIZE:
+            fh = decode_prefix(view[:PREFIX_SIZE], limits)
+            start = PREFIX_SIZE + fh.header_len
+            if got > start + fh.payload_len:
+                raise ProtocolError("peer sent bytes past the end of the reply frame")
+            if start > cap:  # a long header (an error's message): nothing of the payload
+                header = bytearray(view[PREFIX_SIZE:got])
+                header += recv_header(sock, start - got, deadline)
+                check_crc(view[:PREFIX_SIZE], header)
+                return fh, decode_meta(header, limits), 0, 0
+            need = min(cap, start + fh.payload_len)
+        if fh is not None and got >= need:
+            break
+    header = view[PREFIX_SIZE:start]
+    check_crc(view[:PREFIX_SIZE], header)
+    return fh, decode_meta(header, limits), start, got
+
+
 # ---------------------------------------------------------------- argument checks
 
 def check_key(key: Any, limits: Limits) -> bytes:

@@ -128,7 +128,7 @@ class ItemResult:
     total_len: int = 0
     version: int = 0
     nbytes: int = 0
-    data: bytearray | None = None
+    data: bytes | bytearray | None = None  # a byte get's bytes (bytes when copied once)
     checksum: int = 0  # a get's: the server's xxh3_64 of the whole object
     # a get's xxh3_64 of the bytes that landed, when the transport hashed them as they
     # landed (``Work.verify``, a slice that is the whole object); None: not hashed

@@ -28,7 +28,7 @@ from gcache.native import checksums
 from gcache.credentials import ClientCredential, auth_fields
 from gcache.errors import AuthError, ProtocolError, TransportTimeout
 from gcache.protocol import (FLAG_MORE, PREFIX_SIZE, FrameHeader, Limits, Op, encode_frame,
-                             read_frame, recv_into_many, sendmsg_all)
+                             read_frame, read_reply_into, recv_into_many, sendmsg_all)
 from gcache.config import TransportKind
 from gcache.status import Status, status_of
 from gcache.sdk.buffers import digest
@@ -37,6 +37,15 @@ from gcache.sdk.transports.base import (DIGEST_LATER, ItemResult, PutItem, Trans
 
 
 _INT5 = (int, int, int, int, int)
+_HOST_DEST = (type(None), memoryview)  # a byte get, or host memory (not a device view)
+
+ONE_ITEM_BUFFER_BYTES = (128 << 10) + (4 << 10)
+"""A connection's reply buffer for one-item frames (made on first use): the prefix,
+the header and a byte get's value of up to 128 KiB arrive in it with one ``recv``. A
+longer value lands in new bytes after the part that came with the header."""
+SHORT_READ_BYTES = 512
+"""How much a one-item reply with no value to copy out (a get into a destination, a
+key op) reads into the buffer at first: a prefix and a one-item header fit."""
 
 
 def put_fields(items: list[PutItem], sums: list[int | None] | None = None) -> list[list]:
@@ -104,6 +113,7 @@ class TcpTransport(Transport):
         self.server_name = ""
         self.hello: dict = {}
         self.auth_reply: dict = {}  # what the server grants after AUTH (e.g. its NIXL agent)
+        self._buf: memoryview | None = None  # one-item replies land here (``_one``)
 
     # ------------------------------------------------------------------ connection
     def connect(self, deadline: float) -> None:
@@ -192,7 +202,11 @@ class TcpTransport(Transport):
     def _execute(self, work: Work, stream: bool = False) -> list[ItemResult]:
         """``work`` as one request and its reply; ``stream``: a GET asks for a streamed
         reply even when ``stream_gets`` is off."""
-        op, rid, sock, deadline = work.op, next_request_id(), self.sock, work.deadline
+        op = work.op
+        if len(work.items) == 1 and op != Op.PUT and self.tls is None \
+                and (op != Op.GET or type(work.items[0].dest) in _HOST_DEST):
+            return self._one(work)
+        rid, sock, deadline = next_request_id(), self.sock, work.deadline
         if op == Op.PUT:
             meta = {"ns": work.ns, "items": put_fields(work.items), **(work.extra or {})}
             plen = sum(it.length for it in work.items)
@@ -219,6 +233,70 @@ class TcpTransport(Transport):
         if not isinstance(st, list) or len(st) != len(work.items):
             raise ProtocolError("reply status list does not match the request")
         return [ItemResult(status_of(s)) for s in st]
+
+    def _one(self, work: Work) -> list[ItemResult]:
+        """A frame of one item (a GET, never streamed: one item is one frame anyway, or
+        an EXISTS, DELETE or TOUCH; plain TCP only): the request in one send and the
+        reply read with ``read_reply_into`` into this connection's reply buffer, usually
+        one ``recv`` after one ``poll`` instead of four calls. A GET's bytes are copied
+        out of the buffer once, into new bytes (a byte get's ``data``) or the item's
+        destination; bytes the buffer did not hold land there straight from the socket.
+        Same checks, results and errors as the many-item path (``_read_get_frame``)."""
+        op, it, sock, deadline = work.op, work.items[0], self.sock, work.deadline
+        rid = next_request_id()
+        extra = work.extra
+        if op == Op.GET:
+            meta = {"ns": work.ns, "items": [[it.key, it.offset, it.max_len, it.version]]}
+        else:
+            meta = {"ns": work.ns, "items": [it.key]}
+        if extra:
+            meta.update(extra)
+        sendmsg_all(sock, [encode_frame(op, rid, meta)], deadline)
+        view = self._buf
+        if view is None:
+            view = self._buf = memoryview(bytearray(ONE_ITEM_BUFFER_BYTES))
+        # a byte get's value is copied out of the buffer once (it must be copied into
+        # new bytes anyway); anything else reads ahead only a header's worth, so a
+        # value with a destination lands there straight from the socket
+        fh, rmeta, start, held = read_reply_into(
+            sock, view if op == Op.GET and it.dest is None else view[:SHORT_READ_BYTES],
+            self.limits, deadline)
+        if fh.request_id != rid or fh.opcode != op:
+            raise ProtocolError(f"reply for request {fh.request_id}/op {fh.opcode}, "
+                                f"expected {rid}/op {op}")
+        if fh.status:
+            return self._frame_failed(work, fh.status, rmeta)
+        if fh.flags & FLAG_MORE:
+            raise ProtocolError("streamed reply to a request that did not ask for one")
+        if op != Op.GET:
+            st = rmeta.get("st") if isinstance(rmeta, dict) else None
+            if not isinstance(st, list) or len(st) != 1:
+                raise ProtocolError("reply status list does not match the request")
+            if fh.payload_len:
+                raise ProtocolError(f"{Op.NAMES[op]} reply carries a payload")
+            return [ItemResult(status_of(st[0]))]
+        st, total, ver, n, csum = get_rows(rmeta, work.items, fh.payload_len)[0]
+        res = ItemResult(status_of(st), total, ver, n, None, csum)
+        if not n:
+            return [res]
+        end = start + n
+        if it.dest is None:
+            if end <= len(view):  # all of it in the buffer: one copy out
+                data: Any = bytes(view[start:end])
+            else:
+                data = bytearray(n)
+                dst = memoryview(data)
+                dst[:held - start] = view[start:held]
+                recv_into_many(sock, [dst[held - start:]], deadline)
+            res.data = data
+        else:
+            data = dst = it.dest[:n]
+            dst[:held - start] = view[start:held]
+            if held < end:
+                recv_into_many(sock, [dst[held - start:]], deadline)
+        if work.verify and n == total and it.offset == 0:
+            res.landed = xxhash.xxh3_64_intdigest(data)  # the whole object, still cached
+        return [res]
 
     def _reply(self, rid: int, op: int, deadline: float) -> tuple[FrameHeader, Any]:
         """The next reply frame, which must answer request ``rid`` of ``op``."""
