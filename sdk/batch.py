@@ -427,14 +427,16 @@ class BytesBatch(Batch):
 
     DEFAULT = None
 
-    __slots__ = ("bufs", "checks", "slice_bytes")
+    __slots__ = ("bufs", "checks", "slice_bytes", "max_value_bytes")
 
     def __init__(self, keys: list[bytes], checks: Checksums, deadline: float, sender: Sender,
-                 callback: BatchCallback | None, on_key: KeyCallback | None) -> None:
+                 callback: BatchCallback | None, on_key: KeyCallback | None,
+                 max_value_bytes: int) -> None:
         super().__init__(Op.GET, keys, deadline, sender, callback, on_key)
         self.bufs: list[Any] = [None] * len(keys)
         self.checks = checks
         self.slice_bytes = 0
+        self.max_value_bytes = max_value_bytes  # a longer object is TOO_LARGE, never allocated
 
     def route(self, owners: list[str], slice_bytes: int) -> Routed:
         self.slice_bytes = slice_bytes
@@ -458,11 +460,15 @@ class BytesBatch(Batch):
         """The first slice of a byte get: learn the size, fetch the rest in parallel
         from the server that answered."""
         i, step = it.index, self.slice_bytes
+        if r.total_len > self.max_value_bytes:  # the server's claim; nothing is allocated
+            self.fold(((i, Status.TOO_LARGE, r.version, r.total_len, r.checksum),))
+            return
         if r.total_len <= r.nbytes:
             self.bufs[i] = r.data if r.data is not None else bytearray()
         else:
             full = bytearray(r.total_len)
-            full[:r.nbytes] = r.data
+            if r.data is not None:  # a server may send none of it in the first slice
+                full[:r.nbytes] = r.data
             self.bufs[i] = full
             view = memoryview(full)
             rest = [GetItem(self.keys[i], off, min(step, r.total_len - off), r.version,

@@ -541,7 +541,7 @@ class Client:
         """``get_batch_async``; ``here``: a synchronous call (see ``_start``)."""
         return self._start(BytesBatch(self._keys(keys), self._checks,
                                       self._deadline(timeout_ms), self._router, callback,
-                                      on_key), group, None, here)
+                                      on_key, self.limits.max_value_bytes), group, None, here)
 
     def get_batch(self, keys: Sequence[Key], *, group: Any = None,
                   timeout_ms: int | None = None, callback: BatchCallback | None = None,
