@@ -320,13 +320,18 @@ class Router:
     def handoff_for(self, batch: Batch) -> Callable | None:
         """The hook a GET/EXISTS/DELETE batch started now carries: ``handoff`` while the
         previous ring's window is open, else None (and nothing is ever checked)."""
+        return self.handoff if self.handoff_open(batch.op) else None
+
+    def handoff_open(self, op: int) -> bool:
+        """Whether a call of ``op`` started now re-asks previous owners (``handoff``):
+        a GET, EXISTS or DELETE while the previous ring's window is open."""
         prevs = self._previous
-        if not prevs or batch.op not in _HANDOFF_OPS:
-            return None
+        if not prevs or op not in _HANDOFF_OPS:
+            return False
         if self._dispatcher.clock.monotonic() >= prevs[0].until:
             self._previous = ()  # the window of the most recent ring closed: of all
-            return None
-        return self.handoff
+            return False
+        return True
 
     def handoff(self, batch: Batch, work: Work, items: list, results: list[ItemResult]
                 ) -> tuple[list, list[ItemResult]]:
