@@ -322,6 +322,32 @@ def slice_status(it: GetItem, r: ItemResult) -> Status:
     return r.status
 
 
+def landed_status(checks: Checksums, verify: bool, it: GetItem, r: ItemResult) -> Status:
+    """A whole-buffer get item's status from what landed, before the whole-object
+    checks: ``slice_status`` at offset 0, and with ``verify`` the hash taken as the bytes
+    landed against the server's checksum (a mismatch is counted: CORRUPT)."""
+    st = r.status
+    if st == _OK:
+        if r.nbytes != min(it.max_len, max(0, r.total_len)):
+            st = _SIZE_MISMATCH
+        elif verify and r.landed is not None and r.landed != r.checksum:
+            st = checks.compare(it.key, r.landed, r.checksum)
+    return st
+
+
+def whole_status(checks: Checksums, verify: bool, it: GetItem, r: ItemResult,
+                 st: Status) -> Status:
+    """The key's result once its one whole-buffer item finished with ``st``
+    (``landed_status``): ``finalize``'s rules, the buffer must be the object's size and,
+    with ``verify``, bytes not hashed as they landed are hashed now."""
+    if st == _OK:
+        if r.total_len != it.max_len:
+            return _SIZE_MISMATCH
+        if verify and r.landed is None:
+            return checks.check(it.key, it.dest, r.checksum)
+    return st
+
+
 class IntoBatch(Batch):
     """``get_batch_into``: each object lands in its caller's buffer, which must be
     exactly the object's size (else SIZE_MISMATCH)."""
@@ -382,16 +408,8 @@ class IntoBatch(Batch):
         in the same order, same counters), with one lock hold for the frame and no
         per-key tuple or call."""
         checks, verify, parts = self.checks, self.verify, self.parts
-        OK = _OK
-        pre = []  # each item's status before the whole-object checks (no tuple per key)
-        for it, r in zip(items, results):
-            st = r.status
-            if st == OK:
-                if r.nbytes != min(it.max_len, max(0, r.total_len)):
-                    st = _SIZE_MISMATCH  # slice_status (offset 0)
-                elif verify and r.landed is not None and r.landed != r.checksum:
-                    st = checks.compare(it.key, r.landed, r.checksum)  # counted: CORRUPT
-            pre.append(st)
+        # each item's status before the whole-object checks (no tuple per key)
+        pre = [landed_status(checks, verify, it, r) for it, r in zip(items, results)]
         taken = []  # positions in the frame of the items that finish their key
         with self.lock:
             for k, it in enumerate(items):
@@ -403,14 +421,8 @@ class IntoBatch(Batch):
             return
         res = self.results
         for k in taken:
-            it, st = items[k], pre[k]
-            if st == OK:
-                r = results[k]
-                if r.total_len != it.max_len:  # finalize: the buffer is not the object's size
-                    st = _SIZE_MISMATCH
-                elif verify and r.landed is None:  # not hashed as it landed: read it now
-                    st = checks.check(it.key, it.dest, r.checksum)
-            res[it.index] = st
+            it = items[k]
+            res[it.index] = whole_status(checks, verify, it, results[k], pre[k])
         self.complete([items[k].index for k in taken])
 
     def finalize(self, i: int, st: Status) -> Status:
