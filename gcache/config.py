@@ -388,7 +388,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "its IO on the calling thread when a one-hop connection of that "
            "server is idle (no dispatch-thread wake-ups); else, and for every async call, "
            "the dispatch threads run it. A byte get counts slice_bytes per key, a key op "
-           "64 B per key. 0 = always the dispatch threads.", "client"),
+           "64 B per key. A one-key call without callbacks runs it without building a "
+           "batch. 0 = always the dispatch threads.", "client"),
     Option("probe_interval_ms", "duration_ms", 1000, "Health-probe interval.", "client"),
     Option("connect_timeout_ms", "duration_ms", 500, "Deadline to connect.", "client"),
     Option("transport", "str", "auto", "Data path: auto (shm when co-located, else nixl "

@@ -47,6 +47,7 @@ from gcache.sdk.batch import (Batch, BatchCallback, BytesBatch, Checksums, IntoB
 from gcache.sdk.buffers import as_view, as_views
 from gcache.sdk.cuda_events import StreamCallbacks
 from gcache.sdk.dispatcher import Dispatcher
+from gcache.sdk import point
 from gcache.sdk.metrics import SdkMetrics
 from gcache.sdk.routing import Router
 from gcache.sdk.settings import client_settings
@@ -180,6 +181,7 @@ class Client:
         self.conns = int(cfg.conns_per_server)
         self.verify = bool(cfg.verify_checksums)
         self.one_hop_max = int(cfg.one_hop_max_bytes)
+        self.one_sided_min = int(cfg.one_sided_min_bytes)
         self._checks = Checksums(self.verify)
         # reads refused by verify_checksums; the router adds handoff_reads/_read_hits
         self.counters = self._checks.counters
@@ -513,6 +515,12 @@ class Client:
         Returns:
             ``list[Status]``, one per key.
         """
+        if len(keys) == 1 and len(buffers) == 1 and callback is None and on_key is None \
+                and stream is None:
+            view = as_views(buffers, writable=True, device=self._settings.device_buffers)[0]
+            if type(view) is memoryview and len(view) <= self.slice:  # point.py
+                return [point.call(self, Op.GET, self._key(keys[0]), group,
+                                   self._deadline(timeout_ms), view)]
         fut = self._get_into(keys, buffers, group=group, timeout_ms=timeout_ms,
                              callback=callback, on_key=on_key, stream=stream, here=True)
         return self._wait(fut, len(keys), Status.TIMEOUT)
@@ -551,6 +559,9 @@ class Client:
         Returns:
             ``list[bytes | None]``; ``None`` for every kind of miss.
         """
+        if len(keys) == 1 and callback is None and on_key is None:  # point.py
+            return [point.call(self, Op.GET, self._key(keys[0]), group,
+                               self._deadline(timeout_ms))]
         fut = self._get_bytes(keys, group=group, timeout_ms=timeout_ms, callback=callback,
                               on_key=on_key, here=True)
         return self._wait(fut, len(keys), None)
@@ -605,6 +616,9 @@ class Client:
         Returns:
             True per key that is stored now; False for absent, timeout or dead server.
         """
+        if len(keys) == 1 and callback is None and on_key is None:  # point.py
+            return [point.call(self, Op.EXISTS, self._key(keys[0]), group,
+                               self._deadline(timeout_ms))]
         fut = self._keyed(Op.EXISTS, keys, group=group, timeout_ms=timeout_ms,
                           callback=callback, on_key=on_key, here=True)
         return self._wait(fut, len(keys), False)

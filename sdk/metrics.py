@@ -63,6 +63,15 @@ class SdkMetrics:
                 m = _shared[reg] = SdkMetrics(reg)
             return m
 
+    def count_one(self, op: int, transport: str, status: Status, seconds: float) -> None:
+        """Count a one-key call answered without a batch (``sdk/point.py``) as ``watch``
+        counts a batch's key: ``hit`` (a read found it), ``ok``, or the miss's cause."""
+        read = op in (Op.GET, Op.EXISTS)
+        name = _NAMES.get(op, str(op))
+        self.items.labels(name, "hit" if status == Status.OK and read else
+                          "ok" if status == Status.OK else status.name.lower()).inc()
+        self.seconds.labels(name, transport).observe(seconds)
+
     def watch(self, batch: Any, transport: str, started: float,
               clock: Callable[[], float]) -> None:
         """Count ``batch``'s results and time when it completes: on the completing

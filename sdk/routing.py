@@ -196,6 +196,11 @@ class Router:
     def view(self) -> View:
         return self._snapshot[0]
 
+    @property
+    def routed_by_master(self) -> bool:
+        """Whether frames carry the view's epoch and placement hashes (``ep``, ``ph``)."""
+        return self._master is not None
+
     def update(self, view: View) -> None:
         """Route by ``view`` (with masters: only when its epoch is newer)."""
         with self._lock:

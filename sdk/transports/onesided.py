@@ -211,14 +211,17 @@ class OneSidedTransport(TcpTransport):
 
     def _small(self, work: Work) -> bool:
         """A frame this small costs less as one plain round trip (the bytes ride along)
-        than as two control round trips plus a copy: single-key gets and puts."""
+        than as two control round trips plus a copy: single-key gets and puts. A byte
+        get (no destination) counts its ``max_len``: a first read the caller kept under
+        ``min_bytes`` (``sdk/point.py``) is small; one of ``slice_bytes`` is not."""
         get = work.op == Op.GET  # a get's max_len and destination, a put's length and source
         total = 0
         for it in work.items:
             total += it.max_len if get else it.length
-            if total >= self.min_bytes or not isinstance(it.dest if get else it.src,
-                                                         memoryview):
-                return False  # large, or a byte get (size unknown) / device memory
+            buf = it.dest if get else it.src
+            if total >= self.min_bytes or not (isinstance(buf, memoryview)
+                                               or get and buf is None):
+                return False  # large, or device memory
         STATS["small_frame_tcp_items"] += len(work.items)
         return True
 

@@ -91,3 +91,22 @@ def test_many_not_owner_replies_reroute_to_the_owner_once_masters_answer(mcluste
         assert c.get_batch(on_b) == [b"v%d" % i for i in range(CALLS)]
         stats = c.stats()
         assert stats[b.address]["objects"] == CALLS  # every key landed on its owner
+
+
+@pytest.mark.timeout(120)
+def test_one_key_calls_of_a_stale_client_reroute_to_the_owner(mcluster):
+    """A one-key get or exists (no batch: sdk/point.py) answered NOT_OWNER continues as a
+    batch: the view is refreshed and the key read at its owner."""
+    c, on_b, current = _stale_client(mcluster)
+    a = mcluster.servers[0]
+    stale = c.view
+    with Client(masters=mcluster.master_addresses, token="tok", timeout_ms=5000) as fresh:
+        assert fresh.put_batch(on_b[:2], [b"w0", b"w1"]) == [Status.OK] * 2
+    with c:
+        assert set(c.owners(on_b[:2])) == {a.address}
+        assert c.get(on_b[0]) == b"w0"
+        assert c.view.epoch == current.epoch  # refreshed from the masters
+        c._router.install(stale)
+        assert c.owners(on_b[1:2]) == [a.address]
+        assert c.exists(on_b[1]) is True
+        assert c.view.epoch == current.epoch

@@ -95,6 +95,10 @@ def test_every_key_still_hits_after_a_join_without_handoff(joined):
     assert c.get_batch_into(moved, bufs) == [Status.OK] * len(moved)
     assert all(check_value(k, b) for k, b in zip(moved, bufs))
     assert c.exists_batch(moved) == [True] * len(moved)
+    # one-key calls (no batch: sdk/point.py) miss at the new owner and ask the previous
+    reads = c.counters["handoff_reads"]
+    assert c.get(moved[2]) == value_for(moved[2], SIZE) and c.exists(moved[3])
+    assert c.counters["handoff_reads"] == reads + 2
     # hits at the new owner never go to the previous one
     reads = c.counters["handoff_reads"]
     k0, k1 = moved[0], moved[1]
