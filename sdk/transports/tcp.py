@@ -281,7 +281,7 @@ class TcpTransport(Transport):
             return [res]
         end = start + n
         if it.dest is None:
-            if end <= len(view):  # all of it in the buffer: one copy out
+            if held >= end:  # all of it arrived in the buffer: one copy out
                 data: Any = bytes(view[start:end])
             else:
                 data = bytearray(n)

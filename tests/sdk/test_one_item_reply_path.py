@@ -262,12 +262,14 @@ LONG_VALUE = bytes(range(256)) * 8
 
 
 def _long_headers(c: socket.socket, fh) -> None:
-    """A GET's value under a header padded past the read-ahead; anything else a
-    frame-level error whose message is longer than the whole buffer."""
+    """A GET's value under a header padded past the read-ahead (a byte get's: past the
+    whole buffer); anything else a frame-level error whose message is longer than the
+    whole buffer."""
     if fh.opcode == Op.GET:
         v = LONG_VALUE
         row = [0, len(v), 1, len(v), xxhash.xxh3_64_intdigest(v)]
-        c.sendall(_reply(Op.GET, fh.request_id, {"items": [row], "pad": "p" * 3000}, v))
+        c.sendall(_reply(Op.GET, fh.request_id, {"items": [row], "pad": "p" * (CAP + 500)},
+                         v))
     else:
         c.sendall(encode_frame(fh.opcode, fh.request_id, {"error": "e" * (CAP + 100)},
                                flags=FLAG_RESPONSE, status=Status.BAD_REQUEST))
