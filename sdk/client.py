@@ -663,6 +663,9 @@ class Client:
         Returns:
             OK per key that was deleted, MISS per key that was absent.
         """
+        if len(keys) == 1 and callback is None and on_key is None:  # point.py
+            return [point.call(self, Op.DELETE, self._key(keys[0]), group,
+                               self._deadline(timeout_ms))]
         fut = self._keyed(Op.DELETE, keys, group=group, timeout_ms=timeout_ms,
                           callback=callback, on_key=on_key, here=True)
         return self._wait(fut, len(keys), Status.TIMEOUT)
@@ -706,6 +709,9 @@ class Client:
         Returns:
             ``list[Status]``, one per key.
         """
+        if len(keys) == 1 and callback is None and on_key is None:  # point.py
+            return [point.call(self, Op.TOUCH, self._key(keys[0]), group,
+                               self._deadline(timeout_ms))]
         fut = self._keyed(Op.TOUCH, keys, group=group, timeout_ms=timeout_ms,
                           callback=callback, on_key=on_key, here=True)
         return self._wait(fut, len(keys), Status.TIMEOUT)

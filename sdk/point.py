@@ -1,5 +1,6 @@
-"""One-key synchronous calls without a batch: ``get``, ``exists``, and ``get_batch``,
-``get_batch_into`` and ``exists_batch`` of one key.
+"""One-key synchronous calls without a batch: ``get``, ``exists``, ``delete``, ``touch``,
+and their batch forms of one key (``get_batch``, ``get_batch_into``, ``exists_batch``,
+``delete_batch``, ``touch_batch``).
 
 Design. A synchronous call of one key (no callbacks, no ``stream=``; a get into a host
 buffer of at most ``slice_bytes``) whose owner has an idle one-hop
@@ -13,7 +14,9 @@ Python calls fewer per call. Its answer is final when it is
   ``batch.landed_status`` and ``batch.whole_status``: SIZE_MISMATCH, CORRUPT), or
 * a miss with nobody else to ask: not NOT_OWNER, and not a MISS while the previous
   ring's handoff window is open (``Router.handoff_open``), or a failure status
-  (TIMEOUT, UNAVAILABLE, ...), which the batch path would report the same way.
+  (TIMEOUT, UNAVAILABLE, ...), which the batch path would report the same way; a
+  delete's OK or MISS in that window continues too (it must reach the previous owner,
+  ``Router.handoff``).
 
 Anything else continues in the batch path from where the point call stopped: the batch
 is made with the same deadline, routed to the same server, and handed the frame and its
@@ -53,9 +56,9 @@ _PLAIN_KINDS = (None, TransportKind.TCP)
 def call(c: Client, op: int, key: bytes, group: Any, deadline: float,
          view: memoryview | None = None) -> Any:
     """``get`` (op GET: bytes or None), ``get_batch_into`` of one key (op GET with
-    ``view``, a writable host byte view of at most ``slice_bytes``: its Status) or
-    ``exists`` (op EXISTS: bool) of ``key``, which ``Client._key`` checked, by
-    ``deadline``."""
+    ``view``, a writable host byte view of at most ``slice_bytes``: its Status),
+    ``exists`` (op EXISTS: bool), ``delete`` or ``touch`` (op DELETE / TOUCH: its
+    Status) of ``key``, which ``Client._key`` checked, by ``deadline``."""
     router, dispatcher, metrics = c._router, c._dispatcher, c._metrics
     started = dispatcher.clock.monotonic() if metrics is not None else 0.0
     h = router.hashes([key], group)[0]
@@ -82,7 +85,8 @@ def call(c: Client, op: int, key: bytes, group: Any, deadline: float,
         return _batch(c, op, key, group, deadline, view)
     res = box[0][0]
     st = res.status
-    if st == _NOT_OWNER or (st == _MISS and router.handoff_open(op)):
+    if st == _NOT_OWNER or (router.handoff_open(op) and (
+            st == _MISS or st == _OK and op == Op.DELETE)):  # Router.handoff's rule
         return _continue(c, work, box[0], h, started)
     if view is not None:
         st = whole_status(c._checks, c.verify, item, res,
@@ -99,7 +103,7 @@ def call(c: Client, op: int, key: bytes, group: Any, deadline: float,
         metrics.count_one(op, str(c.transport), st, dispatcher.clock.monotonic() - started)
     if op == Op.EXISTS:
         return st == _OK
-    if view is not None:
+    if view is not None or op != Op.GET:  # get into a buffer, delete, touch: the Status
         return st
     return (bytes(res.data) if res.data is not None else b"") if st == _OK else None
 
@@ -140,4 +144,6 @@ def _make(c: Client, op: int, key: bytes, deadline: float, view: memoryview | No
 
 def _missed(op: int, view: memoryview | None) -> Any:
     """What the call returns if its batch outlived its deadline (as the sync methods)."""
-    return Status.TIMEOUT if view is not None else None if op == Op.GET else False
+    if op == Op.GET:
+        return Status.TIMEOUT if view is not None else None
+    return False if op == Op.EXISTS else Status.TIMEOUT

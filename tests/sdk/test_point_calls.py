@@ -5,7 +5,8 @@ calling thread without making a ``Batch``; its answer is final for a whole hit o
 miss, and anything else continues as a batch from where it stopped. Pinned here against
 real servers (tcp and shm lanes):
 
-* a hit, a miss and an exists make no batch and give the right answer;
+* a hit, a miss, an exists, a touch and a delete make no batch and give the right
+  answer;
 * an object longer than the first read continues as a batch and comes back whole: on
   tcp past ``slice_bytes``; on a shm lane the first read stays under
   ``one_sided_min_bytes`` (one plain GET, no LEASE) and the rest takes the one-sided
@@ -78,6 +79,9 @@ def test_hits_and_misses_make_no_batch(cluster, batches, transport):
         assert c.get_batch_into([b"absent"], [bytearray(8)]) == [Status.MISS]
         for wrong in (n - 1, n + 1):  # the buffer must be the object's size
             assert c.get_batch_into([k], [bytearray(wrong)]) == [Status.SIZE_MISMATCH]
+        assert c.touch(k) == Status.OK and c.touch_batch([b"absent"]) == [Status.MISS]
+        assert c.delete(keys[5]) == Status.OK and c.exists(keys[5]) is False
+        assert c.delete_batch([keys[5]]) == [Status.MISS]
         assert batches == before, "a one-key call made a batch"
         # callbacks keep the batch path (they fire exactly once there)
         seen = []
@@ -156,7 +160,8 @@ def point_cluster():
 def test_one_key_calls_answer_as_their_batch_twins(point_cluster, transport):
     """Every one-key call answers exactly as the same call through the batch path (a
     callback sends it there): hits, misses, empty values, buffers of the wrong size,
-    values past the shm lane's first read, with and without checksums."""
+    values past the shm lane's first read, touches and deletes, with and without
+    checksums."""
     clients = {v: Client(point_cluster.addresses, transport=transport, timeout_ms=10000,
                          verify_checksums=v) for v in (False, True)}
 
@@ -166,7 +171,7 @@ def test_one_key_calls_answer_as_their_batch_twins(point_cluster, transport):
     @settings(max_examples=60, deadline=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(size=st.sampled_from(SIZES), present=st.booleans(), verify=st.booleans(),
-           kind=st.sampled_from(["get", "get_batch", "into", "exists"]),
+           kind=st.sampled_from(["get", "get_batch", "into", "exists", "touch", "delete"]),
            delta=st.sampled_from([0, 0, -1, 1]))
     def check(size, present, verify, kind, delta):
         c = clients[verify]
@@ -179,8 +184,19 @@ def test_one_key_calls_answer_as_their_batch_twins(point_cluster, transport):
             assert c.get(k) == c.get(k, callback=twin)
         elif kind == "get_batch":
             assert c.get_batch([k]) == c.get_batch([k], callback=twin)
-        else:
+        elif kind == "exists":
             assert c.exists(k) == c.exists(k, callback=twin)
+        elif kind == "touch":
+            assert c.touch(k) == c.touch(k, callback=twin)
+        else:  # each delete of a present key deletes a fresh copy of it
+            if present:
+                assert c.put(k, value_for(k, size)) == Status.OK
+            one = c.delete(k)
+            if present:
+                assert c.put(k, value_for(k, size)) == Status.OK
+            assert one == c.delete(k, callback=twin)
+            if present:
+                assert c.put(k, value_for(k, size)) == Status.OK
 
     try:
         check()
