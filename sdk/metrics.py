@@ -43,6 +43,12 @@ _shared: weakref.WeakKeyDictionary[CollectorRegistry, SdkMetrics] = \
     weakref.WeakKeyDictionary()
 
 
+def _result(st: Status, read: bool) -> str:
+    """A finished key's ``result`` label: ``hit`` (a read found it), ``ok``, or the
+    miss's cause."""
+    return "hit" if st == Status.OK and read else "ok" if st == Status.OK else st.name.lower()
+
+
 class SdkMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.items = Counter("gcache_client_items", "Keys of finished SDK calls, by op and "
@@ -66,10 +72,8 @@ class SdkMetrics:
     def count_one(self, op: int, transport: str, status: Status, seconds: float) -> None:
         """Count a one-key call answered without a batch (``sdk/point.py``) as ``watch``
         counts a batch's key: ``hit`` (a read found it), ``ok``, or the miss's cause."""
-        read = op in (Op.GET, Op.EXISTS)
         name = _NAMES.get(op, str(op))
-        self.items.labels(name, "hit" if status == Status.OK and read else
-                          "ok" if status == Status.OK else status.name.lower()).inc()
+        self.items.labels(name, _result(status, op in (Op.GET, Op.EXISTS))).inc()
         self.seconds.labels(name, transport).observe(seconds)
 
     def watch(self, batch: Any, transport: str, started: float,
@@ -89,8 +93,7 @@ class SdkMetrics:
                     st = batch.left[i] if batch.left[i] != Status.OK else Status.MISS
                 else:  # bytes, True: found
                     st = Status.OK
-                tally["hit" if st == Status.OK and read else
-                      "ok" if st == Status.OK else st.name.lower()] += 1
+                tally[_result(st, read)] += 1
             for result, n in tally.items():
                 self.items.labels(op, result).inc(n)
             self.seconds.labels(op, transport).observe(clock() - started)

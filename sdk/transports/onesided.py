@@ -51,7 +51,7 @@ from gcache.status import Status, status_of
 from gcache.config import TransportKind
 from gcache.sdk.transports.base import (AuthError, ItemResult, TransportTimeout, Work,
                                         frame_chain, next_request_id)
-from gcache.sdk.transports.tcp import TcpTransport, put_fields
+from gcache.sdk.transports.tcp import TcpTransport, check_answers, put_fields
 
 if TYPE_CHECKING:
     import ssl
@@ -261,9 +261,7 @@ class OneSidedTransport(TcpTransport):
         rid = next_request_id()
         sendmsg_all(self.sock, [encode_frame(op, rid, meta)], deadline)
         fh, rmeta = read_frame(self.sock, self.limits, self.prefix, deadline=deadline)
-        if fh.request_id != rid or fh.opcode != op:
-            raise ProtocolError(f"reply for request {fh.request_id}/op {fh.opcode}, "
-                                f"expected {rid}/op {op}")
+        check_answers(fh, rid, op)
         if fh.status:
             err = rmeta.get("error", "") if isinstance(rmeta, dict) else ""
             raise _FrameStatus(status_of(fh.status), f"{self.address} refused "

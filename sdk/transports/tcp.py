@@ -92,6 +92,22 @@ def get_rows(rmeta: Any, items: list, plen: int, more: bool = False) -> list[lis
     return rows
 
 
+def check_answers(fh: FrameHeader, rid: int, op: int) -> None:
+    """A reply frame must answer request ``rid`` of ``op``: ProtocolError otherwise."""
+    if fh.request_id != rid or fh.opcode != op:
+        raise ProtocolError(f"reply for request {fh.request_id}/op {fh.opcode}, "
+                            f"expected {rid}/op {op}")
+
+
+def key_results(rmeta: Any, n: int) -> list[ItemResult]:
+    """An EXISTS, DELETE or TOUCH reply's per-item results, one for each of ``n``
+    items: ProtocolError for a status list that does not match the request."""
+    st = rmeta.get("st") if isinstance(rmeta, dict) else None
+    if not isinstance(st, list) or len(st) != n:
+        raise ProtocolError("reply status list does not match the request")
+    return [ItemResult(status_of(s)) for s in st]
+
+
 class TcpTransport(Transport):
     kind: TransportKind | None = TransportKind.TCP
     background = False  # AUTH asks the server to serve this connection at background priority
@@ -229,10 +245,7 @@ class TcpTransport(Transport):
             return self._frame_failed(work, fh.status, rmeta)
         if op == Op.GET:
             return self._read_get(work, fh, rmeta, rid)
-        st = rmeta.get("st") if isinstance(rmeta, dict) else None
-        if not isinstance(st, list) or len(st) != len(work.items):
-            raise ProtocolError("reply status list does not match the request")
-        return [ItemResult(status_of(s)) for s in st]
+        return key_results(rmeta, len(work.items))
 
     def _one(self, work: Work) -> list[ItemResult]:
         """A frame of one item (a GET, never streamed: one item is one frame anyway, or
@@ -261,20 +274,16 @@ class TcpTransport(Transport):
         fh, rmeta, start, held = read_reply_into(
             sock, view if op == Op.GET and it.dest is None else view[:SHORT_READ_BYTES],
             self.limits, deadline)
-        if fh.request_id != rid or fh.opcode != op:
-            raise ProtocolError(f"reply for request {fh.request_id}/op {fh.opcode}, "
-                                f"expected {rid}/op {op}")
+        check_answers(fh, rid, op)
         if fh.status:
             return self._frame_failed(work, fh.status, rmeta)
         if fh.flags & FLAG_MORE:
             raise ProtocolError("streamed reply to a request that did not ask for one")
         if op != Op.GET:
-            st = rmeta.get("st") if isinstance(rmeta, dict) else None
-            if not isinstance(st, list) or len(st) != 1:
-                raise ProtocolError("reply status list does not match the request")
+            results = key_results(rmeta, 1)
             if fh.payload_len:
                 raise ProtocolError(f"{Op.NAMES[op]} reply carries a payload")
-            return [ItemResult(status_of(st[0]))]
+            return results
         st, total, ver, n, csum = get_rows(rmeta, work.items, fh.payload_len)[0]
         res = ItemResult(status_of(st), total, ver, n, None, csum)
         if not n:
@@ -301,9 +310,7 @@ class TcpTransport(Transport):
     def _reply(self, rid: int, op: int, deadline: float) -> tuple[FrameHeader, Any]:
         """The next reply frame, which must answer request ``rid`` of ``op``."""
         fh, rmeta = read_frame(self.sock, self.limits, self.prefix, deadline=deadline)
-        if fh.request_id != rid or fh.opcode != op:
-            raise ProtocolError(f"reply for request {fh.request_id}/op {fh.opcode}, "
-                                f"expected {rid}/op {op}")
+        check_answers(fh, rid, op)
         return fh, rmeta
 
     def _frame_failed(self, work: Work, status: int, rmeta: Any) -> list[ItemResult]:
