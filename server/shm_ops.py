@@ -549,10 +549,13 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
         for i, p in zip(batch, pins):
             if p.status != OK:
                 s = p.status
-                if s == MISS and mem is not tier and tier.exists(ns, parsed[i][0]):
-                    s = Status.BUSY  # on disk only: read below, or with a GET
-                    if into is not None:
-                        on_disk.append(i)
+                if s == MISS and into is not None:
+                    # read below; that read looks the key up itself (MISS if absent),
+                    # so no lookup of its own here
+                    on_disk.append(i)
+                    s = Status.BUSY  # until then (past the lease bound: read with a GET)
+                elif s == MISS and mem is not tier and tier.exists(ns, parsed[i][0]):
+                    s = Status.BUSY  # on disk only: read with a GET
                 else:
                     missed += 1
                 out[i] = (int(s), p.total_len, p.version, 0, 0, 0)
@@ -571,9 +574,10 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
             nbytes += o.length
         hits += len(got)
     if on_disk:
-        got, nb = _lease_disk(st, tier, into, ns, parsed, on_disk, out, expiry)
+        got, nb, absent = _lease_disk(st, tier, into, ns, parsed, on_disk, out, expiry)
         hits += got
         nbytes += nb
+        missed += absent
     # counted as gets (the items served); BUSY items are counted by the GET that follows
     m = conn.svc.metrics
     if hits:
@@ -589,37 +593,40 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
 
 def _lease_disk(st: ShmState, tier: Any, into: Any, ns: bytes, parsed: list,
                 want: list[int], out: list, expiry: float) -> tuple[int, int]:
-    """Lease keys only the disk tier holds: each whole record is read (in parallel, as a
+    """Lease keys the memory tier missed: each whole record is read (in parallel, as a
     GET frame's) into an arena scratch chunk charged to the connection
     (``TieredStore.read_disk_into``), verified, and leased like a memory object, so the
     reader copies it from the arena with no socket copy and no second round trip.
-    RELEASE, expiry or close frees the chunk (``unpin``). Past the connection's lease or
-    byte bounds, with no free chunk, or for a record not read whole, the item stays
-    BUSY (the client reads it with a GET). Answers in ``out``; (items, bytes) leased."""
+    RELEASE, expiry or close frees the chunk (``unpin``). A key the disk tier does not
+    hold either is MISS. Past the connection's lease or byte bounds, with no free
+    chunk, or for a record not read whole, the item stays BUSY (the client reads it
+    with a GET). Answers in ``out``; (items leased, bytes leased, misses)."""
     with st.lock:
         room = st.max_held - len(st.leases)
     if room <= 0:
-        return 0, 0
+        return 0, 0, 0
     want = want[:room]
     pins = into(ns, [(parsed[i][0], 0, 1 << 62, parsed[i][3]) for i in want], st.holder)
     got = [(i, p) for i, p in zip(want, pins) if p.status == Status.OK]
+    absent = 0
     for i, p in zip(want, pins):
         if p.status != Status.OK:
             out[i] = (int(p.status), p.total_len, p.version, 0, 0, 0)
+            absent += p.status == Status.MISS
     if not got:
-        return 0, 0
+        return 0, 0, absent
     ids = st.hold_many(st.leases, [(tier, p, expiry) for _, p in got])
     if not ids:  # the connection closed meanwhile
         tier.unpin_many([p for _, p in got])
         for i, _ in got:
             out[i] = [int(Status.CLOSED), 0, 0, 0, 0, 0]
-        return 0, 0
+        return 0, 0, absent
     nbytes = 0
     for (i, p), lid in zip(got, ids):
         chunk, at = p.token.scratch
         out[i] = (int(Status.OK), p.total_len, p.version, chunk.off + at, lid, p.checksum)
         nbytes += p.total_len
-    return len(got), nbytes
+    return len(got), nbytes, absent
 
 
 def _release(conn: Any, st: ShmState, meta: dict) -> list[int]:

@@ -143,3 +143,19 @@ def test_a_reader_that_never_releases_holds_at_most_its_bound(make_cluster, tmp_
         assert {r[0] for r in rows} <= {Status.OK, Status.BUSY}
         assert _server_stats(cl)["scratch_bytes"] <= 2 * bound
     wait_for(lambda: _scratch_freed(cl), 10)
+
+
+def test_a_key_in_no_tier_is_a_miss_and_takes_no_chunk(make_cluster, tmp_path):
+    """A memory miss is looked up by the disk read itself: a key no tier holds answers
+    MISS (not BUSY: no GET follows), and no scratch chunk is reserved for it."""
+    cl, keys = _server(make_cluster, tmp_path)
+    reserved = _server_stats(cl)["scratch_reserved"]
+    with RawConn(cl.addresses[0]) as c:
+        c.auth()
+        rows = _lease(c, 2, [b"absent-1", keys[0], b"absent-2"])
+        assert [r[0] for r in rows] == [Status.MISS, Status.OK, Status.MISS]
+        assert _server_stats(cl)["scratch_reserved"] - reserved == 1
+    before = dict(onesided.STATS)
+    with Client(cl.addresses, timeout_ms=10_000, transport="shm", namespace="t") as c:
+        assert c.get_batch([b"absent-1", keys[1]]) == [None, value_for(keys[1], SIZE)]
+    assert onesided.STATS["tcp_fallback_items"] == before["tcp_fallback_items"]
