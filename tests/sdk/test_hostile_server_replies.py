@@ -77,12 +77,18 @@ BAD_LEASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(BAD_LEASES))
-def test_bad_lease_spans_are_misses_not_crashes(cluster, case, monkeypatch):
-    monkeypatch.setenv("GCACHE_ONE_SIDED_MIN_BYTES", "1")  # small frames one-sided too
+def _one_sided_stand_in(cluster, monkeypatch) -> tuple[str, tuple[dict, dict], int]:
+    """The real server's address, its handshake (for a stand-in to replay) and its
+    arena's size; small frames go one-sided too."""
+    monkeypatch.setenv("GCACHE_ONE_SIDED_MIN_BYTES", "1")
     real = cluster.addresses[0]
     handshake = _real_handshake(real)
-    size = handshake[1]["shm"]["size"]
+    return real, handshake, handshake[1]["shm"]["size"]
+
+
+@pytest.mark.parametrize("case", sorted(BAD_LEASES))
+def test_bad_lease_spans_are_misses_not_crashes(cluster, case, monkeypatch):
+    real, handshake, size = _one_sided_stand_in(cluster, monkeypatch)
 
     seen: list[int] = []
 
