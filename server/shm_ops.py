@@ -101,7 +101,7 @@ import stat
 import threading
 import time
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from gcache import native, staging
 from gcache.credentials import Right
@@ -112,6 +112,7 @@ from gcache.protocol import (Op, chain_parents, check_flag, check_items, check_k
                              check_namespace,
                              check_placement, pack_lease_rows, parse_put_items,
                              self_contained)
+from gcache.server.tier import Pinned
 from gcache.status import Status
 
 log = logging.getLogger("gcache.server.shm")
@@ -122,6 +123,9 @@ stage_log = RateLimitedLog(log, 10.0)
 LEASE_MS_ENV = "GCACHE_SHM_LEASE_MS"
 DEFAULT_LEASE_MS = 10000
 _OK = int(Status.OK)
+#: a streamed LEASE reply sends at least this many bytes of disk reads a frame while
+#: reads are left to claim: each frame costs a header, a send and a client wake-up
+_LEASE_STREAM_MIN_BYTES = 1 << 20
 #: PUT_STAGED reads this many bytes of a frame per read_staged call (GIL released once)
 STAGED_GROUP_BYTES = 1 << 20
 
@@ -486,11 +490,7 @@ def handle(conn: Any, op: int, rid: int, meta: Any, plen: int) -> None:
                                  "one_sided": False, "error": why})
             return
     if op == Op.LEASE:
-        rows = _lease(conn, st, tier, mem, meta)
-        if check_flag(meta, "pk"):  # the client reads the packed form (docs/protocol.md)
-            conn.reply(op, rid, {"packed": pack_lease_rows(rows)})
-        else:
-            conn.reply(op, rid, {"items": rows})
+        _lease(conn, st, tier, mem, rid, meta)
     elif op == Op.RELEASE:
         conn.reply(op, rid, {"st": _release(conn, st, meta)})
     elif op == Op.ALLOC:
@@ -501,13 +501,17 @@ def handle(conn: Any, op: int, rid: int, meta: Any, plen: int) -> None:
         conn.reply(op, rid, {"st": _commit(conn, st, meta)})
 
 
-def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
-    """Pin the frame's memory-resident objects and answer where each one is. The frame's
-    pins, lease ids and lease-bound check each take their lock once per frame
-    (``MemoryTier.pin_read_many`` with no views: the server never reads the bytes)."""
+def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, rid: int, meta: dict) -> None:
+    """Pin the frame's memory-resident objects, lease the disk-only ones, and answer
+    where each one is. The frame's pins, lease ids and lease-bound check each take their
+    lock once per frame (``MemoryTier.pin_read_many`` with no views cut: the server never
+    reads the bytes). With ``"sr": 1`` and disk reads to do, the reply is streamed
+    (docs/protocol.md): the rows ready at once first, then each verified prefix of the
+    disk reads as it lands, so the client copies while later reads go on."""
     lim = conn.limits
     ns = check_namespace(meta.get("ns", b""), lim)
     items = check_items(meta, lim)
+    stream, packed = check_flag(meta, "sr"), check_flag(meta, "pk")
     parsed = []
     most = lim.max_key_bytes
     for it in items:
@@ -521,7 +525,8 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
             raise ProtocolError("LEASE item must be [key, expect_version]", Status.BAD_REQUEST)
         parsed.append((check_key(it[0], lim), 0, 0, it[1]))
     if not conn.may(Right.READ, ns, Op.LEASE):
-        return [[int(Status.AUTH), 0, 0, 0, 0, 0]] * len(parsed)
+        _reply_rows(conn, rid, [[int(Status.AUTH), 0, 0, 0, 0, 0]] * len(parsed), packed)
+        return
     refused = conn.read_refusals(ns, meta, len(parsed))
     busy = [int(Status.BUSY), 0, 0, 0, 0, 0]
     out: list = [busy] * len(parsed)  # BUSY unless answered below
@@ -534,7 +539,9 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
     expiry = time.monotonic() + st.lease_s
     OK, MISS = Status.OK, Status.MISS
     hits = nbytes = missed = 0
-    on_disk = []  # indices of keys only the disk tier holds
+    # memory misses the disk tier may hold: read (or found absent) below, with no
+    # lookup of their own first (the disk read looks each key up)
+    on_disk = []
     into = getattr(tier, "read_disk_into", None) if mem is not tier else None
     while want:
         # at most max_held leases per connection: the items past the bound answer BUSY
@@ -550,10 +557,8 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
             if p.status != OK:
                 s = p.status
                 if s == MISS and into is not None:
-                    # read below; that read looks the key up itself (MISS if absent),
-                    # so no lookup of its own here
                     on_disk.append(i)
-                    s = Status.BUSY  # until then (past the lease bound: read with a GET)
+                    s = Status.BUSY  # until read below (or past the lease bound: a GET)
                 elif s == MISS and mem is not tier and tier.exists(ns, parsed[i][0]):
                     s = Status.BUSY  # on disk only: read with a GET
                 else:
@@ -574,10 +579,25 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
             nbytes += o.length
         hits += len(got)
     if on_disk:
-        got, nb, absent = _lease_disk(st, tier, into, ns, parsed, on_disk, out, expiry)
-        hits += got
-        nbytes += nb
-        missed += absent
+        with st.lock:
+            on_disk = on_disk[:max(0, st.max_held - len(st.leases))]  # the rest stay BUSY
+    if on_disk and stream:
+        first = sorted(set(range(len(parsed))).difference(on_disk))
+        if first:
+            conn.reply(Op.LEASE, rid, {"packed": pack_lease_rows([out[i] for i in first]),
+                                       "ix": first}, more=True)
+
+        def send(ix: list[int], more: bool) -> None:
+            conn.reply(Op.LEASE, rid, {"packed": pack_lease_rows([out[i] for i in ix]),
+                                       "ix": ix}, more=more)
+        counts = _lease_disk(st, tier, into, ns, parsed, on_disk, out, expiry, send)
+    else:
+        counts = (_lease_disk(st, tier, into, ns, parsed, on_disk, out, expiry)
+                  if on_disk else (0, 0, 0))
+        _reply_rows(conn, rid, out, packed)
+    hits += counts[0]
+    nbytes += counts[1]
+    missed += counts[2]
     # counted as gets (the items served); BUSY items are counted by the GET that follows
     m = conn.svc.metrics
     if hits:
@@ -588,45 +608,60 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> list:
         m.items.labels("get", "MISS").inc(missed)
     m.namespace_reads(ns, hits, missed, nbytes)
     m.handoff_reads(meta, hits, missed)
-    return out
+
+
+def _reply_rows(conn: Any, rid: int, rows: list, packed: bool) -> None:
+    """A LEASE reply of one frame: every row, in request order."""
+    if packed:  # the client reads the packed form (docs/protocol.md)
+        conn.reply(Op.LEASE, rid, {"packed": pack_lease_rows(rows)})
+    else:
+        conn.reply(Op.LEASE, rid, {"items": [list(r) for r in rows]})
 
 
 def _lease_disk(st: ShmState, tier: Any, into: Any, ns: bytes, parsed: list,
-                want: list[int], out: list, expiry: float) -> tuple[int, int]:
-    """Lease keys the memory tier missed: each whole record is read (in parallel, as a
-    GET frame's) into an arena scratch chunk charged to the connection
+                want: list[int], out: list, expiry: float,
+                send: Callable[[list[int], bool], None] | None = None
+                ) -> tuple[int, int, int]:
+    """Lease keys only the disk tier may hold: each whole record is read (in parallel,
+    as a GET frame's) into an arena scratch chunk charged to the connection
     (``TieredStore.read_disk_into``), verified, and leased like a memory object, so the
     reader copies it from the arena with no socket copy and no second round trip.
-    RELEASE, expiry or close frees the chunk (``unpin``). A key the disk tier does not
-    hold either is MISS. Past the connection's lease or byte bounds, with no free
-    chunk, or for a record not read whole, the item stays BUSY (the client reads it
-    with a GET). Answers in ``out``; (items leased, bytes leased, misses)."""
-    with st.lock:
-        room = st.max_held - len(st.leases)
-    if room <= 0:
-        return 0, 0, 0
-    want = want[:room]
-    pins = into(ns, [(parsed[i][0], 0, 1 << 62, parsed[i][3]) for i in want], st.holder)
-    got = [(i, p) for i, p in zip(want, pins) if p.status == Status.OK]
-    absent = 0
-    for i, p in zip(want, pins):
-        if p.status != Status.OK:
-            out[i] = (int(p.status), p.total_len, p.version, 0, 0, 0)
-            absent += p.status == Status.MISS
-    if not got:
-        return 0, 0, absent
-    ids = st.hold_many(st.leases, [(tier, p, expiry) for _, p in got])
-    if not ids:  # the connection closed meanwhile
-        tier.unpin_many([p for _, p in got])
-        for i, _ in got:
-            out[i] = [int(Status.CLOSED), 0, 0, 0, 0, 0]
-        return 0, 0, absent
-    nbytes = 0
-    for (i, p), lid in zip(got, ids):
-        chunk, at = p.token.scratch
-        out[i] = (int(Status.OK), p.total_len, p.version, chunk.off + at, lid, p.checksum)
-        nbytes += p.total_len
-    return len(got), nbytes, absent
+    RELEASE, expiry or close frees the chunk (``unpin``). A key in no tier is MISS; with
+    no free chunk, or for a record not read whole, the item stays BUSY (the client reads
+    it with a GET). Answers in ``out``; ``send(indices, more)``: each verified prefix
+    is sent as it is leased (a streamed reply, the last with ``more`` False), else the
+    caller replies. (items leased, bytes leased, misses)."""
+    counts = [0, 0, 0]
+    n = len(want)
+
+    def settle(start: int, pins: list[Pinned]) -> None:  # owns ``pins``: lease or unpin
+        ix = want[start:start + len(pins)]
+        got = []
+        for i, p in zip(ix, pins):
+            if p.status == Status.OK:
+                got.append((i, p))
+            else:
+                out[i] = (int(p.status), p.total_len, p.version, 0, 0, 0)
+                counts[2] += p.status == Status.MISS
+        ids = st.hold_many(st.leases, [(tier, p, expiry) for _, p in got]) if got else []
+        if got and not ids:  # the connection closed meanwhile
+            tier.unpin_many([p for _, p in got])
+            for i, _ in got:
+                out[i] = [int(Status.CLOSED), 0, 0, 0, 0, 0]
+        for (i, p), lid in zip(got if ids else (), ids):
+            chunk, at = p.token.scratch
+            out[i] = (int(Status.OK), p.total_len, p.version, chunk.off + at, lid, p.checksum)
+            counts[0] += 1
+            counts[1] += p.total_len
+        if send is not None:
+            send(ix, start + len(pins) < n)
+
+    items = [(parsed[i][0], 0, 1 << 62, parsed[i][3]) for i in want]
+    if send is None:
+        settle(0, into(ns, items, st.holder))
+    else:
+        into(ns, items, st.holder, settle, _LEASE_STREAM_MIN_BYTES)
+    return counts[0], counts[1], counts[2]
 
 
 def _release(conn: Any, st: ShmState, meta: dict) -> list[int]:

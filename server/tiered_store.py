@@ -193,14 +193,23 @@ class TieredStore(Tier):
         return self._pin_frame(ns, items, ready)
 
     def read_disk_into(self, ns: bytes, items: list[tuple[bytes, int, int, int]],
-                       holder: Any) -> list[Pinned]:
+                       holder: Any, ready: Callable[[int, list[Pinned]], None] | None = None,
+                       min_bytes: int = _STREAM_MIN_BYTES) -> list[Pinned]:
         """Disk reads of whole records into arena scratch chunks charged to ``holder``
         (``MemorySide.reserve_scratch``), in parallel as a GET frame's: the shm
         transport leases them out (``shm_ops``), so a co-located reader copies a disk
         hit straight from the arena. An OK pin's ``token.scratch`` is ``(its chunk, the
         view's offset in it)``; ``unpin`` frees the chunk. No room, or an item not read
-        whole: BUSY, unread. Nothing here looks in memory (the caller just did)."""
+        whole: BUSY, unread. Nothing here looks in memory (the caller just did).
+
+        ``ready(start, pins)``: called as the verified prefix grows (at least
+        ``min_bytes`` at a time while reads are left to claim), with the pins of items
+        ``[start, start + len(pins))``. Those pins are then the caller's, even if
+        ``ready`` raises: it leases or unpins each, and their slots in the returned
+        list hold token-less copies (status and sizes only)."""
         taken: list[Any] = []
+        handed: set[int] = set()  # scratch chunks whose pins went to ``ready``
+        sent = 0
 
         def dest(n: int) -> tuple[memoryview, Any] | None:
             got = self.memory.reserve_scratch(n, holder)
@@ -208,14 +217,30 @@ class TieredStore(Tier):
                 taken.append(got[1])  # list.append: atomic across the IO threads
             return got
 
+        def hand(end: int, out: list[Pinned]) -> None:
+            nonlocal sent
+            start, pins = sent, out[sent:end]
+            for j in range(start, end):  # items [start, end) are final: no IO thread writes
+                p = out[j]
+                if p.token is not None:
+                    if p.token.scratch is not None:
+                        handed.add(id(p.token.scratch[0]))
+                    out[j] = Pinned(p.status, p.total_len, p.version, checksum=p.checksum)
+            sent = end
+            assert ready is not None
+            ready(start, pins)
+
         try:
-            out = self._pin_frame(ns, items, None, dest)
+            out = self._pin_frame(ns, items, None if ready is None else hand, dest, min_bytes)
         except BaseException:
-            for t in taken:  # _pin_frame unpinned what it pinned; the rest goes here
-                self.memory.release_scratch(t)
+            # _pin_frame unpinned what it still held and ``ready`` owns what it was
+            # handed; every other chunk goes here
+            for t in taken:
+                if id(t) not in handed:
+                    self.memory.release_scratch(t)
             raise
         kept = {id(p.token.scratch[0]) for p in out
-                if isinstance(p.token, ReadLease) and p.token.scratch is not None}
+                if isinstance(p.token, ReadLease) and p.token.scratch is not None} | handed
         for t in taken:  # reserved for reads that failed or were dropped
             if id(t) not in kept:
                 self.memory.release_scratch(t)
@@ -223,7 +248,8 @@ class TieredStore(Tier):
 
     def _pin_frame(self, ns: bytes, items: list[tuple[bytes, int, int, int]],
                    ready: Callable[[int, list[Pinned]], None] | None,
-                   dest: ScratchSource | None = None) -> list[Pinned]:
+                   dest: ScratchSource | None = None,
+                   min_bytes: int = _STREAM_MIN_BYTES) -> list[Pinned]:
         out = (self.memory.pin_read_many(ns, items) if dest is None
                else [Pinned(Status.MISS) for _ in items])
         todo = [i for i, p in enumerate(out) if p.status == Status.MISS]
@@ -242,7 +268,7 @@ class TieredStore(Tier):
             self._io_q.put(frame)
         try:
             if ready is not None:
-                self._stream(frame, ready)
+                self._stream(frame, ready, min_bytes)
         except BaseException:
             self._settle(frame, abort=True)  # the IO threads skip what is left
             self.unpin_many([p for p in out if p.token is not None])
@@ -261,14 +287,15 @@ class TieredStore(Tier):
             pass
         frame.done.wait()
 
-    def _stream(self, frame: _Frame, ready: Callable[[int, list[Pinned]], None]) -> None:
+    def _stream(self, frame: _Frame, ready: Callable[[int, list[Pinned]], None],
+                min_bytes: int) -> None:
         finished, n, sent = frame.finished, len(frame.out), 0
         while sent < n and frame.failed is None:
             end = sent
             while end < n and finished[end]:
                 end += 1
             if end > sent:
-                if end < n and self._ready_bytes(frame.out, sent, end) < _STREAM_MIN_BYTES \
+                if end < n and self._ready_bytes(frame.out, sent, end) < min_bytes \
                         and self._read_one(frame):
                     continue  # too little to send yet: read one more item meanwhile
                 ready(end, frame.out)

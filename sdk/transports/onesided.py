@@ -6,7 +6,9 @@ ops) that serves GET and PUT through the control ops of docs/protocol.md
 
 * GET: ``LEASE`` (one per distinct key in the frame; the server pins each object and
   answers its arena offset) -> ``move_in`` copies each slice into its destination ->
-  ``RELEASE``. A RELEASE that answers non-OK means the lease expired mid-copy: that
+  ``RELEASE``. The LEASE asks for a streamed reply: a server with disk reads to do
+  sends the ready rows first, then the disk reads' rows as they land, and each
+  frame's objects are copied as it arrives. A RELEASE that answers non-OK means the lease expired mid-copy: that
   item is a miss. Keys the server cannot lease (``BUSY``: on disk only, or too many
   leases) are read with a plain GET on the same connection, which asks for a streamed
   reply (docs/protocol.md), so their first items travel while the later disk reads go on.
@@ -45,8 +47,8 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Sequence
 
 from gcache.errors import GCacheError, ProtocolError
-from gcache.protocol import (LEASE_ROW, Op, encode_frame, read_frame, sendmsg_all,
-                             unpack_lease_rows)
+from gcache.protocol import (FLAG_MORE, LEASE_ROW, Op, encode_frame, read_frame,
+                             sendmsg_all, unpack_lease_rows)
 from gcache.status import Status, status_of
 from gcache.config import TransportKind
 from gcache.sdk.transports.base import (AuthError, ItemResult, TransportTimeout, Work,
@@ -256,10 +258,24 @@ class OneSidedTransport(TcpTransport):
     def call(self, op: int, meta: dict, deadline: float) -> Any:
         """One control round trip (LEASE, RELEASE, ALLOC, COMMIT, PUT_STAGED): the reply
         header; ``_FrameStatus`` when the server refused the frame (it then closes)."""
+        rid = self._ask(op, meta, deadline)
+        rmeta, more = self._answer(op, rid, deadline)
+        if more:
+            raise ProtocolError(f"{Op.NAMES.get(op, op)} reply is streamed, not asked to be")
+        return rmeta
+
+    def _ask(self, op: int, meta: dict, deadline: float) -> int:
+        """Send one control request; its request id."""
         if self.unread:
             self._drain(deadline)
         rid = next_request_id()
         sendmsg_all(self.sock, [encode_frame(op, rid, meta)], deadline)
+        return rid
+
+    def _answer(self, op: int, rid: int, deadline: float) -> tuple[dict, bool]:
+        """The next reply frame to request ``rid``: its header map, and whether more
+        frames follow (``FLAG_MORE``: a streamed reply); ``_FrameStatus`` when the
+        server refused the frame (it then closes)."""
         fh, rmeta = read_frame(self.sock, self.limits, self.prefix, deadline=deadline)
         check_answers(fh, rid, op)
         if fh.status:
@@ -270,7 +286,7 @@ class OneSidedTransport(TcpTransport):
             raise ProtocolError(f"{Op.NAMES.get(op, op)} reply carries a payload")
         if not isinstance(rmeta, dict):
             raise ProtocolError("reply header is not a map")
-        return rmeta
+        return rmeta, bool(fh.flags & FLAG_MORE)
 
     def _refused(self, work: Work, rmeta: dict) -> list[ItemResult]:
         """The server refuses one-sided ops to this peer (not on its host, no NIXL): use
@@ -311,94 +327,140 @@ class OneSidedTransport(TcpTransport):
                 ph[j] = extra["ph"][i]
             extra["ph"] = ph
         t0 = time.monotonic()
-        rmeta = self.call(Op.LEASE, {"ns": work.ns, "items": uniq, "pk": 1, **extra},
-                          work.deadline)
-        if rmeta.get("one_sided") is False:
+        # "sr": the server may stream the reply (its disk reads' rows as each lands), so
+        # the copies of the first ones overlap the later reads (docs/protocol.md)
+        rid = self._ask(Op.LEASE, {"ns": work.ns, "items": uniq, "pk": 1, "sr": 1, **extra},
+                        work.deadline)
+        rmeta, more = self._answer(Op.LEASE, rid, work.deadline)
+        if rmeta.get("one_sided") is False and not more:
             return self._refused(work, rmeta)
-        rows = _lease_rows(rmeta, len(uniq))
         out: list[ItemResult | None] = [None] * len(items)
-        fallback = []
-        held: list[int] = []
+        fallback: list[int] = []
+        held: list[tuple[int, int]] = []  # (item, lease id) of every copied lease
+        lids: list[int] = []  # every lease the reply granted, each once
         try:  # any failure before RELEASE closes the connection: the server drops the leases
-            lo, hi = self.path.span
-            verify, OK, BUSY = work.verify, Status.OK, Status.BUSY
-            for b in range(0, len(rows), LEASE_ROW):
-                if rows[b] == OK:
-                    held.append(rows[b + 4])
-                    off, total = rows[b + 3], rows[b + 1]
-                    if not lo <= off <= off + total <= hi:
-                        self._check_span(off, total)  # raises
-            copies: list[Copy] = []
-            hashed: list[ItemResult] = []  # results whose copy is hashed as it lands
-            for i, it in enumerate(items):
-                b = LEASE_ROW * (i if which is None else which[i])
-                st = rows[b]
-                if st != OK:
-                    if st == BUSY:
-                        fallback.append(i)
-                    else:
-                        out[i] = ItemResult(status_of(st), rows[b + 1], rows[b + 2], 0)
-                    continue
-                total, off = rows[b + 1], rows[b + 3]
-                start = it.offset
-                if start > total:
-                    start = total
-                n = total - start
-                if n > it.max_len:
-                    n = it.max_len
-                res = out[i] = ItemResult(OK, total, rows[b + 2], n, None, rows[b + 5])
-                dst = it.dest
-                if dst is None:  # a byte get: the bytes land in a new buffer
-                    res.data = bytearray(n)
-                    dst = memoryview(res.data)
-                elif n > len(dst):
-                    raise ProtocolError(f"{n} bytes for a {len(dst)}-byte destination")
-                want = verify and n == total  # the whole object (so start == 0)
-                if want:
-                    hashed.append(res)
-                if n or want:
-                    copies.append((dst, off + start, n, want))
-            if copies:
-                landed = self.move_in(copies, t0, work.deadline)
-                if hashed and landed is not None:
-                    for res, h in zip(hashed, (h for h in landed if h is not None)):
-                        res.landed = h
-                    STATS["landed_hashes"] += len(hashed)
+            if not more and "ix" not in rmeta:  # one frame: every row in request order
+                self._take(work, which, range(len(uniq)), _lease_rows(rmeta, len(uniq)),
+                           t0, out, fallback, held, lids)
+            else:  # streamed: each frame names the rows it carries
+                seen = bytearray(len(uniq))
+                left = len(uniq)
+                while True:
+                    ix = rmeta.get("ix")
+                    if type(ix) is not list or not ix or not all(
+                            type(r) is int and 0 <= r < len(uniq) for r in ix):
+                        raise ProtocolError("streamed LEASE reply frame without valid "
+                                            "\"ix\" rows")
+                    for r in ix:
+                        if seen[r]:
+                            raise ProtocolError(f"streamed LEASE reply repeats row {r}")
+                        seen[r] = 1
+                    left -= len(ix)
+                    self._take(work, which, ix, unpack_lease_rows(rmeta.get("packed"),
+                                                                  len(ix)),
+                               t0, out, fallback, held, lids)
+                    if not more:
+                        break
+                    rmeta, more = self._answer(Op.LEASE, rid, work.deadline)
+                if left:
+                    raise ProtocolError(f"streamed LEASE reply ended with {left} of "
+                                        f"{len(uniq)} rows missing")
         except BaseException:
             self.close()
             raise
-        if held and time.monotonic() - t0 < self.path.lease_s / 2:
+        if lids and time.monotonic() - t0 < self.path.lease_s / 2:
             # Every copy ended within half the lease bound of a moment before the grant, so
             # no lease can have expired mid-copy: release without waiting for the answer
             # (read before the next request on this connection). A few dozen bytes on an
             # idle request/response stream never block unless the server stopped reading:
             # that costs at most RELEASE_GRACE_S past the deadline, then the connection.
             sendmsg_all(self.sock, [encode_frame(Op.RELEASE, next_request_id(),
-                                                 {"leases": held})],
+                                                 {"leases": lids})],
                         max(work.deadline, time.monotonic() + RELEASE_GRACE_S))
             self.unread += 1
-        elif held:
+        elif lids:
             # Waited for, within the deadline: past it the op is a miss anyway, and the
             # timeout closes the connection, which drops the leases on the server.
-            rel = self.call(Op.RELEASE, {"leases": held}, work.deadline)
+            rel = self.call(Op.RELEASE, {"leases": lids}, work.deadline)
             st = rel.get("st")
-            if not isinstance(st, list) or len(st) != len(held):
+            if not isinstance(st, list) or len(st) != len(lids):
                 raise ProtocolError("RELEASE reply does not match the request")
-            lost = {lid for lid, s in zip(held, st) if s != Status.OK}
+            lost = {lid for lid, s in zip(lids, st) if s != Status.OK}
             if lost:  # expired mid-copy: the bytes may be torn
-                for i in range(len(items)):
-                    b = LEASE_ROW * (i if which is None else which[i])
-                    if rows[b] == Status.OK and rows[b + 4] in lost and out[i] is not None:
-                        out[i] = ItemResult(Status.TIMEOUT, rows[b + 1], rows[b + 2], 0)
+                for i, lid in held:
+                    if lid in lost:
+                        res = out[i]
+                        out[i] = ItemResult(Status.TIMEOUT, res.total_len, res.version, 0)
         STATS[f"{self.kind.value}_get_items"] += len(items) - len(fallback)
         if fallback:
             self._drain(work.deadline)
             STATS["tcp_fallback_items"] += len(fallback)
             # the keys the server could not lease are (mostly) on its disk tier only: a
             # streamed reply sends each verified prefix while the later reads go on
+            fallback.sort()
             for i, r in zip(fallback, self.plain(self.subset(work, fallback), stream=True)):
                 out[i] = r
         return out  # type: ignore[return-value]
+
+    def _take(self, work: Work, which: list[int] | None, ix: Sequence[int],
+              rows: Sequence[int], t0: float, out: list[ItemResult | None],
+              fallback: list[int], held: list[tuple[int, int]], lids: list[int]) -> None:
+        """Act on LEASE rows ``rows`` (flat, row j at ``[6*j, 6*j + 6)``) for request
+        rows ``ix``: each OK row's lease joins ``lids`` and is copied into its items'
+        destinations (one ``move_in``), a BUSY row's items join ``fallback``, and any
+        other status is those items' result."""
+        items = work.items
+        lo, hi = self.path.span
+        OK, BUSY = Status.OK, Status.BUSY
+        for b in range(0, len(rows), LEASE_ROW):
+            if rows[b] == OK:
+                lids.append(rows[b + 4])
+                off, total = rows[b + 3], rows[b + 1]
+                if not lo <= off <= off + total <= hi:
+                    self._check_span(off, total)  # raises
+        if which is None:
+            pairs: Any = zip(ix, range(0, len(rows), LEASE_ROW))
+        else:
+            at = {r: LEASE_ROW * j for j, r in enumerate(ix)}
+            pairs = [(i, at[r]) for i, r in enumerate(which) if r in at]
+        verify = work.verify
+        copies: list[Copy] = []
+        hashed: list[ItemResult] = []  # results whose copy is hashed as it lands
+        for i, b in pairs:
+            st = rows[b]
+            if st != OK:
+                if st == BUSY:
+                    fallback.append(i)
+                else:
+                    out[i] = ItemResult(status_of(st), rows[b + 1], rows[b + 2], 0)
+                continue
+            it = items[i]
+            total, off = rows[b + 1], rows[b + 3]
+            held.append((i, rows[b + 4]))
+            start = it.offset
+            if start > total:
+                start = total
+            n = total - start
+            if n > it.max_len:
+                n = it.max_len
+            res = out[i] = ItemResult(OK, total, rows[b + 2], n, None, rows[b + 5])
+            dst = it.dest
+            if dst is None:  # a byte get: the bytes land in a new buffer
+                res.data = bytearray(n)
+                dst = memoryview(res.data)
+            elif n > len(dst):
+                raise ProtocolError(f"{n} bytes for a {len(dst)}-byte destination")
+            want = verify and n == total  # the whole object (so start == 0)
+            if want:
+                hashed.append(res)
+            if n or want:
+                copies.append((dst, off + start, n, want))
+        if copies:
+            landed = self.move_in(copies, t0, work.deadline)
+            if hashed and landed is not None:
+                for res, h in zip(hashed, (h for h in landed if h is not None)):
+                    res.landed = h
+                STATS["landed_hashes"] += len(hashed)
 
     def put_alloc(self, work: Work) -> list[ItemResult]:
         """A PUT frame as ALLOC -> ``move_out`` -> COMMIT (the nixl path's). An if-absent

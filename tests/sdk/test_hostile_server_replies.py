@@ -13,11 +13,13 @@ keeps working against the real server afterwards.
 from __future__ import annotations
 
 import socket
+import time
+from typing import Any
 
 import pytest
 
-from gcache.protocol import (FLAG_RESPONSE, Limits, Op, encode_frame, pack_lease_rows,
-                             read_frame)
+from gcache.protocol import (FLAG_MORE, FLAG_RESPONSE, Limits, Op, encode_frame,
+                             pack_lease_rows, read_frame)
 from gcache.sdk import Client, Status
 from gcache.sdk.transports.tcp import TcpTransport
 from gcache.testing.standin import StandIn
@@ -27,7 +29,8 @@ pytestmark = pytest.mark.integration
 
 class Hostile(StandIn):
     """Accepts connections, sends the real HELLO, answers AUTH with the real AUTH reply
-    (which names the arena), answers LEASE/ALLOC with ``reply(op, meta)``."""
+    (which names the arena), answers LEASE/ALLOC with ``reply(op, meta)``: a header map,
+    or a list of them, sent as one streamed reply (``FLAG_MORE`` on all but the last)."""
 
     def __init__(self, handshake: tuple[dict, dict], reply) -> None:
         (self.hello, self.auth_reply), self.reply = handshake, reply
@@ -43,7 +46,11 @@ class Hostile(StandIn):
                     out = self.auth_reply
                 else:
                     out = self.reply(fh.opcode, meta)
-                c.sendall(encode_frame(fh.opcode, fh.request_id, out, flags=FLAG_RESPONSE))
+                frames = out if isinstance(out, list) else [out]
+                for j, f in enumerate(frames):
+                    more = FLAG_MORE if j < len(frames) - 1 else 0
+                    c.sendall(encode_frame(fh.opcode, fh.request_id, f,
+                                           flags=FLAG_RESPONSE | more))
         except (OSError, Exception):
             c.close()
 
@@ -139,3 +146,64 @@ def test_server_without_staged_puts_gets_plain_puts(cluster, monkeypatch):
         assert Op.PUT in seen and Op.PUT_STAGED not in seen and Op.ALLOC not in seen
     finally:
         h.close()
+
+
+def _row(off: int = 1 << 20) -> list[int]:
+    """An OK row of a 64-byte object at arena offset ``off``."""
+    return [0, 64, 7, off, 1, 0]
+
+
+# streamed LEASE replies ("sr": 1) that break the stream's rules: each row exactly once,
+# "ix" a non-empty list of request rows, "packed" exactly its rows, every row by the end
+BAD_STREAMS = {
+    "repeats-a-row": lambda size: [{"ix": [0], "packed": pack_lease_rows([_row()])},
+                                   {"ix": [0], "packed": pack_lease_rows([_row()])}],
+    "row-out-of-range": lambda size: [{"ix": [2], "packed": pack_lease_rows([_row()])}],
+    "negative-row": lambda size: [{"ix": [-1], "packed": pack_lease_rows([_row()])}],
+    "empty-ix": lambda size: [{"ix": [], "packed": b""}],
+    "ix-not-a-list": lambda size: [{"ix": b"\x00", "packed": pack_lease_rows([_row()])}],
+    "ix-not-ints": lambda size: [{"ix": ["0"], "packed": pack_lease_rows([_row()])}],
+    "rows-do-not-match-ix": lambda size: [{"ix": [0], "packed": pack_lease_rows(
+        [_row()] * 2)}],
+    "ends-with-rows-missing": lambda size: [{"ix": [0], "packed": pack_lease_rows(
+        [_row()])}],
+    "no-ix-after-a-first-frame": lambda size: [
+        {"ix": [0], "packed": pack_lease_rows([_row()])},
+        {"packed": pack_lease_rows([_row()])}],
+    "span-past-the-end": lambda size: [{"ix": [0, 1], "packed": pack_lease_rows(
+        [_row(), _row(size - 10)])}],
+    "one-frame-with-more-but-no-ix": lambda size: [
+        {"packed": pack_lease_rows([_row()] * 2)}, {"ix": [], "packed": b""}],
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_STREAMS))
+def test_bad_streamed_lease_replies_are_misses_not_crashes(cluster, case, monkeypatch):
+    """A get of two keys answered by a streamed LEASE reply that breaks its rules: both
+    are failed gets at once (the connection is dropped, its leases with it), and the
+    client then reads the real server right."""
+    real, handshake, size = _one_sided_stand_in(cluster, monkeypatch)
+    seen: list[int] = []
+
+    asked: list[Any] = []
+
+    def reply(op, meta):
+        seen.append(op)
+        if op == Op.LEASE:
+            asked.append((meta.get("sr"), len(meta["items"])))
+            return BAD_STREAMS[case](size)
+        return {"st": [0] * len(meta.get("leases", []))}
+
+    h = Hostile(handshake, reply)
+    try:
+        with Client([h.address], transport="shm", timeout_ms=5000) as c:
+            t0 = time.monotonic()
+            st = c.get_batch_into(["a", "b"], [bytearray(64), bytearray(64)])
+            took = time.monotonic() - t0
+        # a protocol error: the connection is dropped at once, not held to the deadline
+        assert st == [Status.UNAVAILABLE] * 2 and took < 2.5, (st, took)
+        assert asked == [(1, 2)]  # one LEASE of both keys, asking for a streamed reply
+    finally:
+        h.close()
+    with Client([real], transport="shm", timeout_ms=5000) as c:
+        assert c.put("ok", b"x" * 300_000) == Status.OK and c.get("ok") == b"x" * 300_000

@@ -57,6 +57,7 @@ class RawConn:
         fh, meta = self.read()
         assert (fh.opcode, fh.request_id, fh.status) == (Op.AUTH, rid, 0), meta
         assert fh.is_response
+        self.auth_reply = meta
 
     def send(self, *parts: bytes) -> None:
         self.sock.sendall(b"".join(parts))
