@@ -13,7 +13,8 @@ connection (docs/protocol.md, "Shared-memory ops"):
   ``Holder`` (``_lease_disk``: ``TieredStore.read_disk_into``), verified, and leased
   the same way; ``RELEASE``, expiry or close frees the chunk. With no room for it it
   answers ``BUSY`` and the client reads it with a plain GET. ``MISS`` means absent
-  from every tier.
+  from every tier. A LEASE with ``"sr": 1`` and disk reads to do is answered as a
+  stream: the rows ready at once, then each verified prefix of the reads as it lands.
 * ``ALLOC`` reserves an uncommitted chunk (``Tier.begin_put``, the same reservation a
   TCP put uses, sliced puts included) and answers the slice's arena offset; the object
   is not visible until ``COMMIT`` runs ``finish_put`` (checksum, commit flag, publish).

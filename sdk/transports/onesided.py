@@ -8,10 +8,11 @@ ops) that serves GET and PUT through the control ops of docs/protocol.md
   answers its arena offset) -> ``move_in`` copies each slice into its destination ->
   ``RELEASE``. The LEASE asks for a streamed reply: a server with disk reads to do
   sends the ready rows first, then the disk reads' rows as they land, and each
-  frame's objects are copied as it arrives. A RELEASE that answers non-OK means the lease expired mid-copy: that
-  item is a miss. Keys the server cannot lease (``BUSY``: on disk only, or too many
-  leases) are read with a plain GET on the same connection, which asks for a streamed
-  reply (docs/protocol.md), so their first items travel while the later disk reads go on.
+  frame's objects are copied as it arrives. A RELEASE that answers non-OK means the
+  lease expired mid-copy: that item is a miss. Keys the server cannot lease (``BUSY``:
+  past the connection's scratch room or lease bound) are read with a plain GET on the
+  same connection, which asks for a streamed reply (docs/protocol.md), so their first
+  items travel while the later disk reads go on.
 * PUT: ``ALLOC`` (same items as a PUT: sliced puts work unchanged) -> ``move_out``
   copies into the slots -> ``COMMIT``; the server checksums and publishes exactly as
   for a TCP put.
