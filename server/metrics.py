@@ -55,13 +55,17 @@ Scrape-time collectors run on one of ``SCRAPE_WORKERS`` pool threads and must no
 
 from __future__ import annotations
 
+import itertools
 import json
 import ssl
 import threading
+from bisect import bisect_left
 from typing import TYPE_CHECKING, Any, Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, CounterMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily)
+from prometheus_client.utils import floatToGoString
 
 from gcache.process_metrics import add_process_metrics
 from gcache.server.self_drain import DrainReason
@@ -128,8 +132,9 @@ class ServerMetrics:
                              ["op", "status"], registry=self.registry)
         self.bytes = Counter("gcache_bytes_total", "Payload bytes, by direction (in=put, out=get)",
                              ["direction"], registry=self.registry)
-        self.frames = Counter("gcache_frames_total", "Frames handled, by op", ["op"],
-                              registry=self.registry)
+        # gcache_frames_total and gcache_frame_seconds: counted per connection thread
+        self.frame_stats = FrameStats()
+        self.registry.register(self.frame_stats)
         self.read_throughs = Counter(
             "gcache_handoff_reads_total", "Items clients asked this server as their key's "
             "previous owner after a miss at the new owner (handoff reads, \"ho\": 1; GET, "
@@ -147,8 +152,6 @@ class ServerMetrics:
         self.preauth = Gauge("gcache_preauth_connections",
                              "Connections accepted and not yet authenticated",
                              registry=self.registry)
-        self.latency = Histogram("gcache_frame_seconds", "Frame service time, by op", ["op"],
-                                 buckets=_LAT_BUCKETS, registry=self.registry)
         self.auth_refused = Counter("gcache_auth_refused_total",
                                     "Requests refused for lack of a right on their namespace "
                                     "(status AUTH), by credential id and op",
@@ -230,6 +233,92 @@ class ServerMetrics:
         """Payload bytes one frame put into namespace ``ns`` (PUT or COMMIT)."""
         if nbytes:
             self.add(self.ns_bytes, self.namespace(ns), "in")(nbytes)
+
+
+class FrameRecorder:
+    """One connection's frames and their service times, by op: plain lists and floats
+    only its own thread writes (no lock, no labelled child per frame). ``FrameStats``
+    reads them at scrape time."""
+
+    __slots__ = ("bounds", "counts", "sums")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts: dict[str, list[int]] = {}  # op -> frames per bucket (not cumulative)
+        self.sums: dict[str, float] = {}  # op -> seconds
+
+    def record(self, op: str, seconds: float) -> None:
+        """One frame of ``op`` that took ``seconds``; on the recorder's thread only."""
+        c = self.counts.get(op)
+        if c is None:
+            self.sums[op] = 0.0  # before the counts: a reader that sees them sees this
+            c = self.counts[op] = [0] * (len(self.bounds) + 1)
+        c[bisect_left(self.bounds, seconds)] += 1  # the first bound >= seconds (le)
+        self.sums[op] += seconds
+
+    def snapshot(self) -> list[tuple[str, list[int], float]]:
+        """``(op, counts, seconds)`` as of now, from any thread (each copy is one C-level
+        operation under the GIL, so a reader never sees a list being resized)."""
+        return [(op, list(c), self.sums[op]) for op, c in list(self.counts.items())]
+
+
+class FrameStats:
+    """``gcache_frames_total{op}`` and the histogram ``gcache_frame_seconds{op}``: each
+    connection thread counts into its own ``FrameRecorder`` and a scrape sums the live
+    recorders and what closed connections left (``retire``). prometheus_client's
+    ``Histogram.observe`` added to every bucket at or above the value, each under a
+    lock, and the frame counter took another: ~3.5 us per frame, a tenth of a one-key
+    frame's Python. A scrape may miss the frames a connection records while it sums,
+    never count one twice; a bucket's count never goes down."""
+
+    def __init__(self, bounds: tuple[float, ...] = _LAT_BUCKETS) -> None:
+        self.bounds = bounds
+        self._lock = threading.Lock()
+        self._live: set[FrameRecorder] = set()
+        self._gone: dict[str, tuple[list[int], float]] = {}
+
+    def recorder(self) -> FrameRecorder:
+        r = FrameRecorder(self.bounds)
+        with self._lock:
+            self._live.add(r)
+        return r
+
+    def retire(self, r: FrameRecorder) -> None:
+        """Fold a recorder whose thread records no more into the totals."""
+        with self._lock:
+            if r in self._live:
+                self._live.discard(r)
+                self._add(self._gone, r.snapshot())
+
+    @staticmethod
+    def _add(into: dict[str, tuple[list[int], float]],
+             snap: list[tuple[str, list[int], float]]) -> None:
+        for op, counts, seconds in snap:
+            have = into.get(op)
+            into[op] = ((counts, seconds) if have is None else
+                        ([a + b for a, b in zip(have[0], counts)], have[1] + seconds))
+
+    def totals(self) -> dict[str, tuple[list[int], float]]:
+        """Per op: frames per bucket (not cumulative; the last is past every bound) and
+        their seconds, over every connection this server served."""
+        with self._lock:
+            out = dict(self._gone)
+            live = list(self._live)
+        for r in live:
+            self._add(out, r.snapshot())
+        return out
+
+    def collect(self):
+        frames = CounterMetricFamily("gcache_frames", "Frames handled, by op", labels=["op"])
+        hist = HistogramMetricFamily("gcache_frame_seconds", "Frame service time, by op",
+                                     labels=["op"])
+        les = [floatToGoString(b) for b in self.bounds] + ["+Inf"]
+        for op, (counts, seconds) in sorted(self.totals().items()):
+            cum = list(itertools.accumulate(counts))
+            frames.add_metric([op], cum[-1])
+            hist.add_metric([op], list(zip(les, cum)), seconds)
+        yield frames
+        yield hist
 
 
 class _NamespaceCollector:

@@ -542,20 +542,22 @@ class _Connection:
                                             "max_value_bytes": self.limits.max_value_bytes,
                                             "max_batch_items": self.limits.max_batch_items,
                                             "max_frame_bytes": self.limits.max_frame_bytes}})
-        while (request := self.next_request()) is not None:
-            fh, meta = request
-            t0 = time.perf_counter()
-            try:
-                if not self.handle(fh.opcode, fh.request_id, meta, fh.payload_len):
+        rec = m.frame_stats.recorder()  # this thread's frame counts, summed by a scrape
+        try:
+            while (request := self.next_request()) is not None:
+                fh, meta = request
+                t0 = time.perf_counter()
+                try:
+                    if not self.handle(fh.opcode, fh.request_id, meta, fh.payload_len):
+                        return
+                except ProtocolError as exc:
+                    self.fail(fh.opcode, fh.request_id, exc.status, str(exc), "malformed")
                     return
-            except ProtocolError as exc:
-                self.fail(fh.opcode, fh.request_id, exc.status, str(exc), "malformed")
-                return
-            if self.authed:  # idle until the next request: an open pooled connection is fine
-                self.deadline, self.phase = math.inf, "idle"
-            name = Op.NAMES.get(fh.opcode, "UNKNOWN")
-            m.add(m.frames, name)(1)
-            m.child(m.latency, name).observe(time.perf_counter() - t0)
+                if self.authed:  # idle until the next request: a pooled connection is fine
+                    self.deadline, self.phase = math.inf, "idle"
+                rec.record(Op.NAMES.get(fh.opcode, "UNKNOWN"), time.perf_counter() - t0)
+        finally:
+            m.frame_stats.retire(rec)
 
     def next_request(self) -> tuple[FrameHeader, Any] | None:
         """Read the next request's prefix and header; None after a frame-level error

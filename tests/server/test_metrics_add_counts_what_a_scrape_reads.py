@@ -37,8 +37,8 @@ def test_add_from_many_threads_reaches_the_scrape():
     for t in threads:
         t.join()
     assert _scraped(m, 'gcache_items_total{op="exists",status="all"}') == 8005
-    m.add(m.frames, "GET")(3)
-    assert _scraped(m, 'gcache_frames_total{op="GET"}') == 3
+    m.add(m.read_throughs, "hit")(3)
+    assert _scraped(m, 'gcache_handoff_reads_total{result="hit"}') == 3
 
 
 def test_add_falls_back_to_inc_without_a_value():
