@@ -583,14 +583,14 @@ def _lease(conn: Any, st: ShmState, tier: Any, mem: Any, rid: int, meta: dict) -
         with st.lock:
             on_disk = on_disk[:max(0, st.max_held - len(st.leases))]  # the rest stay BUSY
     if on_disk and stream:
-        first = sorted(set(range(len(parsed))).difference(on_disk))
-        if first:
-            conn.reply(Op.LEASE, rid, {"packed": pack_lease_rows([out[i] for i in first]),
-                                       "ix": first}, more=True)
-
-        def send(ix: list[int], more: bool) -> None:
+        def send(ix: list[int], more: bool) -> None:  # one frame of a streamed reply
             conn.reply(Op.LEASE, rid, {"packed": pack_lease_rows([out[i] for i in ix]),
                                        "ix": ix}, more=more)
+
+        reading = set(on_disk)
+        first = [i for i in range(len(parsed)) if i not in reading]
+        if first:  # the rows ready now
+            send(first, True)
         counts = _lease_disk(st, tier, into, ns, parsed, on_disk, out, expiry, send)
     else:
         counts = (_lease_disk(st, tier, into, ns, parsed, on_disk, out, expiry)
@@ -649,7 +649,7 @@ def _lease_disk(st: ShmState, tier: Any, into: Any, ns: bytes, parsed: list,
             tier.unpin_many([p for _, p in got])
             for i, _ in got:
                 out[i] = [int(Status.CLOSED), 0, 0, 0, 0, 0]
-        for (i, p), lid in zip(got if ids else (), ids):
+        for (i, p), lid in zip(got, ids):  # none when the connection closed
             chunk, at = p.token.scratch
             out[i] = (int(Status.OK), p.total_len, p.version, chunk.off + at, lid, p.checksum)
             counts[0] += 1

@@ -348,13 +348,12 @@ class OneSidedTransport(TcpTransport):
                 left = len(uniq)
                 while True:
                     ix = rmeta.get("ix")
-                    if type(ix) is not list or not ix or not all(
-                            type(r) is int and 0 <= r < len(uniq) for r in ix):
-                        raise ProtocolError("streamed LEASE reply frame without valid "
-                                            "\"ix\" rows")
+                    if type(ix) is not list or not ix:
+                        raise ProtocolError("streamed LEASE reply frame without \"ix\" rows")
                     for r in ix:
-                        if seen[r]:
-                            raise ProtocolError(f"streamed LEASE reply repeats row {r}")
+                        if type(r) is not int or not 0 <= r < len(uniq) or seen[r]:
+                            raise ProtocolError(f"streamed LEASE reply names row {r!r}: not "
+                                                "one of the request's, or again")
                         seen[r] = 1
                     left -= len(ix)
                     self._take(work, which, ix, unpack_lease_rows(rmeta.get("packed"),
