@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import shutil
 import statistics
 import subprocess
@@ -102,10 +103,16 @@ def _worker(args: argparse.Namespace) -> None:
 
 
 def _read(proc: subprocess.Popen, who: str, deadline: float) -> dict:
-    """The worker's next JSON line (it writes nothing else on stdout)."""
-    line = proc.stdout.readline() if time.monotonic() < deadline else ""
+    """The worker's next JSON line (it writes nothing else on stdout, one whole line per
+    command, so nothing waits in the pipe's buffer past the line read), by ``deadline``:
+    a worker that hangs ends the run instead of holding it."""
+    left = deadline - time.monotonic()
+    line = ""
+    if left > 0 and select.select([proc.stdout], [], [], left)[0]:
+        line = proc.stdout.readline()
     if not line:
-        raise SystemExit(f"worker {who} ended early (exit {proc.poll()})")
+        raise SystemExit(f"worker {who} ended or gave no answer in time (exit "
+                         f"{proc.poll()})")
     return json.loads(line)
 
 
