@@ -37,6 +37,7 @@ def _record_raises(backend, names):
 
 def test_server_killed_mid_prefetch_is_a_timely_miss(make_cluster):
     from sglang.srt.mem_cache.hicache_storage import PoolName
+    from sglang.srt.mem_cache.utils import get_storage_hash_str
     from sglang_harness import PAGE, build_stack, seq_of
 
     cl = make_cluster(3, "64MiB")
@@ -45,14 +46,23 @@ def test_server_killed_mid_prefetch_is_a_timely_miss(make_cluster):
     cons = build_stack("swa", "page_first", cl.addresses, extra=extra, seed=12)
     try:
         n = 24
-        seq = seq_of(90_000, n)
-        hv, kv_slots, _swa, done = prod.backup(seq)
-        assert done == n * PAGE
-
         be = cons.backend
         spec = be._pools["kv"].spec
-        groups = chain_groups([], hv, 4)
-        owners = [be.client.owners([spec.keys(h)[0]], group=[g])[0] for h, g in zip(hv, groups)]
+
+        def owners_of(seq):
+            hv = get_storage_hash_str(seq, None, page_size=PAGE)
+            groups = chain_groups([], hv, 4)
+            return [be.client.owners([spec.keys(h)[0]], group=[g])[0]
+                    for h, g in zip(hv, groups)]
+
+        # The six groups' owners follow the cluster's random ports; a sequence whose
+        # groups all sit on one server has no later owner to kill (1 run in ~250 in
+        # CI), so take the first start whose groups span two servers.
+        seq = next(s for s in (seq_of(90_000 + 1_000 * k, n) for k in range(64))
+                   if len(set(owners_of(s))) > 1)
+        owners = owners_of(seq)
+        hv, kv_slots, _swa, done = prod.backup(seq)
+        assert done == n * PAGE
         first = owners[0]
         victim_pos = next(i for i, a in enumerate(owners) if a != first)  # a later group's owner
         victim = next(s for s in cl.servers if s.address == owners[victim_pos])
