@@ -113,7 +113,8 @@ from gcache.server.arena import (GRANULE, RANK_MAX, Arena, HDR_FIXED, header_len
 from gcache.server.eviction import LRU, EvictionPolicy
 from gcache.server.extents import ExtentAllocator
 from gcache.server.movement import ColdObject, LockRank, MemoryHooks, ranked_lock
-from gcache.server.tier import HeldObject, Pinned, PutSlot, Tier, held_snapshot
+from gcache.server.tier import (HeldObject, Pinned, PutRequest, PutSlot, Tier, abort_slots,
+                                 held_snapshot)
 
 if TYPE_CHECKING:
     from gcache.server.kv_events import EventQueue
@@ -770,71 +771,106 @@ class MemoryTier(Tier):
         the writer routed the key by, kept with the object (the slice that creates a
         sliced put's chunk sets it); ``parent``: the key of the page before it in its
         chain (``eviction.Resident.parent``), likewise, in memory only."""
+        req = PutRequest(key, total_len, offset, length, put_id, csum, holder, ph, parent)
+        while True:
+            with self._lock:
+                try:
+                    return self.do_reserve(ns, req, evict)
+                except _WaitForRoom:
+                    pass
+            time.sleep(0.005)  # lock released: reservations in flight may commit
+
+    def begin_puts(self, ns: bytes, reqs: list[PutRequest], evict: bool = True
+                   ) -> list[PutSlot]:
+        """``begin_put`` of each request, in order, as many as it can in one lock hold:
+        the rest, from the first that would wait for reservation room (or, with
+        ``evict=False``, the first NO_SPACE), one by one."""
+        slots = self.begin_prefix(ns, reqs, evict)
+        try:
+            for r in reqs[len(slots):]:
+                slots.append(self.begin_put(ns, r.key, r.total_len, r.offset, r.length,
+                                            r.put_id, evict, csum=r.csum, holder=r.holder,
+                                            ph=r.ph, parent=r.parent))
+        except BaseException:
+            abort_slots(self, slots)
+            raise
+        return slots
+
+    def begin_prefix(self, ns: bytes, reqs: list[PutRequest], evict: bool) -> list[PutSlot]:
+        """``begin_put`` of the requests in one lock hold, in order, up to the first that
+        would wait for reservation room or (``evict=False``) answer NO_SPACE: the slots
+        of that prefix. That first one reserved nothing; the caller begins it again
+        with ``begin_put``."""
+        slots: list[PutSlot] = []
+        with self._lock:
+            for r in reqs:
+                try:
+                    slot = self.do_reserve(ns, r, evict)
+                except _WaitForRoom:
+                    break
+                if slot.status == Status.NO_SPACE and not evict:
+                    break
+                slots.append(slot)
+        return slots
+
+    def do_reserve(self, ns: bytes, req: PutRequest, evict: bool) -> PutSlot:
+        """``begin_put`` of ``req`` with the lock held; raises ``_WaitForRoom`` when its
+        holder may wait for reservation room (the caller retries with the lock
+        released)."""
+        key, total_len, offset, length, put_id, csum, holder, ph, parent = req
         need = header_len(len(ns), len(key), ph is not None) + total_len
-        if size_class(need) > self.arena.slab_bytes:
+        csize = size_class(need)
+        if csize > self.arena.slab_bytes:
             return PutSlot(Status.TOO_LARGE)
         sliced = not (offset == 0 and length == total_len)
         if sliced and length == 0:
             return PutSlot(Status.BAD_REQUEST)  # an empty slice writes nothing
-        while True:
-            try:
-                return self._do_begin_put(ns, key, total_len, offset, length, put_id, evict,
-                                          csum, holder, need, sliced, ph, parent)
-            except _WaitForRoom:
-                time.sleep(0.005)  # lock released: reservations in flight may commit
-
-    def _do_begin_put(self, ns: bytes, key: bytes, total_len: int, offset: int, length: int,
-                      put_id: int, evict: bool, csum: int | None, holder: Holder | None,
-                      need: int, sliced: bool, ph: int | None,
-                      parent: bytes | None) -> PutSlot:
-        with self._lock:
-            if holder is not None and holder.closed:
-                return PutSlot(Status.CLOSED)
-            pend = self._pending.get((ns, key, put_id)) if sliced else None
-            if pend is None:
-                if holder is not None and (
-                        holder.held + size_class(need) > self.max_held
-                        or self.reserved_bytes + size_class(need) > self.max_reserved):
-                    if self.do_wait_for_room(holder, size_class(need)):
-                        raise _WaitForRoom
-                    self.counters["reservations_refused"] += 1
-                    return PutSlot(Status.BUSY)  # before evicting anything for it
-                if holder is not None:
-                    holder.wait_until = None
-                if not self.do_quota_room(ns, size_class(need), evict):
-                    if evict:  # final: no more room will come for this put
-                        self.counters["quota_refused"] += 1
-                        if self.on_quota is not None:
-                            self.on_quota("refused", ns, 1)
-                    return PutSlot(Status.NO_SPACE, extra={"quota": True})
-                off = self.do_alloc(need, evict)
-                if off is None:
-                    if evict:
-                        self.counters["no_space"] += 1
-                    return PutSlot(Status.NO_SPACE)
-                version = self._next_version
-                self._next_version += 1
-                data_off = self.arena.write_header(off, ns, key, version, total_len,
-                                                   time.time_ns(), ph)
-                o = _Obj(ns, key, off, size_class(need), data_off, total_len, version, ph=ph,
-                         parent=parent)
-                self.do_charge_ns(ns, o.chunk)
-                self.uncommitted_bytes += o.chunk
-                if holder is not None:
-                    self.do_charge(holder, o)  # fits: checked above, under the same lock
-                pend = _Pending(o, deadline=self.clock() + self.pending_timeout, expect=csum)
-                if sliced:
-                    pend.key = (ns, key, put_id)
-                    self._pending[pend.key] = pend
-            elif pend.obj.length != total_len or pend.failed or pend.expect != csum:
-                return PutSlot(Status.BAD_REQUEST)
-            if sliced and not pend.claim(offset, offset + length):
-                return PutSlot(Status.BAD_REQUEST)  # empty, or overlaps another slice
-            if sliced and holder is not None:
-                pend.holders.add(holder)  # its close fails the put if still incomplete
-                holder.pendings.add(pend)
-            pend.obj.pins += 1  # the writer's hold; keeps expiry from freeing it
+        if holder is not None and holder.closed:
+            return PutSlot(Status.CLOSED)
+        pend = self._pending.get((ns, key, put_id)) if sliced else None
+        if pend is None:
+            if holder is not None and (
+                    holder.held + csize > self.max_held
+                    or self.reserved_bytes + csize > self.max_reserved):
+                if self.do_wait_for_room(holder, csize):
+                    raise _WaitForRoom
+                self.counters["reservations_refused"] += 1
+                return PutSlot(Status.BUSY)  # before evicting anything for it
+            if holder is not None:
+                holder.wait_until = None
+            if not self.do_quota_room(ns, csize, evict):
+                if evict:  # final: no more room will come for this put
+                    self.counters["quota_refused"] += 1
+                    if self.on_quota is not None:
+                        self.on_quota("refused", ns, 1)
+                return PutSlot(Status.NO_SPACE, extra={"quota": True})
+            off = self.do_alloc(need, evict)
+            if off is None:
+                if evict:
+                    self.counters["no_space"] += 1
+                return PutSlot(Status.NO_SPACE)
+            version = self._next_version
+            self._next_version += 1
+            data_off = self.arena.write_header(off, ns, key, version, total_len,
+                                               time.time_ns(), ph)
+            o = _Obj(ns, key, off, csize, data_off, total_len, version, ph=ph, parent=parent)
+            self.do_charge_ns(ns, o.chunk)
+            self.uncommitted_bytes += o.chunk
+            if holder is not None:
+                self.do_charge(holder, o)  # fits: checked above, under the same lock
+            pend = _Pending(o, deadline=self.clock() + self.pending_timeout, expect=csum)
+            if sliced:
+                pend.key = (ns, key, put_id)
+                self._pending[pend.key] = pend
+        elif pend.obj.length != total_len or pend.failed or pend.expect != csum:
+            return PutSlot(Status.BAD_REQUEST)
+        if sliced and not pend.claim(offset, offset + length):
+            return PutSlot(Status.BAD_REQUEST)  # empty, or overlaps another slice
+        if sliced and holder is not None:
+            pend.holders.add(holder)  # its close fails the put if still incomplete
+            holder.pendings.add(pend)
         o = pend.obj
+        o.pins += 1  # the writer's hold; keeps expiry from freeing it
         view = self.arena.buf[o.data_off + offset:o.data_off + offset + length]
         return PutSlot(Status.OK, view, pend, {"key": (ns, key, put_id), "len": length})
 
@@ -869,66 +905,93 @@ class MemoryTier(Tier):
         hashes as it reads); used only when the slot is the whole value, which is then
         not hashed a second time. Only the server writes a reserved chunk, so the bytes
         cannot change between that hash and the publish."""
-        pend: _Pending = slot.token
-        whole = len(slot.view) == pend.obj.length
-        slot.view.release()
-        o = pend.obj
+        return self.finish_puts([slot], if_absent=if_absent, digests=[digest])[0]
+
+    def finish_puts(self, slots: list[PutSlot], *, if_absent: bool = False,
+                    digests: list[int | None] | None = None) -> list[Status]:
+        """``finish_put`` of each slot (``digests[i]`` for ``slots[i]``), in order, with
+        one lock hold to count the slices in and one to publish, for all of them: the
+        same statuses and the same index as one call per slot."""
+        if digests is None:
+            digests = [None] * len(slots)
+        out: list[Status] = [Status.OK] * len(slots)
+        wholes = []  # a digest counts only for a slot that is the whole value
+        for slot in slots:
+            wholes.append(len(slot.view) == slot.token.obj.length)
+            slot.view.release()
+        ready: list[tuple[int, _Pending, int | None]] = []  # (slot, its put, digest)
         with self._lock:
-            o.pins -= 1
-            pend.received += slot.extra["len"]
-            pend.if_absent = pend.if_absent or if_absent
-            if pend.failed:
-                if o.pins == 0 and not o.quarantined:
-                    self.do_free(o)
-                return Status.ERROR
-            if pend.received < o.length:  # claims are disjoint: == length covers it all
-                return Status.OK  # other slices still to come
-            self.do_drop_pending(pend)
-        # every byte is here: checksum outside the lock, then commit + publish
-        csum = (digest if digest is not None and whole
-                else checksum(self.arena.buf[o.data_off:o.data_off + o.length]))
-        if pend.expect is not None and csum != pend.expect:
-            # not the bytes the writer sent (corrupted in flight, scribbled on, or never
-            # written: an ALLOC committed without a write): never published
-            with self._lock:
+            for i, (slot, digest, whole) in enumerate(zip(slots, digests, wholes)):
+                pend: _Pending = slot.token
+                o = pend.obj
+                o.pins -= 1
+                pend.received += slot.extra["len"]
+                pend.if_absent = pend.if_absent or if_absent
+                if pend.failed:
+                    if o.pins == 0 and not o.quarantined:
+                        self.do_free(o)
+                    out[i] = Status.ERROR
+                elif pend.received >= o.length:  # claims are disjoint: == length is all
+                    self.do_drop_pending(pend)
+                    ready.append((i, pend, digest if whole else None))
+                # else other slices still to come: OK
+        # every byte of each ready put is here: checksum outside the lock, then commit
+        publish: list[tuple[_Pending, int]] = []  # (the put, its checksum)
+        refused: list[_Obj] = []
+        for i, pend, digest in ready:
+            o = pend.obj
+            csum = (digest if digest is not None
+                    else checksum(self.arena.buf[o.data_off:o.data_off + o.length]))
+            if pend.expect is not None and csum != pend.expect:
+                # not the bytes the writer sent (corrupted in flight, scribbled on, or
+                # never written: an ALLOC committed without a write): never published
+                out[i] = Status.CORRUPT
+                refused.append(o)
+                continue
+            if not pend.if_absent:
+                self.arena.commit(o.offset, csum)
+            publish.append((pend, csum))
+        if not publish and not refused:
+            return out
+        over = False
+        with self._lock:
+            for o in refused:
                 self.counters["put_checksum_mismatch"] += 1
                 if o.pins == 0 and not o.quarantined:
                     self.do_free(o)
+            for pend, csum in publish:
+                o = pend.obj
+                if pend.if_absent:
+                    k = (o.ns, o.key)
+                    if k in self._index or (self._exists_below is not None
+                                            and self._exists_below(*k)):
+                        self.counters["put_if_absent_skipped"] += 1
+                        if o.pins == 0 and not o.quarantined:
+                            self.do_free(o)
+                        continue
+                    self.arena.commit(o.offset, csum)  # under the lock: the check holds
+                o.committed = True
+                self.uncommitted_bytes -= o.chunk
+                self.do_uncharge(o)
+                o.checksum = csum
+                old = self.do_link(o)
+                if old is not None:
+                    self.do_unlink(old)
+                if self.access_observer is not None:
+                    self.access_observer.on_put(o.ns, o.key, o.length)
+                if self._on_publish is not None:
+                    self._on_publish(o.ns, o.key, o.version)
+                over = over or self.live_bytes > self.high * self.capacity
+                limit = self.do_mem_limit(o.ns)
+                if limit is not None and self._ns[o.ns] > self.high * limit:
+                    self._quota_wants.setdefault(o.ns, 0)  # shed to low in the background
+                    over = True
+        for o in refused:
             log.warning("refused a put whose bytes do not match the writer's checksum",
                         extra={"fields": {"ns": o.ns, "key": o.key, "bytes": o.length}})
-            return Status.CORRUPT
-        if_absent = pend.if_absent
-        if not if_absent:
-            self.arena.commit(o.offset, csum)
-        with self._lock:
-            if if_absent:
-                k = (o.ns, o.key)
-                if k in self._index or (self._exists_below is not None
-                                        and self._exists_below(*k)):
-                    self.counters["put_if_absent_skipped"] += 1
-                    if o.pins == 0 and not o.quarantined:
-                        self.do_free(o)
-                    return Status.OK
-                self.arena.commit(o.offset, csum)  # under the lock: the check still holds
-            o.committed = True
-            self.uncommitted_bytes -= o.chunk
-            self.do_uncharge(o)
-            o.checksum = csum
-            old = self.do_link(o)
-            if old is not None:
-                self.do_unlink(old)
-            if self.access_observer is not None:
-                self.access_observer.on_put(o.ns, o.key, o.length)
-            if self._on_publish is not None:
-                self._on_publish(o.ns, o.key, o.version)
-            over = self.live_bytes > self.high * self.capacity
-            limit = self.do_mem_limit(o.ns)
-            if limit is not None and self._ns[o.ns] > self.high * limit:
-                self._quota_wants.setdefault(o.ns, 0)  # shed down to low in the background
-                over = True
         if over:
             self.pressure.set()
-        return Status.OK
+        return out
 
     def abort_put(self, slot: PutSlot, quarantine: Holder | None = None) -> None:
         """Fail the put. ``quarantine``: its writer may still be copying into the chunk

@@ -66,7 +66,7 @@ from gcache.protocol import (FLAG_MORE, FLAG_RESPONSE, PREAUTH_MAX_HEADER_BYTES,
 from gcache.frame_reader import FrameReader
 from gcache.status import Status
 from gcache.server.metrics import ServerMetrics
-from gcache.server.tier import Pinned, Tier
+from gcache.server.tier import Pinned, PutRequest, PutSlot, Tier, abort_slots
 from gcache.server import shm_ops
 
 log = logging.getLogger("gcache.server")
@@ -760,48 +760,60 @@ class _Connection:
         parents = chain_parents(meta, parsed, lim) or repeat(None)
         guard = self.svc.tombstones.guard(ns) if if_absent and self.svc.tombstones else None
         statuses: list[Status] = []
-        slots = []
-        views: list[memoryview] = []
+        slots: list[tuple[int, PutSlot]] = []  # (item, its reserved slot), in frame order
         try:
             whole = self_contained(parsed)
-            for (key, tl, off, ln, pid, csum), wrong, h, up in zip(parsed, wrong_owner, ph,
-                                                                   parents):
+            reqs: list[PutRequest] = []
+            asked: list[int] = []  # the item of each request
+            for i, ((key, tl, off, ln, pid, csum), wrong, h, up) in enumerate(
+                    zip(parsed, wrong_owner, ph, parents)):
                 if not allowed or wrong or (guard is not None and guard.skip(key)):
                     # a tombstoned if-absent item is skipped: OK, as any if-absent skip
                     statuses.append(Status.AUTH if not allowed else Status.NOT_OWNER
                                     if wrong else Status.OK)
-                    views.extend(discard_views(ln, self.scratch))
-                    continue
-                # a slice of a sliced value may wait for others: this connection answers
-                # for it (bounded, released when it closes)
-                # as in PUT_STAGED: only a put waiting for other frames' slices holds a
-                # reservation past this request
-                holder = None if (key, pid) in whole else self.svc.shm.holder(self)
-                slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum, holder=holder,
-                                       ph=h, parent=up)
-                        if tl <= lim.max_value_bytes else None)
-                if slot is None or slot.status != Status.OK:
-                    statuses.append(Status.TOO_LARGE if slot is None else slot.status)
-                    views.extend(discard_views(ln, self.scratch))
                     continue
                 statuses.append(Status.OK)
-                slots.append((len(statuses) - 1, slot))
-                views.append(slot.view)
+                if tl > lim.max_value_bytes:
+                    statuses[i] = Status.TOO_LARGE
+                    continue
+                # as in PUT_STAGED: only a slice of a put waiting for other frames' slices
+                # holds a reservation past this request, answered for by this connection
+                # (bounded, released when it closes)
+                holder = None if (key, pid) in whole else self.svc.shm.holder(self)
+                reqs.append(PutRequest(key, tl, off, ln, pid, csum, holder, h, up))
+                asked.append(i)
+            # reserve every destination first (one tier call for the frame), then receive
+            # the whole payload with scatter reads straight into the arena (refused items
+            # drain into a shared scratch)
+            for i, slot in zip(asked, tier.begin_puts(ns, reqs)):
+                if slot.status == Status.OK:
+                    slots.append((i, slot))
+                else:
+                    statuses[i] = slot.status
+            views: list[memoryview] = []
+            reserved = dict(slots)
+            for i, p in enumerate(parsed):
+                slot = reserved.get(i)
+                if slot is not None:
+                    views.append(slot.view)
+                else:
+                    views.extend(discard_views(p.length, self.scratch))
             self.reader.recv_into_many(views)
             # the values this frame carried whole are hashed in one native call with the
             # GIL released (other connections' threads run Python meanwhile), and
-            # finish_put does not hash them again under the GIL
+            # finish_puts does not hash them again under the GIL
             entire = [parsed[i].length == parsed[i].total_len for i, _ in slots]
             sums = iter(native.checksums([slot.view for (_, slot), e in zip(slots, entire)
                                           if e]))
+            digests = [next(sums) if e else None for e in entire]
         except BaseException:
-            for _, slot in slots:
-                tier.abort_put(slot)
+            abort_slots(tier, [slot for _, slot in slots])
             raise
-        for (i, slot), e in zip(slots, entire):
-            statuses[i] = tier.finish_put(slot, if_absent=if_absent,
-                                          digest=next(sums) if e else None)
-            if guard is not None and statuses[i] == Status.OK:
+        done = tier.finish_puts([slot for _, slot in slots], if_absent=if_absent,
+                                digests=digests)
+        for (i, _), st in zip(slots, done):
+            statuses[i] = st
+            if guard is not None and st == Status.OK:
                 guard.settle(tier, parsed[i][0])
         m = self.svc.metrics
         m.add(m.bytes, "in")(plen)

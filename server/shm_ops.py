@@ -113,7 +113,7 @@ from gcache.protocol import (Op, chain_parents, check_flag, check_items, check_k
                              check_namespace,
                              check_placement, pack_lease_rows, parse_put_items,
                              self_contained)
-from gcache.server.tier import Pinned
+from gcache.server.tier import Pinned, PutRequest, abort_slots
 from gcache.status import Status
 
 log = logging.getLogger("gcache.server.shm")
@@ -844,40 +844,34 @@ def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dic
     # the GIL to another connection thread every few us (futex wake-ups were a third of
     # the server's CPU); a group, not the whole frame, so the last slices of a large
     # value are still in the cache when its checksum reads them.
-    reads: list[tuple[int, Any, int, bool]] = []  # (index, slot, file offset, whole)
-    group = 0
+    group: list[tuple[int, int]] = []  # (index, file offset) of the items to reserve
+    reqs: list[PutRequest] = []  # and their requests
+    group_bytes = 0
     pos = staging.HEADER_BYTES
     nbytes = shrunk = 0
-    try:
-        whole = self_contained(parsed)
-        for i, ((key, tl, off, ln, pid, csum), wrong, h, up) in enumerate(
-                zip(parsed, wrong_owner, ph, parents)):
-            at, pos = pos, pos + ln
-            if wrong or (guard is not None and guard.skip(key)):
-                statuses[i] = Status.NOT_OWNER if wrong else Status.OK  # skipped: OK
-                continue
-            # a put whose slices all travel in this frame completes within it: only one
-            # that waits for slices of other frames is a reservation that outlives it
-            holder = None if (key, pid) in whole else st.holder
-            slot = (tier.begin_put(ns, key, tl, off, ln, pid, csum=csum, holder=holder, ph=h,
-                                   parent=up)
-                    if tl <= lim.max_value_bytes else None)
-            if slot is None or slot.status != Status.OK:
-                statuses[i] = Status.TOO_LARGE if slot is None else slot.status
-                continue
-            reads.append((i, slot, at, off == 0 and ln == tl))
-            group += ln
-            if group >= STAGED_GROUP_BYTES:
-                nb, cut = _read_and_finish(tier, stage, reads, parsed, statuses, if_absent,
-                                           guard)
-                nbytes, shrunk, reads, group = nbytes + nb, shrunk + cut, [], 0
-        nb, cut = _read_and_finish(tier, stage, reads, parsed, statuses, if_absent, guard)
-        nbytes, shrunk = nbytes + nb, shrunk + cut
-    except BaseException:
-        for _, slot, _, _ in reads:  # reserved and not finished; those finished stand
-            if slot is not None:
-                tier.abort_put(slot)
-        raise
+    whole = self_contained(parsed)
+    for i, ((key, tl, off, ln, pid, csum), wrong, h, up) in enumerate(
+            zip(parsed, wrong_owner, ph, parents)):
+        at, pos = pos, pos + ln
+        if wrong or (guard is not None and guard.skip(key)):
+            statuses[i] = Status.NOT_OWNER if wrong else Status.OK  # skipped: OK
+            continue
+        if tl > lim.max_value_bytes:
+            statuses[i] = Status.TOO_LARGE
+            continue
+        # a put whose slices all travel in this frame completes within it: only one that
+        # waits for slices of other frames is a reservation that outlives it
+        holder = None if (key, pid) in whole else st.holder
+        reqs.append(PutRequest(key, tl, off, ln, pid, csum, holder, h, up))
+        group.append((i, at))
+        group_bytes += ln
+        if group_bytes >= STAGED_GROUP_BYTES:
+            nb, cut = _reserve_read_finish(tier, ns, stage, group, reqs, parsed, statuses,
+                                           if_absent, guard)
+            nbytes, shrunk, group, reqs, group_bytes = nbytes + nb, shrunk + cut, [], [], 0
+    nb, cut = _reserve_read_finish(tier, ns, stage, group, reqs, parsed, statuses, if_absent,
+                                   guard)
+    nbytes, shrunk = nbytes + nb, shrunk + cut
     m = conn.svc.metrics
     if shrunk:  # the client cut its file under the copy: those values were refused
         m.protocol_errors.labels("staging_shrunk").inc(shrunk)
@@ -892,28 +886,41 @@ def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dic
     return {"st": [int(s) for s in statuses]}  # type: ignore[arg-type]
 
 
-def _read_and_finish(tier: Any, stage: Stage, reads: list[tuple[int, Any, int, bool]],
-                     parsed: list, statuses: list, if_absent: bool,
-                     guard: Any) -> tuple[int, int]:
-    """Fill a group of reserved PUT_STAGED slots from the staging file in one
-    ``read_staged`` call, then finish each in order; (the bytes published, the values
-    the file ended before). Each entry of ``reads`` is set to a None slot as it is
-    finished or aborted (so the caller's error path aborts only the rest)."""
+def _reserve_read_finish(tier: Any, ns: bytes, stage: Stage, group: list[tuple[int, int]],
+                         reqs: list[PutRequest], parsed: list, statuses: list,
+                         if_absent: bool, guard: Any) -> tuple[int, int]:
+    """Reserve a group of PUT_STAGED items (``group``: each one's index and file offset;
+    ``reqs``: its request) in one tier call, fill them from the staging file in one
+    ``read_staged`` call, then finish them in one; (the bytes published, the values the
+    file ended before). Sets each item's status."""
+    if not reqs:
+        return 0, 0
+    reads: list[tuple[int, Any, int]] = []  # (index, slot, file offset) of each reserved
+    for (i, at), slot in zip(group, tier.begin_puts(ns, reqs)):
+        if slot.status == Status.OK:
+            reads.append((i, slot, at))
+        else:
+            statuses[i] = slot.status
     if not reads:
         return 0, 0
-    digests, short = native.read_staged(stage.fd, stage.map,
-                                        [(slot.view, at, w) for _, slot, at, w in reads])
+    try:
+        digests, short = native.read_staged(
+            stage.fd, stage.map, [(slot.view, at, parsed[i].offset == 0
+                                   and parsed[i].length == parsed[i].total_len)
+                                  for i, slot, at in reads])
+    except BaseException:
+        abort_slots(tier, [slot for _, slot, _ in reads])
+        raise
+    cut = set(short)
     for j in short:  # the client shrank its file
-        i, slot, _, _ = reads[j]
-        reads[j] = (i, None, 0, False)
+        i, slot, _ = reads[j]
         statuses[i] = Status.BAD_REQUEST
         tier.abort_put(slot)
+    kept = [(r, d) for j, (r, d) in enumerate(zip(reads, digests)) if j not in cut]
+    done = tier.finish_puts([slot for (_, slot, _), _ in kept], if_absent=if_absent,
+                            digests=[d for _, d in kept])
     nbytes = 0
-    for j, (i, slot, _, _) in enumerate(reads):
-        if slot is None:
-            continue
-        reads[j] = (i, None, 0, False)  # finished (or failed): no longer ours to abort
-        s = tier.finish_put(slot, if_absent=if_absent, digest=digests[j])
+    for ((i, _, _), _), s in zip(kept, done):
         statuses[i] = s
         if s == Status.OK:
             nbytes += parsed[i].length

@@ -90,6 +90,20 @@ class PutSlot:
     extra: dict = field(default_factory=dict)
 
 
+class PutRequest(NamedTuple):
+    """One item of ``Tier.begin_puts``: ``begin_put``'s arguments after the namespace."""
+
+    key: bytes
+    total_len: int
+    offset: int
+    length: int
+    put_id: int
+    csum: int | None = None
+    holder: Any = None
+    ph: int | None = None
+    parent: bytes | None = None
+
+
 class HeldObject(NamedTuple):
     """One committed object, as ``Tier.held()`` saw it."""
 
@@ -98,6 +112,13 @@ class HeldObject(NamedTuple):
     length: int  # value bytes
     version: int
     ph: int | None = None  # the placement hash it was put with (None: placed by its key)
+
+
+def abort_slots(tier: Tier, slots: list[PutSlot]) -> None:
+    """``abort_put`` of each reserved (OK) slot: a frame that failed before finishing."""
+    for s in slots:
+        if s.status == Status.OK:
+            tier.abort_put(s)
 
 
 def held_snapshot(lock: Any, index: dict, row: Callable[[Any, Any], HeldObject | None],
@@ -161,6 +182,19 @@ class Tier(abc.ABC):
         """Commit (see the module docstring; ``if_absent``: only if the key is absent;
         ``digest``: the caller's xxh3_64 of the slot's bytes, read from the slot's own
         view after they landed, when the slot is the whole value: not hashed again)."""
+
+    def begin_puts(self, ns: bytes, reqs: list[PutRequest]) -> list[PutSlot]:
+        """``begin_put`` of each request of one frame, in order (a tier may take its lock
+        once for many)."""
+        return [self.begin_put(ns, r.key, r.total_len, r.offset, r.length, r.put_id,
+                               csum=r.csum, holder=r.holder, ph=r.ph, parent=r.parent)
+                for r in reqs]
+
+    def finish_puts(self, slots: list[PutSlot], *, if_absent: bool = False,
+                    digests: list[int | None] | None = None) -> list[Status]:
+        """``finish_put`` of each slot (``digests[i]`` for ``slots[i]``), in order."""
+        ds = digests if digests is not None else [None] * len(slots)
+        return [self.finish_put(s, if_absent=if_absent, digest=d) for s, d in zip(slots, ds)]
 
     @abc.abstractmethod
     def abort_put(self, slot: PutSlot, quarantine: Any = None) -> None: ...

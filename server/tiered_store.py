@@ -72,7 +72,7 @@ from typing import Any, Callable, Iterator
 
 from gcache.server.movement import (ColdObject, DemoteItem, DiskSide, MemorySide, ReadLease,
                                     ScratchSource, disk_hooks)
-from gcache.server.tier import HeldObject, Pinned, PutSlot, Tier
+from gcache.server.tier import HeldObject, Pinned, PutRequest, PutSlot, Tier, abort_slots
 from gcache.server.tiering import CompactionPolicy, PromotePolicy, SecondChance
 from gcache.status import Status
 
@@ -463,6 +463,22 @@ class TieredStore(Tier):
         return mem.begin_put(ns, key, total_len, offset, length, put_id, csum=csum,
                              holder=holder, ph=ph, parent=parent)
 
+    def begin_puts(self, ns: bytes, reqs: list[PutRequest]) -> list[PutSlot]:
+        """``begin_put`` of each request, in order: memory reserves as many as it has
+        room for in one lock hold, and the rest, from the first NO_SPACE (or the first
+        that waits for reservation room), go one by one through ``begin_put`` (which
+        waits for the mover)."""
+        slots = self.memory.begin_prefix(ns, reqs, evict=False)
+        try:
+            for r in reqs[len(slots):]:
+                slots.append(self.begin_put(ns, r.key, r.total_len, r.offset, r.length,
+                                            r.put_id, csum=r.csum, holder=r.holder, ph=r.ph,
+                                            parent=r.parent))
+        except BaseException:
+            abort_slots(self, slots)
+            raise
+        return slots
+
     def _wait_for_room(self, need: int, end: float) -> None:
         with self._room:
             while not self.memory.has_room(need) and not self.disk.degraded:
@@ -478,6 +494,10 @@ class TieredStore(Tier):
                    digest: int | None = None) -> Status:
         # on_publish kills older disk copies; if_absent consults the disk's index (exists)
         return self.memory.finish_put(slot, if_absent=if_absent, digest=digest)
+
+    def finish_puts(self, slots: list[PutSlot], *, if_absent: bool = False,
+                    digests: list[int | None] | None = None) -> list[Status]:
+        return self.memory.finish_puts(slots, if_absent=if_absent, digests=digests)
 
     def abort_put(self, slot: PutSlot, quarantine: Any = None) -> None:
         self.memory.abort_put(slot, quarantine)
