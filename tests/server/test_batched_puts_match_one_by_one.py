@@ -127,17 +127,10 @@ def _check(make, tmp_path_factory, fs) -> None:
                 m.close()
 
 
-@settings(max_examples=60, deadline=None,
+@pytest.mark.parametrize("make", [_memory, _tiered], ids=["memory", "tiered"])
+@settings(max_examples=50, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(fs=frames)
 @example(fs=FULL)
-def test_memory_tier_batched_puts_match_one_by_one(tmp_path_factory, fs):
-    _check(_memory, tmp_path_factory, fs)
-
-
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(fs=frames)
-@example(fs=FULL)
-def test_tiered_store_batched_puts_match_one_by_one(tmp_path_factory, fs):
-    _check(_tiered, tmp_path_factory, fs)
+def test_batched_puts_match_one_by_one(make, tmp_path_factory, fs):
+    _check(make, tmp_path_factory, fs)
