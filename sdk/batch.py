@@ -268,6 +268,7 @@ class PutBatch(Batch):
         routed: Routed = {}
         too_large = []
         parts, step, most = self.parts, slice_bytes, self.max_value_bytes
+        item = tuple.__new__  # PutItem(...) without the NamedTuple's Python-level __new__
         for i, (k, v, addr) in enumerate(zip(self.keys, self.views, owners)):
             n = len(v)
             if n > most:
@@ -275,7 +276,8 @@ class PutBatch(Batch):
                 continue
             if n <= step:  # checksummed as it is sent (the shm staging copy hashes it)
                 parts[i] = 1
-                routed.setdefault(addr, []).append(PutItem(k, n, 0, n, 0, v, DIGEST_LATER, i))
+                routed.setdefault(addr, []).append(
+                    item(PutItem, (k, n, 0, n, 0, v, DIGEST_LATER, i)))
                 continue
             c = digest(v)  # the server refuses to publish bytes that hash differently
             pid = int.from_bytes(os.urandom(8), "little") >> 1 or 1
