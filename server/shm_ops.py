@@ -844,12 +844,13 @@ def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dic
     # the GIL to another connection thread every few us (futex wake-ups were a third of
     # the server's CPU); a group, not the whole frame, so the last slices of a large
     # value are still in the cache when its checksum reads them.
-    group: list[tuple[int, int]] = []  # (index, file offset) of the items to reserve
+    group: list[tuple[int, int, bool]] = []  # (index, file offset, whole) of each item
     reqs: list[PutRequest] = []  # and their requests
     group_bytes = 0
     pos = staging.HEADER_BYTES
     nbytes = shrunk = 0
     whole = self_contained(parsed)
+    new = tuple.__new__  # PutRequest(...) without the NamedTuple's Python-level __new__
     for i, ((key, tl, off, ln, pid, csum), wrong, h, up) in enumerate(
             zip(parsed, wrong_owner, ph, parents)):
         at, pos = pos, pos + ln
@@ -862,8 +863,8 @@ def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dic
         # a put whose slices all travel in this frame completes within it: only one that
         # waits for slices of other frames is a reservation that outlives it
         holder = None if (key, pid) in whole else st.holder
-        reqs.append(PutRequest(key, tl, off, ln, pid, csum, holder, h, up))
-        group.append((i, at))
+        reqs.append(new(PutRequest, (key, tl, off, ln, pid, csum, holder, h, up)))
+        group.append((i, at, off == 0 and ln == tl))
         group_bytes += ln
         if group_bytes >= STAGED_GROUP_BYTES:
             nb, cut = _reserve_read_finish(tier, ns, stage, group, reqs, parsed, statuses,
@@ -886,41 +887,41 @@ def _put_staged(conn: Any, st: ShmState, tier: Any, mem: Any, meta: dict) -> dic
     return {"st": [int(s) for s in statuses]}  # type: ignore[arg-type]
 
 
-def _reserve_read_finish(tier: Any, ns: bytes, stage: Stage, group: list[tuple[int, int]],
+def _reserve_read_finish(tier: Any, ns: bytes, stage: Stage,
+                         group: list[tuple[int, int, bool]],
                          reqs: list[PutRequest], parsed: list, statuses: list,
                          if_absent: bool, guard: Any) -> tuple[int, int]:
-    """Reserve a group of PUT_STAGED items (``group``: each one's index and file offset;
-    ``reqs``: its request) in one tier call, fill them from the staging file in one
-    ``read_staged`` call, then finish them in one; (the bytes published, the values the
-    file ended before). Sets each item's status."""
+    """Reserve a group of PUT_STAGED items (``group``: each one's index, file offset and
+    whether it is a whole value; ``reqs``: its request) in one tier call, fill them from
+    the staging file in one ``read_staged`` call, then finish them in one; (the bytes
+    published, the values the file ended before). Sets each item's status."""
     if not reqs:
         return 0, 0
-    reads: list[tuple[int, Any, int]] = []  # (index, slot, file offset) of each reserved
-    for (i, at), slot in zip(group, tier.begin_puts(ns, reqs)):
+    reads: list[tuple[int, Any]] = []  # (index, slot) of each reserved item
+    spans = []  # and its read_staged span: a whole value is hashed as it lands
+    for (i, at, whole), slot in zip(group, tier.begin_puts(ns, reqs)):
         if slot.status == Status.OK:
-            reads.append((i, slot, at))
+            reads.append((i, slot))
+            spans.append((slot.view, at, whole))
         else:
             statuses[i] = slot.status
     if not reads:
         return 0, 0
     try:
-        digests, short = native.read_staged(
-            stage.fd, stage.map, [(slot.view, at, parsed[i].offset == 0
-                                   and parsed[i].length == parsed[i].total_len)
-                                  for i, slot, at in reads])
+        digests, short = native.read_staged(stage.fd, stage.map, spans)
     except BaseException:
-        abort_slots(tier, [slot for _, slot, _ in reads])
+        abort_slots(tier, [slot for _, slot in reads])
         raise
     cut = set(short)
     for j in short:  # the client shrank its file
-        i, slot, _ = reads[j]
+        i, slot = reads[j]
         statuses[i] = Status.BAD_REQUEST
         tier.abort_put(slot)
     kept = [(r, d) for j, (r, d) in enumerate(zip(reads, digests)) if j not in cut]
-    done = tier.finish_puts([slot for (_, slot, _), _ in kept], if_absent=if_absent,
+    done = tier.finish_puts([slot for (_, slot), _ in kept], if_absent=if_absent,
                             digests=[d for _, d in kept])
     nbytes = 0
-    for ((i, _, _), _), s in zip(kept, done):
+    for ((i, _), _), s in zip(kept, done):
         statuses[i] = s
         if s == Status.OK:
             nbytes += parsed[i].length
