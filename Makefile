@@ -42,13 +42,15 @@ run: $(STAMP)
 # Run again with the C extension switched off (GCACHE_NATIVE=0: the pure-Python twins),
 # kept to ~30 s: the loader, and the shm paths that call copy_spans / placement_hashes
 # (staged puts: copy_spans hashes each value as it copies it into the staging file), the
-# disk tier's grouped reads (pread_records), and TCP puts' value checksums (checksums).
+# disk tier's grouped reads (pread_records), TCP puts' value checksums (checksums), and
+# the arena's chunk headers (header_write / header_commit: written, then recovered).
 NATIVE_OFF_TESTS = tests/core/test_native_loader.py tests/sdk/test_checksum_flip_never_a_hit.py \
 	tests/sdk/test_shm_get_checks_checksums_as_bytes_land.py tests/sdk/test_shm_transport.py \
 	tests/sdk/test_shm_client_cannot_write_the_arena.py \
 	tests/server/test_disk_read_many_group_matches_read.py \
 	tests/server/test_alloc_commit_without_write_publishes_nothing.py \
-	-k 'land or loader or flip or corrupt or round_trip_every_form or release_without_waiting or lease_expires or forged or staged or shrunk or group'
+	tests/server/test_memory_tier_in_process.py tests/server/test_restart_survival.py \
+	-k 'land or loader or flip or corrupt or round_trip_every_form or release_without_waiting or lease_expires or forged or staged or shrunk or group or memory_tier or restart_survival'
 
 ## make test: every test, with real gcache processes; then the native-off subset.
 # Two workers (pytest-xdist), one test file per worker at a time: most tests wait on real

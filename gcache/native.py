@@ -66,6 +66,19 @@ Functions (contracts; the C file's opening comment has the same):
   object without the buffer protocol, ValueError for one that is not C-contiguous.
 * ``placement_hashes(namespace, keys, seed) -> list[int]``: ``xxh3_64(namespace +
   b"\\0" + key, seed)`` per key (keys must be ``bytes``: TypeError).
+* ``header_write(buf, off, ns, key, version, length, created_ns, ph, mark_at) -> int``:
+  an arena chunk's uncommitted header (``server/arena.py``'s layout: the fixed 64
+  bytes, the namespace, the key and, when ``ph`` is not None, the 8-byte placement hash
+  with FLAG_PLACED) at ``off`` of the writable buffer ``buf``, then ``buf[mark_at] = 1``
+  (its start mark, after the header); returns the data offset, ``off`` plus the header
+  rounded up to 64 bytes. ``header_commit(buf, off, csum)``: store the value checksum,
+  the header's CRC32 (zlib's, over bytes 8-48 and the namespace, key and placement hash)
+  and, last, FLAG_COMMITTED. Both check every argument before writing a byte: a
+  non-buffer, a non-int, a namespace or key that is not ``bytes``: TypeError; a negative
+  or over-64-bit value, an offset past a ssize_t: OverflowError; a read-only or
+  non-contiguous buffer, a namespace or key over 65535 bytes, a header or mark outside
+  the buffer: ValueError. ~0.2 us each in C, where the struct calls and slices cost
+  ~2.7 us each.
 
 Threads: any; no state.
 """
@@ -75,7 +88,9 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import struct
 import time
+import zlib
 from types import SimpleNamespace
 from typing import Any, Sequence
 
@@ -287,6 +302,94 @@ def checksums_py(buffers: Sequence[Any]) -> list[int]:
     return [xxhash.xxh3_64_intdigest(mv) for mv in views]
 
 
+# server/arena.py's chunk header: magic u32 | flags u32 | hdr_len u16 | ns_len u16 |
+# key_len u16 | pad u16 | version u64 | data_len u64 | checksum u64 | created_ns u64 |
+# hdr_crc u32 | rank u32, then the namespace, the key and (FLAG_PLACED) the placement hash
+_HDR = struct.Struct("<IIHHHHQQQQII")
+_HDR_FIXED = 64  # the fixed part's room (56 bytes of fields, then 8 unused)
+_CHUNK_MAGIC = 0x4F434347
+_PLACED, _COMMITTED = 0x2, 0x1
+
+
+def _arena_view(fn: str, buf: Any) -> memoryview:
+    try:
+        mv = memoryview(buf)
+    except TypeError:
+        raise TypeError(f"{fn}: {type(buf).__name__} is not a buffer") from None
+    if not mv.c_contiguous:
+        raise ValueError(f"{fn}: the buffer is not C-contiguous")
+    if mv.readonly:
+        raise ValueError(f"{fn}: the buffer is read-only")
+    return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+
+
+def _ssize(fn: str, v: Any, what: str) -> int:
+    if not isinstance(v, int):
+        raise TypeError(f"{fn}: {what} must be an int, not {type(v).__name__}")
+    if not -(1 << 63) <= v < 1 << 63:
+        raise OverflowError(f"{fn}: {what} {v} does not fit a C ssize_t")
+    return int(v)
+
+
+def _u64(fn: str, v: Any, what: str) -> int:
+    if not isinstance(v, int):
+        raise TypeError(f"{fn}: {what} must be an int, not {type(v).__name__}")
+    if not 0 <= v < 1 << 64:
+        raise OverflowError(f"{fn}: {what} {v} is not an unsigned 64-bit int")
+    return int(v)
+
+
+def header_write_py(buf: Any, off: Any, ns: Any, key: Any, version: Any, length: Any,
+                    created_ns: Any, ph: Any, mark_at: Any) -> int:
+    """The twin of ``_native.header_write`` (see the module docstring)."""
+    fn = "header_write"
+    mv = _arena_view(fn, buf)
+    off = _ssize(fn, off, "off")
+    if type(ns) is not bytes or type(key) is not bytes:
+        raise TypeError(f"{fn}: the namespace and the key must be bytes")
+    version = _u64(fn, version, "version")
+    length = _u64(fn, length, "length")
+    created_ns = _u64(fn, created_ns, "created_ns")
+    if ph is not None:
+        ph = _u64(fn, ph, "ph")
+    mark_at = _ssize(fn, mark_at, "mark_at")
+    if len(ns) > 0xFFFF or len(key) > 0xFFFF:
+        raise ValueError(f"{fn}: a namespace or key over 65535 bytes")
+    hl = (_HDR_FIXED + len(ns) + len(key) + (8 if ph is not None else 0) + 63) & ~63
+    if off < 0 or off + hl > len(mv):
+        raise ValueError(f"{fn}: a {hl}-byte header at {off} is outside the buffer")
+    if not 0 <= mark_at < len(mv):
+        raise ValueError(f"{fn}: start mark {mark_at} is outside the buffer")
+    _HDR.pack_into(mv, off, _CHUNK_MAGIC, _PLACED if ph is not None else 0, hl, len(ns),
+                   len(key), 0, version, length, 0, created_ns, 0, 0)
+    p = off + _HDR_FIXED
+    mv[p:p + len(ns)] = ns
+    p += len(ns)
+    mv[p:p + len(key)] = key
+    if ph is not None:
+        struct.pack_into("<Q", mv, p + len(key), ph)
+    mv[mark_at] = 1  # after the header: a start mark names a written header
+    return off + hl
+
+
+def header_commit_py(buf: Any, off: Any, csum: Any) -> None:
+    """The twin of ``_native.header_commit`` (see the module docstring)."""
+    fn = "header_commit"
+    mv = _arena_view(fn, buf)
+    off = _ssize(fn, off, "off")
+    csum = _u64(fn, csum, "csum")
+    if off < 0 or off + _HDR_FIXED > len(mv):
+        raise ValueError(f"{fn}: a header at {off} is outside the buffer")
+    flags, _, ns_len, key_len = struct.unpack_from("<IHHH", mv, off + 4)
+    end = off + _HDR_FIXED + ns_len + key_len + (8 if flags & _PLACED else 0)
+    if end > len(mv):
+        raise ValueError(f"{fn}: the header at {off} runs past the buffer")
+    struct.pack_into("<Q", mv, off + 32, csum)
+    crc = zlib.crc32(mv[off + 8:off + 48])
+    struct.pack_into("<I", mv, off + 48, zlib.crc32(mv[off + _HDR_FIXED:end], crc))
+    struct.pack_into("<I", mv, off + 4, flags | _COMMITTED)  # last
+
+
 def byte_views_py(objs: Sequence[Any], writable: bool) -> list[memoryview]:
     """The twin of ``_native.byte_views`` (see the module docstring)."""
     out = []
@@ -303,7 +406,8 @@ def byte_views_py(objs: Sequence[Any], writable: bool) -> list[memoryview]:
 twins = SimpleNamespace(copy_spans=copy_spans_py, placement_hashes=placement_hashes_py,
                         byte_views=byte_views_py, pread_spans=pread_spans_py,
                         read_staged=read_staged_py,
-                        pread_records=pread_records_py, checksums=checksums_py)
+                        pread_records=pread_records_py, checksums=checksums_py,
+                        header_write=header_write_py, header_commit=header_commit_py)
 
 
 # ---------------------------------------------------------------------- the choice
@@ -347,3 +451,5 @@ pread_spans = twins.pread_spans if _mod is None else _mod.pread_spans
 read_staged = twins.read_staged if _mod is None else _mod.read_staged
 pread_records = twins.pread_records if _mod is None else _mod.pread_records
 checksums = twins.checksums if _mod is None else _mod.checksums
+header_write = twins.header_write if _mod is None else _mod.header_write
+header_commit = twins.header_commit if _mod is None else _mod.header_commit

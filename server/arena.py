@@ -64,6 +64,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gcache.errors import ArenaError
+from gcache.native import header_commit, header_write
 
 
 log = logging.getLogger("gcache.server.arena")
@@ -92,7 +93,6 @@ HDR_DTYPE = np.dtype({
 })
 _FLAGS_OFF = 4
 _PH = struct.Struct("<Q")  # the placement hash after the key (FLAG_PLACED)
-_CSUM_OFF = 32
 _CRC_OFF = 48
 _RANK_OFF = 52  # the u32 after hdr_crc, which does not cover it: recency rank (above)
 
@@ -267,25 +267,13 @@ class Arena:
                      created_ns: int, ph: int | None = None) -> int:
         """Write an uncommitted header (``ph``: the placement hash, FLAG_PLACED), then mark
         the chunk's start in the start map; return the absolute data offset."""
-        placed = ph is not None
-        hl = header_len(len(ns), len(key), placed)
-        HDR.pack_into(self.mm, off, CHUNK_MAGIC, FLAG_PLACED if placed else 0, hl, len(ns),
-                      len(key), 0, version, length, 0, created_ns, 0, 0)
-        p = off + HDR_FIXED
-        self.mm[p:p + len(ns)] = ns
-        p += len(ns)
-        self.mm[p:p + len(key)] = key
-        if placed:
-            _PH.pack_into(self.mm, p + len(key), ph)
-        self.starts[(off - self.data_off) // GRANULE] = 1  # after the header: see above
-        return off + hl
+        # the header, then its start mark (see above); native.header_write, ~0.2 us in C
+        return header_write(self.mm, off, ns, key, version, length, created_ns, ph,
+                            SUPER_BYTES + (off - self.data_off) // GRANULE)
 
     def commit(self, off: int, csum: int) -> None:
-        struct.pack_into("<Q", self.mm, off + _CSUM_OFF, csum)
-        crc = self._header_crc(off)
-        struct.pack_into("<I", self.mm, off + _CRC_OFF, crc)
-        flags = struct.unpack_from("<I", self.mm, off + _FLAGS_OFF)[0] & FLAG_PLACED
-        struct.pack_into("<I", self.mm, off + _FLAGS_OFF, flags | FLAG_COMMITTED)  # last
+        """Store the value's checksum and the header's CRC, then FLAG_COMMITTED, last."""
+        header_commit(self.mm, off, csum)
 
     def set_rank(self, off: int, rank: int) -> None:
         """Write the chunk's recency rank (a u32 outside the header CRC)."""
