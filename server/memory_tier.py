@@ -123,6 +123,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("gcache.server.memory")
 
 _EVICT_SYNC_LIMIT = 100_000
+#: items the batched put calls reserve, count in or publish per hold of the tier lock: a
+#: frame of a thousand small values must not keep the other connections' reads and puts
+#: off the lock for the whole frame (~10 us an item here), only for a slice of it
+LOCK_BATCH = 64
 _RANK_BATCH = 1024  # objects per lock hold of a recency snapshot (~0.7 ms)
 _OK = Status.OK  # an enum attribute lookup costs more than a global one, per item
 
@@ -800,17 +804,18 @@ class MemoryTier(Tier):
         """``begin_put`` of the requests in one lock hold, in order, up to the first that
         would wait for reservation room or (``evict=False``) answer NO_SPACE: the slots
         of that prefix. That first one reserved nothing; the caller begins it again
-        with ``begin_put``."""
+        with ``begin_put``. (One lock hold per ``LOCK_BATCH`` requests.)"""
         slots: list[PutSlot] = []
-        with self._lock:
-            for r in reqs:
-                try:
-                    slot = self.do_reserve(ns, r, evict)
-                except _WaitForRoom:
-                    break
-                if slot.status == Status.NO_SPACE and not evict:
-                    break
-                slots.append(slot)
+        for a in range(0, len(reqs), LOCK_BATCH):
+            with self._lock:
+                for r in reqs[a:a + LOCK_BATCH]:
+                    try:
+                        slot = self.do_reserve(ns, r, evict)
+                    except _WaitForRoom:
+                        return slots
+                    if slot.status == Status.NO_SPACE and not evict:
+                        return slots
+                    slots.append(slot)
         return slots
 
     def do_reserve(self, ns: bytes, req: PutRequest, evict: bool) -> PutSlot:
@@ -910,8 +915,8 @@ class MemoryTier(Tier):
     def finish_puts(self, slots: list[PutSlot], *, if_absent: bool = False,
                     digests: list[int | None] | None = None) -> list[Status]:
         """``finish_put`` of each slot (``digests[i]`` for ``slots[i]``), in order, with
-        one lock hold to count the slices in and one to publish, for all of them: the
-        same statuses and the same index as one call per slot."""
+        one lock hold per ``LOCK_BATCH`` slots to count the slices in and one to publish
+        them: the same statuses and the same index as one call per slot."""
         if digests is None:
             digests = [None] * len(slots)
         out: list[Status] = [Status.OK] * len(slots)
@@ -920,21 +925,23 @@ class MemoryTier(Tier):
             wholes.append(len(slot.view) == slot.token.obj.length)
             slot.view.release()
         ready: list[tuple[int, _Pending, int | None]] = []  # (slot, its put, digest)
-        with self._lock:
-            for i, (slot, digest, whole) in enumerate(zip(slots, digests, wholes)):
-                pend: _Pending = slot.token
-                o = pend.obj
-                o.pins -= 1
-                pend.received += slot.extra["len"]
-                pend.if_absent = pend.if_absent or if_absent
-                if pend.failed:
-                    if o.pins == 0 and not o.quarantined:
-                        self.do_free(o)
-                    out[i] = Status.ERROR
-                elif pend.received >= o.length:  # claims are disjoint: == length is all
-                    self.do_drop_pending(pend)
-                    ready.append((i, pend, digest if whole else None))
-                # else other slices still to come: OK
+        for a in range(0, len(slots), LOCK_BATCH):
+            with self._lock:
+                for i in range(a, min(a + LOCK_BATCH, len(slots))):
+                    slot = slots[i]
+                    pend: _Pending = slot.token
+                    o = pend.obj
+                    o.pins -= 1
+                    pend.received += slot.extra["len"]
+                    pend.if_absent = pend.if_absent or if_absent
+                    if pend.failed:
+                        if o.pins == 0 and not o.quarantined:
+                            self.do_free(o)
+                        out[i] = Status.ERROR
+                    elif pend.received >= o.length:  # claims are disjoint: == is all
+                        self.do_drop_pending(pend)
+                        ready.append((i, pend, digests[i] if wholes[i] else None))
+                    # else other slices still to come: OK
         # every byte of each ready put is here: checksum outside the lock, then commit
         publish: list[tuple[_Pending, int]] = []  # (the put, its checksum)
         refused: list[_Obj] = []
@@ -954,44 +961,56 @@ class MemoryTier(Tier):
         if not publish and not refused:
             return out
         over = False
-        with self._lock:
-            for o in refused:
-                self.counters["put_checksum_mismatch"] += 1
-                if o.pins == 0 and not o.quarantined:
-                    self.do_free(o)
-            for pend, csum in publish:
-                o = pend.obj
-                if pend.if_absent:
-                    k = (o.ns, o.key)
-                    if k in self._index or (self._exists_below is not None
-                                            and self._exists_below(*k)):
-                        self.counters["put_if_absent_skipped"] += 1
-                        if o.pins == 0 and not o.quarantined:
-                            self.do_free(o)
-                        continue
-                    self.arena.commit(o.offset, csum)  # under the lock: the check holds
-                o.committed = True
-                self.uncommitted_bytes -= o.chunk
-                self.do_uncharge(o)
-                o.checksum = csum
-                old = self.do_link(o)
-                if old is not None:
-                    self.do_unlink(old)
-                if self.access_observer is not None:
-                    self.access_observer.on_put(o.ns, o.key, o.length)
-                if self._on_publish is not None:
-                    self._on_publish(o.ns, o.key, o.version)
-                over = over or self.live_bytes > self.high * self.capacity
-                limit = self.do_mem_limit(o.ns)
-                if limit is not None and self._ns[o.ns] > self.high * limit:
-                    self._quota_wants.setdefault(o.ns, 0)  # shed to low in the background
-                    over = True
+        if refused:
+            with self._lock:
+                for o in refused:
+                    self.counters["put_checksum_mismatch"] += 1
+                    if o.pins == 0 and not o.quarantined:
+                        self.do_free(o)
+        for a in range(0, len(publish), LOCK_BATCH):
+            with self._lock:
+                over = self.do_publish(publish[a:a + LOCK_BATCH]) or over
         for o in refused:
             log.warning("refused a put whose bytes do not match the writer's checksum",
                         extra={"fields": {"ns": o.ns, "key": o.key, "bytes": o.length}})
         if over:
             self.pressure.set()
         return out
+
+    def do_publish(self, publish: list[tuple[_Pending, int]]) -> bool:
+        """Publish each complete put ``(its pending, its checksum)`` in order (an
+        if-absent one only if its key is absent here and below, its commit flag then
+        written under this same lock hold); True if memory or a namespace is now past
+        its high watermark."""
+        over = False
+        for pend, csum in publish:
+            o = pend.obj
+            if pend.if_absent:
+                k = (o.ns, o.key)
+                if k in self._index or (self._exists_below is not None
+                                        and self._exists_below(*k)):
+                    self.counters["put_if_absent_skipped"] += 1
+                    if o.pins == 0 and not o.quarantined:
+                        self.do_free(o)
+                    continue
+                self.arena.commit(o.offset, csum)  # under the lock: the check holds
+            o.committed = True
+            self.uncommitted_bytes -= o.chunk
+            self.do_uncharge(o)
+            o.checksum = csum
+            old = self.do_link(o)
+            if old is not None:
+                self.do_unlink(old)
+            if self.access_observer is not None:
+                self.access_observer.on_put(o.ns, o.key, o.length)
+            if self._on_publish is not None:
+                self._on_publish(o.ns, o.key, o.version)
+            over = over or self.live_bytes > self.high * self.capacity
+            limit = self.do_mem_limit(o.ns)
+            if limit is not None and self._ns[o.ns] > self.high * limit:
+                self._quota_wants.setdefault(o.ns, 0)  # shed to low in the background
+                over = True
+        return over
 
     def abort_put(self, slot: PutSlot, quarantine: Holder | None = None) -> None:
         """Fail the put. ``quarantine``: its writer may still be copying into the chunk

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from gcache.server import memory_tier
 from gcache.server.arena import Arena
 from gcache.server.memory_tier import Holder, MemoryTier
 from gcache.server.tier import PutRequest, Tier
@@ -127,10 +128,16 @@ def _check(make, tmp_path_factory, fs) -> None:
                 m.close()
 
 
+@pytest.mark.parametrize("lock_batch", [memory_tier.LOCK_BATCH, 3])
 @pytest.mark.parametrize("make", [_memory, _tiered], ids=["memory", "tiered"])
-@settings(max_examples=50, deadline=None,
+@settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(fs=frames)
 @example(fs=FULL)
-def test_batched_puts_match_one_by_one(make, tmp_path_factory, fs):
-    _check(make, tmp_path_factory, fs)
+def test_batched_puts_match_one_by_one(make, lock_batch, tmp_path_factory, fs):
+    """(``lock_batch`` 3: frames span several lock holds of the batched calls.)"""
+    saved, memory_tier.LOCK_BATCH = memory_tier.LOCK_BATCH, lock_batch
+    try:
+        _check(make, tmp_path_factory, fs)
+    finally:
+        memory_tier.LOCK_BATCH = saved
