@@ -113,8 +113,7 @@ from gcache.server.arena import (GRANULE, RANK_MAX, Arena, HDR_FIXED, header_len
 from gcache.server.eviction import LRU, EvictionPolicy
 from gcache.server.extents import ExtentAllocator
 from gcache.server.movement import ColdObject, LockRank, MemoryHooks, ranked_lock
-from gcache.server.tier import (HeldObject, Pinned, PutRequest, PutSlot, Tier, abort_slots,
-                                 held_snapshot)
+from gcache.server.tier import HeldObject, Pinned, PutRequest, PutSlot, Tier, held_snapshot
 
 if TYPE_CHECKING:
     from gcache.server.kv_events import EventQueue
@@ -784,21 +783,10 @@ class MemoryTier(Tier):
                     pass
             time.sleep(0.005)  # lock released: reservations in flight may commit
 
-    def begin_puts(self, ns: bytes, reqs: list[PutRequest], evict: bool = True
-                   ) -> list[PutSlot]:
-        """``begin_put`` of each request, in order, as many as it can in one lock hold:
-        the rest, from the first that would wait for reservation room (or, with
-        ``evict=False``, the first NO_SPACE), one by one."""
-        slots = self.begin_prefix(ns, reqs, evict)
-        try:
-            for r in reqs[len(slots):]:
-                slots.append(self.begin_put(ns, r.key, r.total_len, r.offset, r.length,
-                                            r.put_id, evict, csum=r.csum, holder=r.holder,
-                                            ph=r.ph, parent=r.parent))
-        except BaseException:
-            abort_slots(self, slots)
-            raise
-        return slots
+    def begin_puts(self, ns: bytes, reqs: list[PutRequest]) -> list[PutSlot]:
+        """``begin_put`` of each request, in order, as many as it can per lock hold: the
+        rest, from the first that would wait for reservation room, one by one."""
+        return self.begin_rest(ns, reqs, self.begin_prefix(ns, reqs, evict=True))
 
     def begin_prefix(self, ns: bytes, reqs: list[PutRequest], evict: bool) -> list[PutSlot]:
         """``begin_put`` of the requests in one lock hold, in order, up to the first that

@@ -772,10 +772,10 @@ class _Connection:
                     statuses.append(Status.AUTH if not allowed else Status.NOT_OWNER
                                     if wrong else Status.OK)
                     continue
-                statuses.append(Status.OK)
                 if tl > lim.max_value_bytes:
-                    statuses[i] = Status.TOO_LARGE
+                    statuses.append(Status.TOO_LARGE)
                     continue
+                statuses.append(Status.OK)
                 # as in PUT_STAGED: only a slice of a put waiting for other frames' slices
                 # holds a reservation past this request, answered for by this connection
                 # (bounded, released when it closes)

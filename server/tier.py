@@ -186,9 +186,22 @@ class Tier(abc.ABC):
     def begin_puts(self, ns: bytes, reqs: list[PutRequest]) -> list[PutSlot]:
         """``begin_put`` of each request of one frame, in order (a tier may take its lock
         once for many)."""
-        return [self.begin_put(ns, r.key, r.total_len, r.offset, r.length, r.put_id,
-                               csum=r.csum, holder=r.holder, ph=r.ph, parent=r.parent)
-                for r in reqs]
+        return self.begin_rest(ns, reqs, [])
+
+    def begin_rest(self, ns: bytes, reqs: list[PutRequest], slots: list[PutSlot]
+                   ) -> list[PutSlot]:
+        """``slots`` (those of a prefix of ``reqs``, begun already) extended with a
+        ``begin_put`` of each request after them, one by one; if one raises, every
+        reserved slot is aborted first."""
+        try:
+            for r in reqs[len(slots):]:
+                slots.append(self.begin_put(ns, r.key, r.total_len, r.offset, r.length,
+                                            r.put_id, csum=r.csum, holder=r.holder, ph=r.ph,
+                                            parent=r.parent))
+        except BaseException:
+            abort_slots(self, slots)
+            raise
+        return slots
 
     def finish_puts(self, slots: list[PutSlot], *, if_absent: bool = False,
                     digests: list[int | None] | None = None) -> list[Status]:

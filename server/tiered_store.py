@@ -72,7 +72,7 @@ from typing import Any, Callable, Iterator
 
 from gcache.server.movement import (ColdObject, DemoteItem, DiskSide, MemorySide, ReadLease,
                                     ScratchSource, disk_hooks)
-from gcache.server.tier import HeldObject, Pinned, PutRequest, PutSlot, Tier, abort_slots
+from gcache.server.tier import HeldObject, Pinned, PutRequest, PutSlot, Tier
 from gcache.server.tiering import CompactionPolicy, PromotePolicy, SecondChance
 from gcache.status import Status
 
@@ -468,16 +468,7 @@ class TieredStore(Tier):
         room for in one lock hold, and the rest, from the first NO_SPACE (or the first
         that waits for reservation room), go one by one through ``begin_put`` (which
         waits for the mover)."""
-        slots = self.memory.begin_prefix(ns, reqs, evict=False)
-        try:
-            for r in reqs[len(slots):]:
-                slots.append(self.begin_put(ns, r.key, r.total_len, r.offset, r.length,
-                                            r.put_id, csum=r.csum, holder=r.holder, ph=r.ph,
-                                            parent=r.parent))
-        except BaseException:
-            abort_slots(self, slots)
-            raise
-        return slots
+        return self.begin_rest(ns, reqs, self.memory.begin_prefix(ns, reqs, evict=False))
 
     def _wait_for_room(self, need: int, end: float) -> None:
         with self._room:
