@@ -42,9 +42,11 @@ run: $(STAMP)
 # Run again with the C extension switched off (GCACHE_NATIVE=0: the pure-Python twins),
 # kept to ~30 s: the loader, and the shm paths that call copy_spans / placement_hashes
 # (staged puts: copy_spans hashes each value as it copies it into the staging file), the
-# disk tier's grouped reads (pread_records), TCP puts' value checksums (checksums), and
-# the arena's chunk headers (header_write / header_commit: written, then recovered).
+# disk tier's grouped reads (pread_records), TCP puts' value checksums (checksums), TCP
+# gets' scatter reads hashed as they land (recv_views), and the arena's chunk headers
+# (header_write / header_commit: written, then recovered).
 NATIVE_OFF_TESTS = tests/core/test_native_loader.py tests/sdk/test_checksum_flip_never_a_hit.py \
+	tests/core/test_recv_into_many_hashes_as_bytes_land.py \
 	tests/sdk/test_shm_get_checks_checksums_as_bytes_land.py tests/sdk/test_shm_transport.py \
 	tests/sdk/test_shm_client_cannot_write_the_arena.py \
 	tests/server/test_disk_read_many_group_matches_read.py \

@@ -59,6 +59,20 @@ Functions (contracts; the C file's opening comment has the same):
   where the file ended before the buffer filled. Every span is checked first (an int
   fd that fits a C int; a writable C-contiguous buffer; an int offset >= 0; ints
   ``0 <= hash_from <= hash_to <= len(buffer)``): TypeError / ValueError.
+* ``recv_views(sock, views, want, stop_at) -> list[int | None]``: fill every writable
+  buffer in ``views``, in order, from the stream socket ``sock`` (never a TLS socket:
+  its descriptor carries ciphertext) in one call (the C version releases the GIL for
+  the whole loop and takes any object with ``fileno()``; the twin a ``socket.socket``):
+  scatter reads that never block (``MSG_DONTWAIT``), and a poll for the time left to
+  ``stop_at`` when one would. ``want`` (None, or one flag per view): each flagged view's
+  xxh3_64 (seed 0), hashed right after each read that filled some of it, while its
+  bytes are cached; None for the others. The socket's own blocking mode and timeout do
+  not matter. The clock (``time.monotonic``) is read before every read: at or past
+  ``stop_at``, TimeoutError (``socket.timeout``), so nothing starts after the deadline
+  and a trickling peer cannot stretch it; EOF first: ConnectionError; a read error:
+  OSError. Every view is checked first (a writable C-contiguous buffer: TypeError /
+  ValueError; ``want``'s length: ValueError). The C version reads the descriptor once:
+  no other thread may close ``sock`` during the call.
 * ``checksums(buffers) -> list[int]``: the xxh3_64 (seed 0) of each buffer's bytes, in
   one call (the C version releases the GIL for all of them: a TCP put's value
   checksums, on the server after the bytes landed and on the client before they go,
@@ -87,7 +101,10 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import os
+import select
+import socket
 import struct
 import time
 import zlib
@@ -287,6 +304,62 @@ def placement_hashes_py(namespace: bytes, keys: Sequence[bytes], seed: int) -> l
     return out
 
 
+_RECV_IOV = 512  # buffers per scatter read (protocol._IOV_MAX; RECV_IOV in C)
+
+
+def landed(bufs: list[memoryview], hs: list[Any], i: int, k: int) -> int:
+    """A scatter read put ``k`` bytes into ``bufs`` from view ``i`` on: feed each
+    view's new bytes to its hasher (None: not hashed), cut a part-filled view to what
+    is still to come, and return the index of the first view not yet full."""
+    while i < len(bufs) and k >= len(bufs[i]):
+        if hs[i] is not None:
+            hs[i].update(bufs[i])  # the rest of view i: all landed now
+        k -= len(bufs[i])
+        i += 1
+    if k:
+        if hs[i] is not None:
+            hs[i].update(bufs[i][:k])
+        bufs[i] = bufs[i][k:]
+    return i
+
+
+def recv_views_py(sock: socket.socket, views: Sequence[Any], want: Sequence[Any] | None,
+                  stop_at: float) -> list[int | None]:
+    """The twin of ``_native.recv_views`` (see the module docstring)."""
+    if not isinstance(sock, socket.socket):
+        raise TypeError("recv_views: sock must be a socket")
+    if type(stop_at) not in (int, float):  # noqa: E721 - as PyArg "d"
+        raise TypeError("recv_views: stop_at must be a number")
+    views = list(views)
+    flags = [False] * len(views)
+    if want is not None:
+        flags = [bool(w) for w in want]
+        if len(flags) != len(views):
+            raise ValueError(f"recv_views: want has {len(flags)} flags for "
+                             f"{len(views)} views")
+    bufs = [_buffer(v, i, True, "recv_views").cast("B") for i, v in enumerate(views)]
+    hashers = [xxhash.xxh3_64() if f else None for f in flags]
+    todo = [(b, h) for b, h in zip(bufs, hashers) if len(b)]
+    rest, hs = [b for b, _ in todo], [h for _, h in todo]
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    i = 0
+    while i < len(rest):
+        if time.monotonic() >= stop_at:
+            raise TimeoutError("deadline passed")
+        # poll first: a socket with a timeout would otherwise wait on its own clock
+        if not poller.poll(max(0, math.ceil((stop_at - time.monotonic()) * 1000))):
+            continue
+        try:
+            k = sock.recvmsg_into(rest[i:i + _RECV_IOV], 0, socket.MSG_DONTWAIT)[0]
+        except BlockingIOError:
+            continue
+        if k == 0:
+            raise ConnectionError("peer closed the connection in the middle of a payload")
+        i = landed(rest, hs, i, k)
+    return [h.intdigest() if h is not None else None for h in hashers]
+
+
 def checksums_py(buffers: Sequence[Any]) -> list[int]:
     """The twin of ``_native.checksums`` (see the module docstring)."""
     views = []
@@ -407,6 +480,7 @@ twins = SimpleNamespace(copy_spans=copy_spans_py, placement_hashes=placement_has
                         byte_views=byte_views_py, pread_spans=pread_spans_py,
                         read_staged=read_staged_py,
                         pread_records=pread_records_py, checksums=checksums_py,
+                        recv_views=recv_views_py,
                         header_write=header_write_py, header_commit=header_commit_py)
 
 
@@ -451,5 +525,6 @@ pread_spans = twins.pread_spans if _mod is None else _mod.pread_spans
 read_staged = twins.read_staged if _mod is None else _mod.read_staged
 pread_records = twins.pread_records if _mod is None else _mod.pread_records
 checksums = twins.checksums if _mod is None else _mod.checksums
+recv_views = twins.recv_views if _mod is None else _mod.recv_views
 header_write = twins.header_write if _mod is None else _mod.header_write
 header_commit = twins.header_commit if _mod is None else _mod.header_commit

@@ -36,7 +36,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
 import msgpack
+import xxhash
 
+from gcache import native
 from gcache.errors import ProtocolError
 from gcache.status import Status
 
@@ -283,41 +285,49 @@ def recv_exact_into(sock: socket.socket, view: memoryview, deadline: float | Non
 
 
 def recv_into_many(sock: socket.socket, views: Sequence[memoryview],
-                   deadline: float | None = None, hashers: Sequence[Any] | None = None
-                   ) -> None:
-    """Fill every view in order with scatter reads (``recvmsg_into``): one syscall
-    and one GIL round trip fill many buffers, e.g. 16 pages of a batch at once.
+                   deadline: float | None = None, want: Sequence[bool] | None = None
+                   ) -> list[int | None] | None:
+    """Fill every view in order with scatter reads: one syscall and one GIL round trip
+    fill many buffers, e.g. 16 pages of a batch at once.
 
-    ``hashers`` (one per view, or None): each view's bytes are fed to its hasher's
-    ``update`` right after each read that filled some of them, while they are still in
-    the cache (a get's checksum check without a second pass over DRAM).
+    ``want`` (one flag per view, or None): each flagged view's bytes are hashed
+    (xxh3_64) right after each read that filled some of them, while they are still in
+    the cache (a get's checksum check without a second pass over DRAM); the call then
+    returns each view's digest (None where not flagged), else None.
 
-    The whole read ends by ``deadline``. ConnectionError on EOF. TLS sockets have no
+    The whole read ends by ``deadline``. ConnectionError on EOF. With a deadline on a
+    plain socket the whole loop is one ``native.recv_views`` call (the C version
+    releases the GIL for all of it, hashing included). TLS sockets have no
     ``recvmsg_into``: they fill one view at a time, still straight into it (OpenSSL
-    decrypts into the destination), re-armed before every call.
+    decrypts into the destination), re-armed before every call. Without a deadline the
+    socket's own timeout bounds each read (the server's idle timeout).
     """
+    tls = isinstance(sock, ssl.SSLSocket)
+    if deadline is not None and not tls:
+        digests = native.recv_views(sock, views, want, deadline)
+        return digests if want is not None else None
+    hashers = [xxhash.xxh3_64() if w else None for w in want] if want is not None else None
     if hashers is None:
         bufs = [v for v in views if len(v)]
         hs: list[Any] = [None] * len(bufs)
     else:
         pairs = [(v, h) for v, h in zip(views, hashers) if len(v)]
         bufs, hs = [v for v, _ in pairs], [h for _, h in pairs]
-    if isinstance(sock, ssl.SSLSocket):
-        return _recv_into_each(sock, bufs, hs, deadline)
+    if tls:
+        _recv_into_each(sock, bufs, hs, deadline)
+    else:
+        _recv_scatter(sock, bufs, hs, deadline)
+    return [h.intdigest() if h is not None else None for h in hashers] if hashers is not None else None
+
+
+def _recv_scatter(sock: socket.socket, bufs: list[memoryview], hs: list[Any],
+                  deadline: float | None) -> None:
     i = 0
     while i < len(bufs):
         k = _io(sock, deadline, select.POLLIN, sock.recvmsg_into, bufs[i:i + _IOV_MAX])[0]
         if k == 0:
             raise ConnectionError("peer closed the connection in the middle of a payload")
-        while i < len(bufs) and k >= len(bufs[i]):
-            if hs[i] is not None:
-                hs[i].update(bufs[i])  # the rest of view i: all landed now
-            k -= len(bufs[i])
-            i += 1
-        if k:
-            if hs[i] is not None:
-                hs[i].update(bufs[i][:k])
-            bufs[i] = bufs[i][k:]
+        i = native.landed(bufs, hs, i, k)
 
 
 def _recv_into_each(sock: ssl.SSLSocket, bufs: list[memoryview], hs: list[Any],

@@ -353,8 +353,8 @@ class TcpTransport(Transport):
         rows = get_rows(rmeta, items, plen, more)
         out = []
         views = []
-        hashers: list[Any] | None = [] if verify else None
-        hashed: list[tuple[ItemResult, Any]] = []  # (result, its hasher)
+        want: list[bool] | None = [] if verify else None
+        landing: list[ItemResult] = []  # the result each view fills
         for it, (st, total, ver, n, csum) in zip(items, rows):
             res = ItemResult(status_of(st), total, ver, n, None, csum)
             if n:
@@ -363,15 +363,16 @@ class TcpTransport(Transport):
                     views.append(memoryview(res.data))
                 else:
                     views.append(it.dest[:n])
-                if hashers is not None:
+                landing.append(res)
+                if want is not None:
                     # the whole object (offset 0, as a whole-object slice always is)
-                    h = xxhash.xxh3_64() if n == total and it.offset == 0 else None
-                    hashers.append(h)
-                    if h is not None:
-                        hashed.append((res, h))
+                    want.append(n == total and it.offset == 0)
             out.append(res)
-        # one scatter read fills many destinations, all by the deadline
-        recv_into_many(self.sock, views, deadline, hashers)
-        for res, h in hashed:
-            res.landed = h.intdigest()
+        # one scatter read fills many destinations, all by the deadline, hashing the
+        # whole objects as they land
+        digests = recv_into_many(self.sock, views, deadline, want)
+        if digests is not None:
+            for res, d in zip(landing, digests):
+                if d is not None:
+                    res.landed = d
         return out
