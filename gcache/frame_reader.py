@@ -11,7 +11,8 @@ connection must go through the reader:
 * ``read_prefix`` / ``read_header``: the next frame's prefix and header, served from the
   buffer first, then from the socket;
 * ``recv_into_many``: a frame's payload (a PUT's values), the buffered bytes copied into
-  the first views, the rest received straight into them (``recvmsg_into``) as before;
+  the first views, the rest received straight into them (``recvmsg_into``, or with a
+  deadline one ``native.recv_views`` call), each flagged view hashed as it lands;
 * a client that pipelines several frames in one write gets every one of them answered:
   the leftover bytes after one frame are the start of the next.
 
@@ -34,6 +35,7 @@ import select
 import socket
 from typing import Sequence
 
+from gcache.native import checksums
 from gcache.protocol import (PREFIX_SIZE, FrameHeader, Limits, _io, check_crc, decode_prefix,
                              recv_header, recv_into_many)
 
@@ -109,10 +111,13 @@ class FrameReader:
         check_crc(prefix, header)
         return header
 
-    def recv_into_many(self, views: Sequence[memoryview], deadline: float | None = None
-                       ) -> None:
+    def recv_into_many(self, views: Sequence[memoryview], deadline: float | None = None,
+                       want: Sequence[bool] | None = None) -> list[int | None] | None:
         """Fill every view in order (a frame's payload): buffered bytes first, then
-        ``protocol.recv_into_many`` for the rest. ConnectionError on EOF."""
+        ``protocol.recv_into_many`` for the rest. ConnectionError on EOF. ``want`` (one
+        flag per view): return each flagged view's xxh3_64 (None for the others), the
+        views received from the socket hashed as their bytes land, the few that took
+        buffered bytes hashed once whole."""
         rest = list(views)
         i = 0
         while i < len(rest) and self.start < self.end:
@@ -126,5 +131,19 @@ class FrameReader:
                 rest[i] = v[k:]
         if self.start == self.end:
             self.start = self.end = 0
+        # views [0, first) took buffered bytes (all of view first - 1 or part of it)
+        first = i + 1 if i < len(rest) and len(rest[i]) < len(views[i]) else i
+        got: list[int | None] | None = None
         if i < len(rest):
-            recv_into_many(self.sock, rest[i:], deadline)
+            w = None if want is None else [j >= first and bool(want[j])
+                                           for j in range(i, len(rest))]
+            got = recv_into_many(self.sock, rest[i:], deadline, w)
+        if want is None:
+            return None
+        out: list[int | None] = [None] * len(rest)
+        if got is not None:
+            out[i:] = got
+        early = [j for j in range(first) if want[j]]
+        for j, d in zip(early, checksums([views[j] for j in early])):
+            out[j] = d
+        return out

@@ -51,7 +51,6 @@ import time
 from itertools import repeat
 from typing import Any, Callable, NamedTuple
 
-from gcache import native
 from gcache import tls as tlslib
 from gcache.credentials import Credential, CredentialStore, Right
 from gcache.errors import ProtocolError
@@ -78,6 +77,7 @@ _SCRATCH = 1 << 20
 # concurrent writes are harmless, and an idle connection costs no 1 MiB buffer of its own.
 _DISCARD = memoryview(bytearray(_SCRATCH))
 _LINGER_S = 1.0  # how long a failed connection drains the peer's input before closing
+_READ_BACKSTOP_S = 1.0  # a payload read's own stop, past the watchdog's deadline (tick <= 0.1 s)
 _PREAUTH_OPS = frozenset({Op.AUTH, Op.PING})  # all a stranger may send
 _TLS_PLAIN_WAIT_S = 1.0  # a peer silent this long after connecting is a plain gcache client
 
@@ -791,21 +791,27 @@ class _Connection:
                 else:
                     statuses[i] = slot.status
             views: list[memoryview] = []
+            want: list[bool] = []  # hash a view as it lands: a value this frame carries whole
+            at: list[int] = []  # each slot's view
             reserved = dict(slots)
             for i, p in enumerate(parsed):
                 slot = reserved.get(i)
                 if slot is not None:
+                    at.append(len(views))
                     views.append(slot.view)
+                    want.append(p.length == p.total_len)
                 else:
-                    views.extend(discard_views(p.length, self.scratch))
-            self.reader.recv_into_many(views)
-            # the values this frame carried whole are hashed in one native call with the
-            # GIL released (other connections' threads run Python meanwhile), and
-            # finish_puts does not hash them again under the GIL
-            entire = [parsed[i].length == parsed[i].total_len for i, _ in slots]
-            sums = iter(native.checksums([slot.view for (_, slot), e in zip(slots, entire)
-                                          if e]))
-            digests = [next(sums) if e else None for e in entire]
+                    drain = discard_views(p.length, self.scratch)
+                    views.extend(drain)
+                    want.extend([False] * len(drain))
+            # one native call receives the payload with the GIL released (other
+            # connections' threads run Python meanwhile), hashing each whole value while
+            # its bytes are cached; finish_puts does not hash them again. The watchdog
+            # shuts the socket at the request's deadline; the read's own stop, a little
+            # later, is a backstop.
+            stop = self.deadline + _READ_BACKSTOP_S if self.deadline != math.inf else None
+            got = self.reader.recv_into_many(views, stop, want)
+            digests = [got[j] for j in at] if got is not None else [None] * len(at)
         except BaseException:
             abort_slots(tier, [slot for _, slot in slots])
             raise

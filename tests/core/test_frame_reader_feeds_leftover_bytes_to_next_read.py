@@ -8,8 +8,12 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 
 import pytest
+import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gcache.errors import ProtocolError
 from gcache.frame_reader import FrameReader
@@ -126,3 +130,40 @@ def test_eof_mid_prefix_is_a_connection_error(pair):
     a.shutdown(socket.SHUT_WR)
     with pytest.raises(ConnectionError):
         FrameReader(b, LIM).read_prefix()
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(0, 30_000), min_size=1, max_size=8),
+       flags=st.lists(st.booleans(), min_size=8, max_size=8),
+       early=st.integers(0, 40_000), capacity=st.sampled_from([1024, 4096, 16 << 10]),
+       deadline=st.booleans())
+def test_payload_digests_cover_buffered_and_received_bytes(sizes, flags, early, capacity,
+                                                           deadline):
+    """A PUT payload hashed as it lands: views filled from the reader's buffer (whole or
+    in part) and views received from the socket each get xxh3_64 of exactly their
+    bytes, the unflagged ones None, and the next frame still reads."""
+    a, b = socket.socketpair()
+    b.settimeout(5)
+    try:
+        payload = os.urandom(sum(sizes))
+        start = encode_frame(Op.PUT, 1, {"n": len(sizes)}, len(payload))
+        frame = start + payload + encode_frame(Op.PING, 2, {})
+        head = len(start) + early  # some payload bytes (or the next frame) come with it
+        a.sendall(frame[:head])
+        r = FrameReader(b, LIM, capacity=capacity)
+        _read(r)
+        want = flags[:len(sizes)]
+        views = [memoryview(bytearray(n)) for n in sizes]
+        t = threading.Thread(target=a.sendall, args=(frame[head:],))
+        t.start()
+        got = r.recv_into_many(views, time.monotonic() + 10 if deadline else None, want)
+        t.join(10)
+        pos = 0
+        for v, w, d, n in zip(views, want, got, sizes):
+            assert bytes(v) == payload[pos:pos + n]
+            assert d == (xxhash.xxh3_64_intdigest(payload[pos:pos + n]) if w else None)
+            pos += n
+        assert _read(r)[0].opcode == Op.PING
+    finally:
+        a.close()
+        b.close()
