@@ -808,8 +808,12 @@ class _Connection:
             # connections' threads run Python meanwhile), hashing each whole value while
             # its bytes are cached; finish_puts does not hash them again. The watchdog
             # shuts the socket at the request's deadline; the read's own stop, a little
-            # later, is a backstop.
-            stop = self.deadline + _READ_BACKSTOP_S if self.deadline != math.inf else None
+            # later, is a backstop. Not on TLS: its reads would arm the socket's timeout
+            # with that stop, and the timeout would outlive the request (the next idle
+            # wait for a request would then end with it).
+            stop = (self.deadline + _READ_BACKSTOP_S
+                    if self.deadline != math.inf and not isinstance(self.sock, ssl.SSLSocket)
+                    else None)
             got = self.reader.recv_into_many(views, stop, want)
             digests = [got[j] for j in at] if got is not None else [None] * len(at)
         except BaseException:
