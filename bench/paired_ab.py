@@ -1,4 +1,4 @@
-"""Paired, interleaved A/B of batch gets between two installed trees (a measurement driver).
+"""Paired, interleaved A/B of batch gets or puts between two installed trees (a driver).
 
 Why. The NVMe tier's speed on a shared VM drifts by tens of percent from one minute to
 the next (the raw pread baseline read 0.52-1.58 GB/s within an hour), so two runs one
@@ -17,8 +17,9 @@ ratio is the geometric mean of B/A with the new tree in B and A/B with it in A.
 
 Each worker: ``Cluster(1, memory)`` with a disk tier (``--tier disk``: promotion off, as
 ``gcache-bench --tier disk``) or without, ``--keys`` values of ``--size`` put over tcp,
-then ``get_batch_into`` of consecutive ``--batch``-key groups (the bench's order) over
-``--transport``, checking every status. Not part of ``gcache-bench``: a tool for A/B
+then ``get_batch_into`` (``--op put``: ``put_batch_from``, replacing them) of
+consecutive ``--batch``-key groups (the bench's order) over ``--transport``, checking
+every status. Not part of ``gcache-bench``: a tool for A/B
 runs (bench/RESULTS.md cites its output).
 """
 
@@ -75,7 +76,12 @@ def _worker(args: argparse.Namespace) -> None:
                 last = now
                 time.sleep(1.0)
         with Client(cl.addresses, timeout_ms=60_000, transport=args.transport) as c:
-            bufs = list(np.zeros((batch, size), dtype=np.uint8))
+            if args.op == "put":  # sources: each key's own bytes, rewritten every round
+                bufs = list(np.frombuffer(os.urandom(batch * size), dtype=np.uint8)
+                            .reshape(batch, size))
+            else:
+                bufs = list(np.zeros((batch, size), dtype=np.uint8))
+            call = c.put_batch_from if args.op == "put" else c.get_batch_into
             groups, g = max(1, n // batch), 0
             print(json.dumps({"ready": True, "objects": st["objects"],
                               "disk_objects": st.get("disk_objects", 0)}), flush=True)
@@ -90,10 +96,10 @@ def _worker(args: argparse.Namespace) -> None:
                     ks = keys[g * batch:(g + 1) * batch]
                     g = (g + 1) % groups
                     t = time.perf_counter()
-                    got = c.get_batch_into(ks, bufs[:len(ks)])
+                    got = call(ks, bufs[:len(ks)])
                     lat.append(time.perf_counter() - t)
                     if got != [Status.OK] * len(ks):
-                        raise SystemExit(f"get failed: {[Status(s).name for s in got]}")
+                        raise SystemExit(f"{args.op} failed: {[Status(s).name for s in got]}")
                 el = time.perf_counter() - t0
                 print(json.dumps({"gbps": len(lat) * batch * size / el / 1e9,
                                   "p50_us": statistics.median(lat) * 1e6}), flush=True)
@@ -123,7 +129,7 @@ def run(args: argparse.Namespace) -> dict:
     fwd = ["--keys", str(args.keys), "--size", args.size, "--batch", str(args.batch),
            "--memory", args.memory, "--slab", args.slab, "--disk", args.disk,
            "--segment-bytes", args.segment_bytes,
-           "--tier", args.tier, "--transport", args.transport]
+           "--tier", args.tier, "--transport", args.transport, "--op", args.op]
     procs = {}
     try:
         for who, py in (("a", args.a), ("b", args.b)):
@@ -176,6 +182,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--segment-bytes", default="", help="the servers' default if empty")
     ap.add_argument("--tier", choices=["disk", "memory"], default="disk")
     ap.add_argument("--transport", default="auto")
+    ap.add_argument("--op", choices=["get", "put"], default="get",
+                    help="put: batch puts that replace the filled keys (put_batch_from)")
     ap.add_argument("--setup-timeout", type=float, default=600.0)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -27,3 +27,19 @@ def test_paired_rounds_over_two_disk_tier_clusters():
         assert res["setup"][side]["disk_objects"] > 0
         assert res["setup"][side]["objects"] + res["setup"][side]["disk_objects"] >= 400
     assert "B/A per round" in out.stderr
+
+
+def test_paired_rounds_of_puts_over_two_memory_clusters():
+    """``--op put``: each window replaces a group of keys with ``put_batch_from``
+    (every status checked by the worker), over tcp."""
+    out = subprocess.run(
+        [sys.executable, "-m", "gcache.bench.paired_ab", "--op", "put", "--tier", "memory",
+         "--transport", "tcp", "--rounds", "2", "--window", "0.3", "--keys", "128",
+         "--batch", "16", "--memory", "32MiB", "--slab", "1MiB", "--setup-timeout", "120"],
+        capture_output=True, text=True, timeout=170, cwd="/tmp")
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(res["ratios_b_over_a"]) == 2 and all(r > 0 for r in res["ratios_b_over_a"])
+    assert res["a_gbps_median"] > 0 and res["b_gbps_median"] > 0
+    for side in ("a", "b"):
+        assert res["setup"][side]["objects"] >= 128  # filled before the timed puts
