@@ -317,7 +317,9 @@ def recv_into_many(sock: socket.socket, views: Sequence[memoryview],
         _recv_into_each(sock, bufs, hs, deadline)
     else:
         _recv_scatter(sock, bufs, hs, deadline)
-    return [h.intdigest() if h is not None else None for h in hashers] if hashers is not None else None
+    if hashers is None:
+        return None
+    return [h.intdigest() if h is not None else None for h in hashers]
 
 
 def _recv_scatter(sock: socket.socket, bufs: list[memoryview], hs: list[Any],
