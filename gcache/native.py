@@ -71,7 +71,7 @@ Functions (contracts; the C file's opening comment has the same):
   ``stop_at``, TimeoutError (``socket.timeout``), so nothing starts after the deadline
   and a trickling peer cannot stretch it; EOF first: ConnectionError; a read error:
   OSError. Every view is checked first (a writable C-contiguous buffer: TypeError /
-  ValueError; ``want``'s length: ValueError). The C version reads the descriptor once:
+  ValueError; ``want``'s length: ValueError; a NaN ``stop_at``: ValueError). The C version reads the descriptor once:
   no other thread may close ``sock`` during the call.
 * ``checksums(buffers) -> list[int]``: the xxh3_64 (seed 0) of each buffer's bytes, in
   one call (the C version releases the GIL for all of them: a TCP put's value
@@ -330,6 +330,8 @@ def recv_views_py(sock: socket.socket, views: Sequence[Any], want: Sequence[Any]
         raise TypeError("recv_views: sock must be a socket")
     if type(stop_at) not in (int, float):  # noqa: E721 - as PyArg "d"
         raise TypeError("recv_views: stop_at must be a number")
+    if math.isnan(stop_at):
+        raise ValueError("recv_views: stop_at is not a number")
     views = list(views)
     flags = [False] * len(views)
     if want is not None:

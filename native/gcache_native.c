@@ -101,7 +101,7 @@
  *       unknown and the caller closes it. Bounds: every view is exported before the
  *       first read (a writable C-contiguous buffer, else TypeError / ValueError), want
  *       has one flag per view (ValueError), sock has a file descriptor (TypeError /
- *       ValueError). The descriptor is read once: no other thread may close sock during
+ *       ValueError), stop_at is a number (NaN: ValueError). The descriptor is read once: no other thread may close sock during
  *       the call (the SDK's transports are closed only by the thread that reads them).
  *
  *   byte_views(objs, writable) -> list[memoryview]
@@ -133,9 +133,8 @@
  *       outside the buffer.
  *
  * Threads: any. copy_spans, pread_spans, read_staged, pread_records, recv_views and
- * checksums hold
- * every buffer export (Py_buffer) for the whole call, so no buffer can be resized or
- * freed under the copy or the read. Nothing here keeps state between calls but
+ * checksums hold every buffer export (Py_buffer) for the whole call, so no buffer can be
+ * resized or freed under the copy or the read. Nothing here keeps state between calls but
  * read_staged's SIGBUS handler, installed only while some thread copies from a
  * mapping (see the fault guard).
  *
@@ -999,6 +998,10 @@ static PyObject *recv_views(PyObject *self, PyObject *args) {
     double stop_at;
     if (!PyArg_ParseTuple(args, "OOOd:recv_views", &sock, &views_obj, &want_obj, &stop_at))
         return NULL;
+    if (isnan(stop_at)) {
+        PyErr_SetString(PyExc_ValueError, "recv_views: stop_at is not a number");
+        return NULL;
+    }
     int fd = PyObject_AsFileDescriptor(sock);
     if (fd < 0)
         return NULL;

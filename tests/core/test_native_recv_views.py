@@ -163,7 +163,8 @@ def _raised(fn, *args):
     ("ok", 5, None),                 # views not a sequence
     ("ok", ["strided"], None),       # not C-contiguous
     ("ok", ["rw"], 7),               # want not a sequence
-], ids=["sock", "readonly", "nonbuffer", "flags", "views", "strided", "want"])
+    ("nan", ["rw"], None),           # a NaN stop_at (would poll without end)
+], ids=["sock", "readonly", "nonbuffer", "flags", "views", "strided", "want", "nan"])
 def test_bad_arguments_raise_the_same_type_and_take_nothing(args):
     kinds = []
     for impl in sorted(IMPLS):
@@ -177,7 +178,8 @@ def test_bad_arguments_raise_the_same_type_and_take_nothing(args):
                 views = [memoryview(bytearray(4)) if k == "rw"
                          else memoryview(bytearray(8))[::2] if k == "strided" else k
                          for k in view_kinds]
-            kinds.append(_raised(IMPLS[impl], sock, views, want, time.monotonic() + 5))
+            stop = float("nan") if sock_kind == "nan" else time.monotonic() + 5
+            kinds.append(_raised(IMPLS[impl], sock, views, want, stop))
             assert b.recv(4) == b"abcd"  # nothing was read
         finally:
             a.close()
