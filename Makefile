@@ -54,7 +54,8 @@ NATIVE_OFF_TESTS = tests/core/test_native_loader.py tests/sdk/test_checksum_flip
 	tests/server/test_memory_tier_in_process.py tests/server/test_restart_survival.py \
 	-k 'land or loader or flip or corrupt or round_trip_every_form or release_without_waiting or lease_expires or forged or staged or shrunk or group or memory_tier or restart_survival'
 
-## make test: every test, with real gcache processes; then the native-off subset.
+## make test: every test, with real gcache processes; then the native-off subset; then the
+## tests that reach the C extension against an ASan + UBSan build of it (native/sanitize.sh).
 # Two workers (pytest-xdist), one test file per worker at a time: most tests wait on real
 # processes (heartbeats, handoffs, deadlines), so two files at once nearly halve the wall
 # time on 2 cores. Every test keeps its own ports, arenas and temp dirs. The `serial`
@@ -66,6 +67,7 @@ test: venv
 	GCACHE_REQUIRE_BROWSER=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m 'not serial' --durations=25
 	$(BIN)/python -m pytest -q -m serial --durations=10
 	GCACHE_NATIVE=0 $(BIN)/python -m pytest -q $(NATIVE_OFF_TESTS)
+	bash native/sanitize.sh $(BIN)/python
 
 bench: $(STAMP)
 	$(BIN)/gcache-bench --local 1 --op get --op put --size 64KiB --size 1MiB --size 4MiB --batch 64 --json bench/out/latest.json
