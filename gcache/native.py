@@ -73,6 +73,17 @@ Functions (contracts; the C file's opening comment has the same):
   OSError. Every view is checked first (a writable C-contiguous buffer: TypeError /
   ValueError; ``want``'s length: ValueError; a NaN ``stop_at``: ValueError). The C version reads the descriptor once:
   no other thread may close ``sock`` during the call.
+* ``exchange(sock, request, view, at_least, stop_at) -> int``: a one-item call's round
+  trip on a plain stream socket (never TLS) in one call (the C version releases the GIL
+  for all of it): send every byte of ``request``, then receive into the writable
+  ``view`` (reads of up to its free room) until at least ``at_least`` bytes landed;
+  returns how many did (``at_least..len(view)``). The caller parses them and reads any
+  rest itself. Never blocks in a call (``MSG_DONTWAIT``): it polls for the time left
+  to ``stop_at``; the clock is read before every send and read: at or past ``stop_at``,
+  TimeoutError. EOF before ``at_least`` bytes: ConnectionError; a send or read error:
+  OSError (EPIPE, never SIGPIPE). Checked first: a buffer request and a writable
+  C-contiguous view (TypeError / ValueError), ``1 <= at_least <= len(view)``
+  (ValueError), a NaN ``stop_at`` (ValueError).
 * ``checksums(buffers) -> list[int]``: the xxh3_64 (seed 0) of each buffer's bytes, in
   one call (the C version releases the GIL for all of them: a TCP put's value
   checksums, on the server after the bytes landed and on the client before they go,
@@ -102,6 +113,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import math
+import operator
 import os
 import select
 import socket
@@ -362,6 +374,53 @@ def recv_views_py(sock: socket.socket, views: Sequence[Any], want: Sequence[Any]
     return [h.intdigest() if h is not None else None for h in hashers]
 
 
+def exchange_py(sock: socket.socket, request: Any, view: Any, at_least: int,
+                stop_at: float) -> int:
+    """The twin of ``_native.exchange`` (see the module docstring)."""
+    if not isinstance(sock, socket.socket):
+        raise TypeError("exchange: sock must be a socket")
+    if type(stop_at) not in (int, float):  # noqa: E721 - as PyArg "d"
+        raise TypeError("exchange: stop_at must be a number")
+    if math.isnan(stop_at):
+        raise ValueError("exchange: stop_at is not a number")
+    try:
+        req = memoryview(request)
+    except TypeError:
+        raise TypeError("exchange: the request is not a C-contiguous buffer") from None
+    if not req.c_contiguous:
+        raise TypeError("exchange: the request is not a C-contiguous buffer")
+    req = req.cast("B") if req.format != "B" or req.ndim != 1 else req
+    dst = _buffer(view, 0, True, "exchange").cast("B")
+    at_least = operator.index(at_least)  # TypeError, as PyArg "n"
+    if not 1 <= at_least <= len(dst):
+        raise ValueError(f"exchange: at_least {at_least} is not within the view's "
+                         f"1..{len(dst)} bytes")
+    sent = got = 0
+    poller, events = select.poll(), select.POLLOUT
+    poller.register(sock, events)
+    while sent < len(req) or got < at_least:
+        sending = sent < len(req)
+        if time.monotonic() >= stop_at:
+            raise TimeoutError("deadline passed")
+        if not sending and events != select.POLLIN:
+            events = select.POLLIN
+            poller.modify(sock, events)
+        # poll first: a socket with a timeout would otherwise wait on its own clock
+        if not poller.poll(max(0, math.ceil((stop_at - time.monotonic()) * 1000))):
+            continue
+        try:
+            if sending:
+                sent += sock.send(req[sent:], socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+                continue
+            k = sock.recv_into(dst[got:], len(dst) - got, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            continue
+        if k == 0:
+            raise ConnectionError(f"peer closed the connection after {got} bytes of a reply")
+        got += k
+    return got
+
+
 def checksums_py(buffers: Sequence[Any]) -> list[int]:
     """The twin of ``_native.checksums`` (see the module docstring)."""
     views = []
@@ -482,7 +541,7 @@ twins = SimpleNamespace(copy_spans=copy_spans_py, placement_hashes=placement_has
                         byte_views=byte_views_py, pread_spans=pread_spans_py,
                         read_staged=read_staged_py,
                         pread_records=pread_records_py, checksums=checksums_py,
-                        recv_views=recv_views_py,
+                        recv_views=recv_views_py, exchange=exchange_py,
                         header_write=header_write_py, header_commit=header_commit_py)
 
 
@@ -528,5 +587,6 @@ read_staged = twins.read_staged if _mod is None else _mod.read_staged
 pread_records = twins.pread_records if _mod is None else _mod.pread_records
 checksums = twins.checksums if _mod is None else _mod.checksums
 recv_views = twins.recv_views if _mod is None else _mod.recv_views
+exchange = twins.exchange if _mod is None else _mod.exchange
 header_write = twins.header_write if _mod is None else _mod.header_write
 header_commit = twins.header_commit if _mod is None else _mod.header_commit

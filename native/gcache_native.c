@@ -104,6 +104,22 @@
  *       ValueError), stop_at is a number (NaN: ValueError). The descriptor is read once: no other thread may close sock during
  *       the call (the SDK's transports are closed only by the thread that reads them).
  *
+ *   exchange(sock, request, view, at_least, stop_at) -> int
+ *       A one-item call's round trip on a plain stream socket (never TLS) in ONE call,
+ *       the GIL released for all of it: send every byte of request (send,
+ *       MSG_DONTWAIT | MSG_NOSIGNAL), then receive into view (recv, MSG_DONTWAIT; reads
+ *       of up to the view's free room) until at least at_least bytes landed; returns
+ *       the bytes received (at_least..len(view)). The caller parses them (a reply's
+ *       prefix, header and as much of its payload as came) and reads any rest itself.
+ *       A call that would block polls for the time left to stop_at; the clock is read
+ *       before every send and read: at or past stop_at, TimeoutError. EOF before
+ *       at_least bytes: ConnectionError. A send or read error: OSError with its errno
+ *       (EPIPE, not SIGPIPE). EINTR: the signal handlers run, then the call is retried.
+ *       After an exception the stream's position is unknown and the caller closes it.
+ *       Bounds: request is a buffer, view a writable C-contiguous buffer (TypeError /
+ *       ValueError), 1 <= at_least <= len(view) (ValueError), stop_at a number (NaN:
+ *       ValueError); the descriptor is read once, as recv_views.
+ *
  *   byte_views(objs, writable) -> list[memoryview]
  *       sdk/buffers.py's as_view for host buffers, a batch per call: each object's
  *       memoryview, cast to flat unsigned bytes when it is not already; ValueError for
@@ -1156,6 +1172,107 @@ done:
     return out;
 }
 
+/* exchange(sock, request, view, at_least, stop_at): send a request whole, then receive
+ * the start of its reply, the GIL released for both. */
+enum { XCH_OK, XCH_EOF, XCH_TIMEOUT, XCH_ERRNO, XCH_SIGNAL };
+
+static PyObject *exchange(PyObject *self, PyObject *args) {
+    PyObject *sock, *req_obj, *view_obj;
+    Py_ssize_t at_least;
+    double stop_at;
+    if (!PyArg_ParseTuple(args, "OOOnd:exchange", &sock, &req_obj, &view_obj, &at_least,
+                          &stop_at))
+        return NULL;
+    if (isnan(stop_at)) {
+        PyErr_SetString(PyExc_ValueError, "exchange: stop_at is not a number");
+        return NULL;
+    }
+    int fd = PyObject_AsFileDescriptor(sock);
+    if (fd < 0)
+        return NULL;
+    Py_buffer req, view;
+    if (PyObject_GetBuffer(req_obj, &req, PyBUF_SIMPLE) != 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "exchange: the request is not a C-contiguous buffer");
+        return NULL;
+    }
+    if (take_buffer(view_obj, &view, "exchange", 0, 1) < 0) {
+        PyBuffer_Release(&req);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    if (at_least < 1 || at_least > view.len) {
+        PyErr_Format(PyExc_ValueError, "exchange: at_least %zd is not within the view's "
+                     "1..%zd bytes", at_least, view.len);
+        goto done;
+    }
+    int err = XCH_OK, saved = 0;
+    Py_ssize_t sent = 0, got = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (sent < req.len || got < at_least) {
+        int sending = sent < req.len;
+        if (monotonic_now() >= stop_at) {
+            err = XCH_TIMEOUT;
+            break;
+        }
+        ssize_t k = sending
+            ? send(fd, (char *)req.buf + sent, (size_t)(req.len - sent),
+                   MSG_DONTWAIT | MSG_NOSIGNAL)
+            : recv(fd, (char *)view.buf + got, (size_t)(view.len - got), MSG_DONTWAIT);
+        if (k > 0) {
+            if (sending)
+                sent += k;
+            else
+                got += k;
+            continue;
+        }
+        if (k == 0 && !sending) {
+            err = XCH_EOF;
+            break;
+        }
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            double left = stop_at - monotonic_now();
+            if (left <= 0) {
+                err = XCH_TIMEOUT;
+                break;
+            }
+            double ms = ceil(left * 1000.0);
+            struct pollfd pf = {fd, sending ? POLLOUT : POLLIN, 0};
+            if (poll(&pf, 1, ms > INT_MAX ? INT_MAX : (int)ms) >= 0)
+                continue; /* ready, or the time is up: the loop's clock decides */
+        }
+        if (k < 0 && errno == EINTR) {
+            int bad;
+            Py_BLOCK_THREADS
+            bad = PyErr_CheckSignals();
+            Py_UNBLOCK_THREADS
+            if (bad) {
+                err = XCH_SIGNAL;
+                break;
+            }
+            continue;
+        }
+        saved = k < 0 ? errno : EIO; /* a send of 0 bytes: never for a non-empty request */
+        err = XCH_ERRNO;
+        break;
+    }
+    Py_END_ALLOW_THREADS
+    if (err == XCH_TIMEOUT)
+        PyErr_SetString(PyExc_TimeoutError, "deadline passed");
+    else if (err == XCH_EOF)
+        PyErr_Format(PyExc_ConnectionError, "peer closed the connection after %zd bytes of "
+                     "a reply", got);
+    else if (err == XCH_ERRNO) {
+        errno = saved;
+        PyErr_SetFromErrno(PyExc_OSError);
+    } else if (err == XCH_OK)
+        out = PyLong_FromSsize_t(got);
+done:
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&req);
+    return out;
+}
+
 /* byte_views(objs, writable): as_view (sdk/buffers.py) for host buffers, one call per
  * batch: a flat, C-contiguous, unsigned-byte memoryview of each object, no copy. */
 static PyObject *byte_views(PyObject *self, PyObject *args) {
@@ -1403,6 +1520,8 @@ static PyMethodDef methods[] = {
      "copy_spans(spans, base, size, into, stop_at) -> list of digests or None"},
     {"recv_views", recv_views, METH_VARARGS,
      "recv_views(sock, views, want, stop_at) -> list of digests or None (the GIL released)"},
+    {"exchange", exchange, METH_VARARGS,
+     "exchange(sock, request, view, at_least, stop_at) -> bytes received (the GIL released)"},
     {"pread_spans", pread_spans, METH_VARARGS,
      "pread_spans(fd, spans) -> (digests or None, indices of short spans)"},
     {"read_staged", read_staged, METH_VARARGS,
