@@ -43,8 +43,9 @@ run: $(STAMP)
 # kept to ~30 s: the loader, and the shm paths that call copy_spans / placement_hashes
 # (staged puts: copy_spans hashes each value as it copies it into the staging file), the
 # disk tier's grouped reads (pread_records), TCP puts' value checksums (checksums), TCP
-# gets' scatter reads hashed as they land (recv_views), and the arena's chunk headers
-# (header_write / header_commit: written, then recovered).
+# gets' scatter reads hashed as they land (recv_views), one-item calls' round trips
+# (exchange), and the arena's chunk headers (header_write / header_commit: written,
+# then recovered).
 NATIVE_OFF_TESTS = tests/core/test_native_loader.py tests/sdk/test_checksum_flip_never_a_hit.py \
 	tests/core/test_recv_into_many_hashes_as_bytes_land.py \
 	tests/sdk/test_shm_get_checks_checksums_as_bytes_land.py tests/sdk/test_shm_transport.py \
@@ -52,7 +53,8 @@ NATIVE_OFF_TESTS = tests/core/test_native_loader.py tests/sdk/test_checksum_flip
 	tests/server/test_disk_read_many_group_matches_read.py \
 	tests/server/test_alloc_commit_without_write_publishes_nothing.py \
 	tests/server/test_memory_tier_in_process.py tests/server/test_restart_survival.py \
-	-k 'land or loader or flip or corrupt or round_trip_every_form or release_without_waiting or lease_expires or forged or staged or shrunk or group or memory_tier or restart_survival'
+	tests/sdk/test_one_item_reply_path.py \
+	-k 'land or loader or flip or corrupt or round_trip_every_form or release_without_waiting or lease_expires or forged or staged or shrunk or group or memory_tier or restart_survival or one_item or small_pieces or read_ahead'
 
 ## make test: every test, with real gcache processes; then the native-off subset; then the
 ## tests that reach the C extension against an ASan + UBSan build of it (native/sanitize.sh).

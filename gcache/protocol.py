@@ -472,12 +472,18 @@ def read_frame(sock: socket.socket, limits: Limits, prefix_buf: bytearray | None
 
 
 def read_reply_into(sock: socket.socket, view: memoryview, limits: Limits,
-                    deadline: float) -> tuple[FrameHeader, Any, int, int]:
+                    deadline: float, request: bytes | None = None
+                    ) -> tuple[FrameHeader, Any, int, int]:
     """The reply to the request just sent on ``sock``, its only one in flight, read
     into ``view`` in as few ``recv`` calls as the bytes arrive: the prefix, the header
     and as much of the payload as fits usually come in one. The first call waits
     before it reads (the reply is never there the moment the request left), so it
     costs no ``recv`` that would block.
+
+    ``request`` (a whole encoded frame): send it first, by the same deadline. On a
+    plain socket the send and the reads up to the reply's prefix are one
+    ``native.exchange`` call (the C version releases the GIL once for the round trip);
+    on TLS, ``sendmsg_all`` then the reads below.
 
     ``view``'s length bounds every read: a caller with its own destination for the
     payload passes a short view, so little of the payload lands in ``view`` to be
@@ -491,16 +497,16 @@ def read_reply_into(sock: socket.socket, view: memoryview, limits: Limits,
     prefix or CRC, or bytes past the end of the frame (a peer that sent more than one
     reply: the stream position is then unknown)."""
     cap = len(view)
-    _wait_ready(sock, deadline, select.POLLIN)
     got = 0
+    if request is not None and not isinstance(sock, ssl.SSLSocket):
+        got = native.exchange(sock, request, view, PREFIX_SIZE, deadline)
+    else:
+        if request is not None:
+            sendmsg_all(sock, [request], deadline)
+        _wait_ready(sock, deadline, select.POLLIN)
     need = PREFIX_SIZE  # grows to the header's end once the prefix is known
     fh: FrameHeader | None = None
     while True:
-        k = _io(sock, deadline, select.POLLIN, sock.recv_into, view[got:],
-                (cap if fh is None else need) - got)
-        if k == 0:
-            raise ConnectionError(f"peer closed the connection after {got} bytes of a reply")
-        got += k
         if fh is None and got >= PREFIX_SIZE:
             fh = decode_prefix(view[:PREFIX_SIZE], limits)
             start = PREFIX_SIZE + fh.header_len
@@ -514,6 +520,11 @@ def read_reply_into(sock: socket.socket, view: memoryview, limits: Limits,
             need = min(cap, start + fh.payload_len)
         if fh is not None and got >= need:
             break
+        k = _io(sock, deadline, select.POLLIN, sock.recv_into, view[got:],
+                (cap if fh is None else need) - got)
+        if k == 0:
+            raise ConnectionError(f"peer closed the connection after {got} bytes of a reply")
+        got += k
     header = view[PREFIX_SIZE:start]
     check_crc(view[:PREFIX_SIZE], header)
     return fh, decode_meta(header, limits), start, got

@@ -249,9 +249,10 @@ class TcpTransport(Transport):
 
     def _one(self, work: Work) -> list[ItemResult]:
         """A frame of one item (a GET, never streamed: one item is one frame anyway, or
-        an EXISTS, DELETE or TOUCH; plain TCP only): the request in one send and the
-        reply read with ``read_reply_into`` into this connection's reply buffer, usually
-        one ``recv`` after one ``poll`` instead of four calls. A GET's bytes are copied
+        an EXISTS, DELETE or TOUCH; plain TCP only): the request sent and the reply
+        read with ``read_reply_into`` into this connection's reply buffer, usually in
+        one ``native.exchange`` call (a send, then a ``recv`` after one ``poll``, the
+        GIL released once) instead of four calls. A GET's bytes are copied
         out of the buffer once, into new bytes (a byte get's ``data``) or the item's
         destination; bytes the buffer did not hold land there straight from the socket.
         Same checks, results and errors as the many-item path (``_read_get_frame``)."""
@@ -264,16 +265,16 @@ class TcpTransport(Transport):
             meta = {"ns": work.ns, "items": [it.key]}
         if extra:
             meta.update(extra)
-        sendmsg_all(sock, [encode_frame(op, rid, meta)], deadline)
         view = self._buf
         if view is None:
             view = self._buf = memoryview(bytearray(ONE_ITEM_BUFFER_BYTES))
-        # a byte get's value is copied out of the buffer once (it must be copied into
+        # the request sent and the reply's start read in one call (native.exchange); a
+        # byte get's value is copied out of the buffer once (it must be copied into
         # new bytes anyway); anything else reads ahead only a header's worth, so a
         # value with a destination lands there straight from the socket
         fh, rmeta, start, held = read_reply_into(
             sock, view if op == Op.GET and it.dest is None else view[:SHORT_READ_BYTES],
-            self.limits, deadline)
+            self.limits, deadline, encode_frame(op, rid, meta))
         check_answers(fh, rid, op)
         if fh.status:
             return self._frame_failed(work, fh.status, rmeta)
