@@ -23,6 +23,8 @@ from hypothesis import strategies as st
 
 from gcache import native
 
+from socket_peers import Trickler, raised
+
 _native = pytest.importorskip("gcache._native", reason="the C extension is not built here "
                               "(no compiler or Python headers): nothing to compare")
 
@@ -109,29 +111,14 @@ def test_a_silent_trickling_or_unreading_peer_ends_at_the_deadline(impl, peer):
     nor one that never reads a request larger than the socket buffers."""
     a, b = socket.socketpair()
     b.settimeout(10.0)
-    stop = threading.Event()
-
-    def trickler() -> None:
-        while not stop.wait(0.01):
-            try:
-                a.send(b"x")
-            except OSError:
-                return
-
-    t = threading.Thread(target=trickler)
-    if peer == "trickle":
-        t.start()
     request = bytes(64 << 20 if peer == "never-reads" else 64)
     view = memoryview(bytearray(1 << 16))
     t0 = time.monotonic()
     try:
-        with pytest.raises(TimeoutError):
+        with Trickler(a, start=peer == "trickle"), pytest.raises(TimeoutError):
             IMPLS[impl](b, request, view, len(view), t0 + 0.3)
         took = time.monotonic() - t0
     finally:
-        stop.set()
-        if peer == "trickle":
-            t.join(5)
         a.close()
         b.close()
     assert 0.29 <= took < 2.0
@@ -165,14 +152,6 @@ def test_a_closed_peer_is_an_os_error_not_a_signal(impl):
         b.close()
 
 
-def _raised(fn, *args):
-    try:
-        fn(*args)
-    except Exception as exc:  # the type is what must match
-        return type(exc)
-    return None
-
-
 @pytest.mark.parametrize("case", ["sock", "request", "readonly", "strided", "at-zero",
                                   "at-over", "at-float", "nan"])
 def test_bad_arguments_raise_the_same_type_and_send_nothing(case):
@@ -188,7 +167,7 @@ def test_bad_arguments_raise_the_same_type_and_send_nothing(case):
                     else memoryview(bytearray(8)))
             at_least = {"at-zero": 0, "at-over": 9, "at-float": 1.5}.get(case, 4)
             stop = float("nan") if case == "nan" else time.monotonic() + 5
-            kinds.append(_raised(IMPLS[impl], sock, request, view, at_least, stop))
+            kinds.append(raised(IMPLS[impl], sock, request, view, at_least, stop))
             with pytest.raises(BlockingIOError):
                 a.recv(16)  # nothing was sent
         finally:

@@ -23,6 +23,8 @@ from hypothesis import strategies as st
 
 from gcache import native
 
+from socket_peers import Trickler, raised
+
 _native = pytest.importorskip("gcache._native", reason="the C extension is not built here "
                               "(no compiler or Python headers): nothing to compare")
 
@@ -102,28 +104,13 @@ def test_a_stalled_or_trickling_peer_ends_at_the_deadline(impl, trickle):
     peer that keeps sending a byte every 10 ms."""
     a, b = socket.socketpair()
     b.settimeout(10.0)
-    stop = threading.Event()
-
-    def trickler() -> None:
-        while not stop.wait(0.01):
-            try:
-                a.send(b"x")
-            except OSError:
-                return
-
-    t = threading.Thread(target=trickler)
-    if trickle:
-        t.start()
     view = memoryview(bytearray(1 << 20))
     t0 = time.monotonic()
     try:
-        with pytest.raises(TimeoutError):
+        with Trickler(a, start=trickle), pytest.raises(TimeoutError):
             IMPLS[impl](b, [view], [True], t0 + 0.3)
         took = time.monotonic() - t0
     finally:
-        stop.set()
-        if trickle:
-            t.join(5)
         a.close()
         b.close()
     assert 0.29 <= took < 2.0
@@ -145,14 +132,6 @@ def test_a_deadline_already_past_takes_nothing(impl):
     finally:
         a.close()
         b.close()
-
-
-def _raised(fn, *args):
-    try:
-        fn(*args)
-    except Exception as exc:  # the type is what must match
-        return type(exc)
-    return None
 
 
 @pytest.mark.parametrize("args", [
@@ -179,7 +158,7 @@ def test_bad_arguments_raise_the_same_type_and_take_nothing(args):
                          else memoryview(bytearray(8))[::2] if k == "strided" else k
                          for k in view_kinds]
             stop = float("nan") if sock_kind == "nan" else time.monotonic() + 5
-            kinds.append(_raised(IMPLS[impl], sock, views, want, stop))
+            kinds.append(raised(IMPLS[impl], sock, views, want, stop))
             assert b.recv(4) == b"abcd"  # nothing was read
         finally:
             a.close()
