@@ -476,14 +476,15 @@ def read_reply_into(sock: socket.socket, view: memoryview, limits: Limits,
                     ) -> tuple[FrameHeader, Any, int, int]:
     """The reply to the request just sent on ``sock``, its only one in flight, read
     into ``view`` in as few ``recv`` calls as the bytes arrive: the prefix, the header
-    and as much of the payload as fits usually come in one. The first call waits
-    before it reads (the reply is never there the moment the request left), so it
-    costs no ``recv`` that would block.
+    and as much of the payload as fits usually come in one. The first Python read
+    waits before it reads (the reply is never there the moment the request left), so
+    it costs no ``recv`` that would block.
 
     ``request`` (a whole encoded frame): send it first, by the same deadline. On a
     plain socket the send and the reads up to the reply's prefix are one
-    ``native.exchange`` call (the C version releases the GIL once for the round trip);
-    on TLS, ``sendmsg_all`` then the reads below.
+    ``native.exchange`` call (the C version releases the GIL once for the round trip;
+    its first non-blocking ``recv`` usually finds nothing, then it polls); on TLS,
+    ``sendmsg_all`` then the reads below.
 
     ``view``'s length bounds every read: a caller with its own destination for the
     payload passes a short view, so little of the payload lands in ``view`` to be
