@@ -39,17 +39,23 @@ def test_status_table_json_tsv_and_watch(make_cluster) -> None:
         wait_for(lambda: len(c.view.members) == 2, 30)
         keys = [f"k{i}".encode() for i in range(200)]
         assert c.put_batch(keys, [b"v" * 1000] * 200) == [Status.OK] * 200
-        assert c.get_batch(keys[:150] + [b"absent"] * 50).count(None) == 50
 
-    def served() -> list[dict]:
-        rows = list(csv.DictReader(io.StringIO(_status(cl, "-o", "tsv")), delimiter="\t"))
-        return rows if all(r["ops_per_s"] and r["hit_ratio"] for r in rows) else []
+        def served() -> list[dict]:
+            # reads again before each look: a server's recent window can end between
+            # two frames of one batch (e.g. a previous-owner re-ask of the misses while
+            # the ring's handoff window is open) and hold only its misses; the next
+            # window of these reads holds both
+            assert c.get_batch(keys[:150] + [b"absent"] * 50).count(None) == 50
+            rows = list(csv.DictReader(io.StringIO(_status(cl, "-o", "tsv")),
+                                       delimiter="\t"))
+            ok = all(r["ops_per_s"] and r["hit_ratio"] for r in rows) and \
+                0 < min(float(r["hit_ratio"]) for r in rows) < 1  # 50 of 200 reads missed
+            return rows if ok else []
 
-    rows = wait_for(served, 30)  # the next heartbeats carry the recent figures
+        rows = wait_for(served, 30)  # the next heartbeats carry the recent figures
     assert sorted(r["id"] for r in rows) == sorted(s.name for s in cl.servers)
     assert {r["address"] for r in rows} == set(cl.addresses)
     assert all(r["state"] == "up" and float(r["p99_ms"]) > 0 for r in rows)
-    assert 0 < min(float(r["hit_ratio"]) for r in rows) < 1  # 50 of 200 reads missed
 
     table = _status(cl)
     assert max(len(line) for line in table.splitlines()) <= 80, table
